@@ -1,0 +1,65 @@
+"""The typer app and what every command shares: the device option, error handling, JSON output.
+
+Results go to stdout, everything else (progress, warnings, errors) to stderr. An SdkError becomes one
+message on stderr and its documented exit code; Ctrl-C exits 130.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import warnings
+from typing import Annotated, Optional
+
+import typer
+
+from sdk.errors import SdkError
+from sdk.runtime import DeviceFallbackWarning
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Run models on the AMD Ryzen AI NPU (or the CPU where there is none).")
+
+DeviceOpt = Annotated[Optional[str], typer.Option(
+    "--device", help="auto | npu | emu | cpu (default: $AIE_APPS_DEVICE or auto; npu is strict)")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")]
+
+
+def err(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def out_json(obj) -> None:
+    print(json.dumps(obj, ensure_ascii=False, default=_jsonable))
+
+
+def _jsonable(o):
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "__fspath__"):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    label = "note" if issubclass(category, DeviceFallbackWarning) else "warning"
+    err(f"{label}: {message}")
+
+
+def command(fn):
+    """Decorator for every command: typed errors -> stderr + exit code; warnings -> stderr, once."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        warnings.showwarning = _show_warning
+        try:
+            return fn(*args, **kwargs)
+        except SdkError as e:
+            err(f"error: {e.message}")
+            if e.fix:
+                err(f"  fix: {e.fix}")
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            err("interrupted")
+            raise typer.Exit(130) from None
+        except BrokenPipeError:
+            raise typer.Exit(0) from None
+    return wrapper

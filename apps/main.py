@@ -1,0 +1,10 @@
+"""Entry point of `aie-apps`: importing a command module registers its command on the app."""
+from __future__ import annotations
+
+from . import doctor, embed_text, info  # noqa: F401  (registration)
+from .cli import app
+
+__all__ = ["app"]
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,63 @@
+"""Session: compiled graphs loaded on one backend, with the weights resident for its whole life.
+
+    with Session([graph], weights, device="auto") as s:
+        out = s.run(ids=ids, mask=mask)["output"]
+
+Per-stream state (KV caches) lives in State objects from `new_state()`, never in the session, so one
+session serves many streams. Every session knows the device asked for and the one it got.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from . import compiler
+from .graph import Graph
+from .runtime import DeviceChoice, choose_device, open_backend
+from .runtime.backend import Counters, State
+
+
+class Session:
+    def __init__(self, graphs: Sequence[Graph], weights: Mapping[str, np.ndarray], *, device: str | None = None,
+                 target: str | None = None):
+        self.choice: DeviceChoice = choose_device(device)
+        self.backend = open_backend(self.choice.effective)
+        self.program = compiler.compile(list(graphs), target or self.backend.target)
+        self._exe = self.backend.load(self.program, weights)
+
+    @property
+    def device_requested(self) -> str:
+        return self.choice.requested
+
+    @property
+    def device_effective(self) -> str:
+        return self.choice.effective
+
+    @property
+    def counters(self) -> Counters:
+        return self._exe.counters
+
+    def new_state(self) -> State:
+        return self._exe.new_state()
+
+    def run(self, entry: str | None = None, state: State | None = None, **inputs) -> dict[str, np.ndarray]:
+        return self._exe.run(entry, inputs, state)
+
+    def report(self) -> dict:
+        """What every result carries: devices, and for npu/emu the NPU share of the work."""
+        out = {"device_requested": self.device_requested, "device_effective": self.device_effective}
+        if self.choice.reason:
+            out["fallback_reason"] = self.choice.reason
+        if "npu_fraction" in self.program.meta:
+            out["npu_fraction"] = self.program.meta["npu_fraction"]
+        return out
+
+    def close(self):
+        self._exe.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
