@@ -75,7 +75,7 @@ def resolve(name: str, *, settings: Settings | None = None) -> ModelSource:
     path = Path(name).expanduser()
     if path.is_dir():
         return ModelSource(name, path, "path")
-    if path.suffix or name.startswith((".", "/", "~")):
+    if name.startswith(("/", "./", "../", "~")):
         raise ModelNotFound(f"model path {name} does not exist", fix="check the path")
     alias, known = _known(name)
     repo = known.hf_repo if known else name

@@ -54,7 +54,7 @@ class Step:
 @dataclass(frozen=True)
 class Entry:
     name: str
-    inputs: tuple[str, ...]        # IO buffers the caller fills (tensors and runtime parameters)
+    inputs: dict[str, str]         # input name -> IO buffer the caller fills (tensors and runtime parameters)
     outputs: dict[str, str]        # output name -> buffer
     steps: tuple[Step, ...]
 
@@ -110,7 +110,7 @@ class Program:
                                fix="delete the folder; it is rebuilt on next use")
         buffers = {b["name"]: Buffer(b["name"], tuple(b["shape"]), b["dtype"], Usage(b["usage"]),
                                      b["arena"], b["offset"]) for b in doc["buffers"]}
-        entries = {e["name"]: Entry(e["name"], tuple(e["inputs"]), dict(e["outputs"]),
+        entries = {e["name"]: Entry(e["name"], dict(e["inputs"]), dict(e["outputs"]),
                                     tuple(_step_from(s) for s in e["steps"])) for e in doc["entries"]}
         return cls(doc["target"], buffers, entries, constants, doc["meta"])
 

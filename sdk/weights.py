@@ -109,3 +109,68 @@ def read_config(folder: str | Path) -> dict:
         raise WeightError(f"no config.json in {folder}", fix="point at a model folder with config.json") from None
     except ValueError as e:
         raise WeightError(f"{path} is not valid JSON: {e}", fix="restore the file from its source") from None
+
+
+# CTranslate2 model.bin: u32 version, string spec name, u32 spec revision, u32 count, then per variable
+# string name, u8 rank, rank x u32 dims, u8 dtype code, u32 byte count, raw bytes; then u32 alias count and
+# (alias, target) string pairs. Strings are u16 length (incl. the trailing NUL) + UTF-8. Little-endian.
+_CT2_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: "bfloat16"}
+
+
+def read_ctranslate2(path: str | Path) -> dict[str, np.ndarray]:
+    """All variables of a CTranslate2 `model.bin` (format version >= 5) as numpy arrays, aliases resolved
+    (an alias maps to the same array as its target). bf16 is widened to float32; other dtypes are kept."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise WeightError(f"cannot read checkpoint {path}: {e.strerror}", fix="check the path") from None
+    fix = f"the file is damaged: delete {path} and fetch or export it again"
+    pos = 0
+
+    def take(n: int, what: str) -> bytes:
+        nonlocal pos
+        if pos + n > len(data):
+            raise WeightError(f"{path} is truncated: {what} needs bytes up to {pos + n}, the file has {len(data)}",
+                              fix=fix)
+        pos += n
+        return data[pos - n:pos]
+
+    def u(fmt: str, what: str) -> int:
+        return struct.unpack("<" + fmt, take(struct.calcsize(fmt), what))[0]
+
+    def string(what: str) -> str:
+        raw = take(u("H", what), what)
+        try:
+            return raw.rstrip(b"\0").decode("utf-8")
+        except UnicodeDecodeError:
+            raise WeightError(f"{path}: {what} is not UTF-8 at byte {pos}", fix=fix) from None
+
+    version = u("I", "the format version")
+    if not 5 <= version <= 6:
+        raise WeightError(f"{path} is not a CTranslate2 model.bin we can read (format version {version}, "
+                          f"expected 5 or 6)", fix="convert the model with a CTranslate2 release from 2022 or later")
+    string("the spec name")
+    u("I", "the spec revision")
+    out: dict[str, np.ndarray] = {}
+    for k in range(u("I", "the variable count")):
+        name = string(f"variable {k}'s name")
+        dims = [u("I", f"{name}'s shape") for _ in range(u("B", f"{name}'s rank"))]
+        code = u("B", f"{name}'s dtype")
+        if code not in _CT2_DTYPES:
+            raise WeightError(f"{path}: variable {name!r} has unknown dtype code {code}", fix=fix)
+        raw = take(u("I", f"{name}'s size"), f"variable {name!r}")
+        if code == 5:
+            import ml_dtypes
+            array = np.frombuffer(raw, ml_dtypes.bfloat16).astype(np.float32)
+        else:
+            array = np.frombuffer(raw, _CT2_DTYPES[code])
+        if array.size != int(np.prod(dims, dtype=np.int64)):
+            raise WeightError(f"{path}: variable {name!r} has {array.size} values for shape {dims}", fix=fix)
+        out[name] = array.reshape(dims)
+    for _ in range(u("I", "the alias count")):
+        alias, target = string("an alias"), string("an alias target")
+        if target not in out:
+            raise WeightError(f"{path}: alias {alias!r} points at missing variable {target!r}", fix=fix)
+        out[alias] = out[target]
+    return out

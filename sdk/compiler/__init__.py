@@ -17,10 +17,11 @@ _USAGE = {"weight": Usage.WEIGHTS, "const": Usage.WEIGHTS, "state": Usage.STATE,
           "input": Usage.IO, "param": Usage.IO, "node": Usage.SCRATCH}
 
 
-def scratch_name(graph: Graph, value: str) -> str:
-    """Graph-local values get the entry's name as a prefix so that entries never collide."""
+def buffer_name(graph: Graph, value: str) -> str:
+    """Entry-local values (activations, inputs, runtime parameters) get the entry's name as a prefix so
+    that entries never collide; weights, constants and state are shared by name across entries."""
     v = graph.values[value]
-    return f"{graph.name}/{value}" if v.kind == "node" else value
+    return f"{graph.name}/{value}" if v.kind in ("node", "input", "param") else value
 
 
 def lower_to_host(graphs: Sequence[Graph], target: str = "cpu") -> Program:
@@ -34,15 +35,15 @@ def lower_to_host(graphs: Sequence[Graph], target: str = "cpu") -> Program:
         alias: dict[str, str] = {}  # node output -> buffer it lives in (in-place ops)
         steps = []
         for n in g.nodes:
-            ins = tuple(alias.get(i, scratch_name(g, i)) if i is not None else None for i in n.inputs)
+            ins = tuple(alias.get(i, buffer_name(g, i)) if i is not None else None for i in n.inputs)
             op = OPS[n.op]
-            out = ins[op.inplace] if op.inplace is not None else scratch_name(g, n.output)
+            out = ins[op.inplace] if op.inplace is not None else buffer_name(g, n.output)
             alias[n.output] = out
             steps.append(Step("host", n.op, ins, (out,), dict(n.attrs)))
         for name, v in g.values.items():
-            if name in alias and alias[name] != scratch_name(g, name):
+            if name in alias and alias[name] != buffer_name(g, name):
                 continue  # lives in its state buffer
-            bname = scratch_name(g, name)
+            bname = buffer_name(g, name)
             new = Buffer(bname, v.shape, v.dtype, _USAGE[v.kind])
             old = buffers.get(bname)
             if old is not None and (old.shape, old.dtype, old.usage) != (new.shape, new.dtype, new.usage):
@@ -50,8 +51,8 @@ def lower_to_host(graphs: Sequence[Graph], target: str = "cpu") -> Program:
                                  f"{new.dtype} by two graphs")
             buffers[bname] = new
         constants.update(g.constants)
-        inputs = tuple(n for n, v in g.values.items() if v.kind in ("input", "param"))
-        outputs = {o: alias.get(v, scratch_name(g, v)) for o, v in g.outputs.items()}
+        inputs = {n: buffer_name(g, n) for n, v in g.values.items() if v.kind in ("input", "param")}
+        outputs = {o: alias.get(v, buffer_name(g, v)) for o, v in g.outputs.items()}
         entries[g.name] = Entry(g.name, inputs, outputs, tuple(steps))
     return Program(target, buffers, entries, constants, {"graphs": [g.name for g in graphs]})
 

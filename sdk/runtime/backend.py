@@ -74,7 +74,8 @@ def check_weights(program: Program, weights: Mapping[str, np.ndarray]) -> dict[s
 
 
 def check_inputs(program: Program, entry_name: str | None, inputs: Mapping[str, np.ndarray]) -> dict:
-    """The entry's IO inputs, converted to their dtypes; a wrong name or shape is an InputError."""
+    """The entry's IO inputs keyed by buffer name, converted to their dtypes; a wrong name or shape is an
+    InputError."""
     entry = program.entry(entry_name)
     unknown = set(inputs) - set(entry.inputs)
     missing = [n for n in entry.inputs if n not in inputs]
@@ -82,11 +83,11 @@ def check_inputs(program: Program, entry_name: str | None, inputs: Mapping[str, 
         raise InputError(f"entry {entry.name!r} takes inputs {list(entry.inputs)}; "
                          f"missing {missing}, unknown {sorted(unknown)}")
     out = {}
-    for n in entry.inputs:
-        buf = program.buffers[n]
+    for n, buffer in entry.inputs.items():
+        buf = program.buffers[buffer]
         a = np.asarray(inputs[n])
         if a.shape != buf.shape:
             raise InputError(f"input {n!r} has shape {a.shape}; this program was compiled for {buf.shape}",
                              fix="pad or bucket the input to the compiled shape")
-        out[n] = np.ascontiguousarray(a, dtype=buf.dtype)
+        out[buffer] = np.ascontiguousarray(a, dtype=buf.dtype)
     return out

@@ -1,0 +1,70 @@
+"""`aie-apps info`: versions, backends and why some are unavailable, cache paths, models found."""
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+from dataclasses import replace
+
+from sdk import __version__, hub
+from sdk.errors import SdkError
+from sdk.runtime import choose_device, npu_problem
+from sdk.settings import load
+
+from .cli import JsonOpt, app, command, out_json
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _backends() -> dict:
+    out = {}
+    for name in ("cpu", "emu", "npu"):
+        try:
+            choose_device(name)
+            out[name] = {"available": True}
+        except SdkError as e:
+            out[name] = {"available": False, "why": e.message}
+    return out
+
+
+def _models() -> dict:
+    found = {}
+    for name in hub.KNOWN:
+        try:
+            src = hub.resolve(name, settings=replace(load(), offline=True))  # never download here
+            found[name] = {"path": str(src.path), "origin": src.origin}
+        except SdkError:
+            found[name] = {"path": None, "install": hub.KNOWN[name].install}
+    return found
+
+
+@app.command("info")
+@command
+def info(json: JsonOpt = False):
+    """Show versions, which backends can run here (and why not), cache paths and installed models."""
+    s = load()
+    report = {
+        "aie_apps": __version__, "python": platform.python_version(),
+        "packages": {d: _version(d) for d in ("numpy", "tokenizers", "safetensors", "soundfile", "opencv-python")},
+        "device_default": s.device, "npu": npu_problem() or "usable",
+        "backends": _backends(),
+        "paths": {"home": str(s.home), "models": str(s.models_dir), "compiled": str(s.compiled_dir),
+                  "hf_cache": str(s.hf_cache)},
+        "offline": s.offline, "models": _models(),
+    }
+    if json:
+        out_json(report)
+        return
+    print(f"aie-apps {report['aie_apps']} (Python {report['python']})")
+    print("packages: " + ", ".join(f"{k} {v}" for k, v in report["packages"].items()))
+    for name, b in report["backends"].items():
+        print(f"backend {name}: " + ("available" if b["available"] else f"unavailable ({b['why']})"))
+    for k, v in report["paths"].items():
+        print(f"{k}: {v}")
+    print(f"offline: {report['offline']}")
+    for name, m in report["models"].items():
+        print(f"model {name}: " + (f"{m['path']} ({m['origin']})" if m["path"] else f"not installed ({m['install']})"))

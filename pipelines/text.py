@@ -1,0 +1,106 @@
+"""Sentence embeddings with BERT-family encoders: mean pooling over real tokens, then L2 normalisation.
+
+    from sdk import TextEmbedder
+    vectors = TextEmbedder().embed(["A man is eating food.", "A man is eating a piece of bread."])
+
+Static shapes: sentences are sorted by length and run in batches padded to a length bucket; padding is
+masked inside attention and excluded from pooling, so a sentence's vector does not depend on its batch.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sdk import hub
+from sdk.errors import InputError, UsageError, WeightError
+from sdk.models import bert
+from sdk.session import Session
+
+DEFAULT_MODEL = "all-MiniLM-L6-v2"
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    max_length: int = 256            # tokens, [CLS] and [SEP] included; longer input is truncated (warned)
+    batch_size: int = 8
+    buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
+    normalize: bool = True
+
+
+class TextEmbedder:
+    def __init__(self, model: str = DEFAULT_MODEL, *, device: str | None = None, options: TextOptions = TextOptions()):
+        from tokenizers import Tokenizer
+
+        self.source = hub.resolve(model)
+        self.options = options
+        self.cfg, weights = bert.load(self.source.path)
+        tokenizer_file = Path(self.source.path) / "tokenizer.json"
+        if not tokenizer_file.exists():
+            raise WeightError(f"no tokenizer.json in {self.source.path}", fix="use a folder with tokenizer.json")
+        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
+        self.tokenizer.no_padding()
+        self.tokenizer.no_truncation()
+        self.max_length = min(options.max_length, self.cfg.max_position_embeddings)
+        self.buckets = tuple(b for b in options.buckets if b < self.max_length) + (self.max_length,)
+        graphs = [bert.graph(self.cfg, batch, length)
+                  for batch in sorted({1, options.batch_size}) for length in self.buckets]
+        self.session = Session(graphs, weights, device=device)
+
+    @property
+    def dim(self) -> int:
+        return self.cfg.hidden_size
+
+    def report(self) -> dict:
+        return {"model": self.source.name, "model_path": str(self.source.path), **self.session.report()}
+
+    def embed(self, texts: list[str] | str) -> np.ndarray:
+        """[n, dim] float32 (unit vectors when options.normalize). A single string gives [dim]."""
+        if isinstance(texts, str):
+            return self.embed([texts])[0]
+        if not all(isinstance(t, str) for t in texts):
+            raise UsageError("embed() takes a list of strings")
+        out = np.zeros((len(texts), self.dim), np.float32)
+        if not texts:
+            return out
+        encodings = self.tokenizer.encode_batch(list(texts))
+        ids = [e.ids for e in encodings]
+        if any(len(i) > self.max_length for i in ids):
+            warnings.warn(f"some texts exceed {self.max_length} tokens and were truncated", stacklevel=2)
+            ids = [i[:self.max_length - 1] + i[-1:] if len(i) > self.max_length else i for i in ids]
+        order = sorted(range(len(ids)), key=lambda k: len(ids[k]))
+        step = self.options.batch_size
+        for start in range(0, len(order), step):
+            chunk = order[start:start + step]
+            out[chunk] = self._embed_batch([ids[k] for k in chunk])
+        return out
+
+    def _embed_batch(self, ids: list[list[int]]) -> np.ndarray:
+        length = next(b for b in self.buckets if b >= max(len(i) for i in ids))
+        batch = 1 if len(ids) == 1 else self.options.batch_size
+        tokens = np.full((batch, length), self.cfg.pad_token_id, np.int32)
+        mask = np.zeros((batch, length), np.float32)
+        for row, seq in enumerate(ids):
+            tokens[row, :len(seq)] = seq
+            mask[row, :len(seq)] = 1.0
+        hidden = self.session.run(f"forward_b{batch}_t{length}", ids=tokens, token_types=np.zeros_like(tokens),
+                                  mask=mask)["hidden"][:len(ids)]
+        m = mask[:len(ids), :, None]
+        pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1.0)
+        if not self.options.normalize:
+            return pooled
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        if not np.all(np.isfinite(norms)):
+            raise InputError("the encoder produced non-finite values", fix="report this with the input text")
+        return pooled / np.maximum(norms, 1e-12)
+
+    def close(self):
+        self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
