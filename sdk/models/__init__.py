@@ -11,6 +11,7 @@ from ..errors import UsageError
 
 ARCHITECTURES: dict[str, str] = {
     "bert": "sdk.models.bert",
+    "esm": "sdk.models.esm",
 }
 
 
