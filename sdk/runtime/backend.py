@@ -89,5 +89,5 @@ def check_inputs(program: Program, entry_name: str | None, inputs: Mapping[str, 
         if a.shape != buf.shape:
             raise InputError(f"input {n!r} has shape {a.shape}; this program was compiled for {buf.shape}",
                              fix="pad or bucket the input to the compiled shape")
-        out[buffer] = np.ascontiguousarray(a, dtype=buf.dtype)
+        out[buffer] = np.asarray(a, dtype=buf.dtype, order="C")  # keeps 0-d parameters 0-d
     return out

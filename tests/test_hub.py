@@ -1,0 +1,46 @@
+"""Model resolution order and the offline switch."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sdk import hub
+from sdk.errors import ModelNotFound
+from sdk.settings import load
+
+
+def settings(tmp_path, offline=True):
+    return replace(load({"XDG_CACHE_HOME": str(tmp_path / "cache"), "HOME": str(tmp_path)}), offline=offline)
+
+
+def test_explicit_path_wins(tmp_path):
+    assert hub.resolve(str(tmp_path), settings=settings(tmp_path)).origin == "path"
+    with pytest.raises(ModelNotFound, match="does not exist"):
+        hub.resolve(str(tmp_path / "nope"), settings=settings(tmp_path))
+
+
+def test_installed_package_then_hf_cache(tmp_path):
+    s = settings(tmp_path)
+    src = hub.resolve("all-MiniLM-L6-v2", settings=s)
+    assert src.origin == "package" and (src.path / "model.safetensors").exists()
+    assert hub.resolve("sentence-transformers/all-MiniLM-L6-v2", settings=s).origin == "package"
+    snap = s.hf_cache / "models--org--tiny" / "snapshots" / "abc123"
+    snap.mkdir(parents=True)
+    (s.hf_cache / "models--org--tiny" / "refs").mkdir()
+    (s.hf_cache / "models--org--tiny" / "refs" / "main").write_text("abc123")
+    src = hub.resolve("org/tiny", settings=s)
+    assert (src.origin, src.path) == ("hf-cache", snap)
+
+
+def test_offline_never_downloads_and_says_how_to_fix(tmp_path):
+    with pytest.raises(ModelNotFound) as e:
+        hub.resolve("org/not-cached", settings=settings(tmp_path))
+    assert "offline" in str(e.value) and e.value.exit_code == 4
+
+
+def test_settings_read_the_environment_in_one_place():
+    s = load({"AIE_APPS_HOME": "/x/home", "HF_HUB_OFFLINE": "1", "AIE_APPS_DEVICE": "CPU"})
+    assert (str(s.home), s.offline, s.device) == ("/x/home", True, "cpu")
+    assert str(s.compiled_dir) == "/x/home/compiled"
+    assert load({}).offline is False
