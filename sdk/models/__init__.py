@@ -12,6 +12,7 @@ from ..errors import UsageError
 ARCHITECTURES: dict[str, str] = {
     "bert": "sdk.models.bert",
     "esm": "sdk.models.esm",
+    "parakeet_ctc": "sdk.models.conformer", "parakeet_tdt": "sdk.models.conformer", "gigaam": "sdk.models.conformer",
 }
 
 
