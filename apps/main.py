@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from . import doctor, embed_text, info  # noqa: F401  (registration)
+from . import dictate  # noqa: F401
 from .cli import app
 
 __all__ = ["app"]

@@ -1,0 +1,385 @@
+"""`aie-apps dictate`: talk, and text appears on stdout, as JSON lines, typed into the focused window,
+pasted, or on the clipboard.
+
+    aie-apps dictate                          # microphone -> stdout (live partial line on a TTY)
+    aie-apps dictate --output type            # type finals into the focused window (never presses Enter)
+    aie-apps dictate --file talk.wav --fast   # a file played as the microphone
+    aie-apps dictate toggle                   # start a session, or stop the running one (bind this to a key)
+
+A running session listens on a user-only unix socket in $XDG_RUNTIME_DIR, so `dictate stop|cancel|toggle`
+from a desktop key binding controls it; nothing here grabs global hotkeys.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sdk import settings as sdk_settings
+from sdk.errors import DeviceIOError, SdkError, UsageError
+
+from .cli import DeviceOpt, app, command, err, out_json
+
+SOCKET_NAME = "aie-apps-dictate.sock"
+
+
+class Output(str, Enum):
+    stdout = "stdout"
+    jsonl = "jsonl"
+    type = "type"
+    paste = "paste"
+    clipboard = "clipboard"
+
+
+class Action(str, Enum):
+    start = "start"
+    stop = "stop"
+    toggle = "toggle"
+    cancel = "cancel"
+
+
+# ----------------------------------------------------------------------------------------------- text sinks
+
+def _session_type(environ=os.environ) -> str:
+    kind = (environ.get("XDG_SESSION_TYPE") or "").lower()
+    if kind in ("wayland", "x11"):
+        return kind
+    return "wayland" if environ.get("WAYLAND_DISPLAY") else "x11" if environ.get("DISPLAY") else "tty"
+
+
+TYPERS = {  # tool -> argv that types TEXT without a trailing Enter
+    "xdotool": lambda text: ["xdotool", "type", "--clearmodifiers", "--delay", "4", "--", text],
+    "wtype": lambda text: ["wtype", "--", text],
+    "ydotool": lambda text: ["ydotool", "type", "--", text],
+    "dotool": None,  # reads commands on stdin
+}
+PREFERENCE = {"x11": ("xdotool", "ydotool", "dotool"), "wayland": ("wtype", "ydotool", "dotool"),
+              "tty": ("ydotool", "dotool")}
+INSTALL = {"xdotool": "sudo apt install xdotool", "wtype": "sudo apt install wtype",
+           "ydotool": "sudo apt install ydotool (and run ydotoold)", "dotool": "install dotool (git.sr.ht/~geb/dotool)",
+           "xclip": "sudo apt install xclip", "wl-copy": "sudo apt install wl-clipboard"}
+
+
+def choose_typer(requested: str = "auto", session: str | None = None) -> str:
+    session = session or _session_type()
+    if requested != "auto":
+        if requested not in TYPERS:
+            raise UsageError(f"unknown typing tool {requested!r}", fix=f"use one of auto, {', '.join(TYPERS)}")
+        if not shutil.which(requested):
+            raise DeviceIOError(f"typing tool {requested} is not installed", fix=INSTALL[requested])
+        return requested
+    for tool in PREFERENCE[session]:
+        if shutil.which(tool):
+            return tool
+    wanted = PREFERENCE[session][0]
+    raise DeviceIOError(f"no typing tool for a {session} session (looked for {', '.join(PREFERENCE[session])})",
+                        fix=INSTALL[wanted])
+
+
+def _run_tool(argv: list[str], *, stdin: str | None = None) -> None:
+    try:
+        done = subprocess.run(argv, input=stdin, text=True, capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise DeviceIOError(f"{argv[0]} failed: {e}", fix=f"check that {argv[0]} works in this session") from None
+    if done.returncode != 0:
+        raise DeviceIOError(f"{argv[0]} failed (exit {done.returncode}): {done.stderr.strip()[:300]}",
+                            fix=f"check that {argv[0]} can reach the display/input device (`aie-apps doctor --typing`)")
+
+
+def type_text(text: str, tool: str) -> None:
+    """Type text into the focused window. Newlines become spaces: dictation never presses Enter."""
+    text = " ".join(text.split())
+    if not text:
+        return
+    if tool == "dotool":
+        _run_tool(["dotool"], stdin=f"type {text}\n")
+    else:
+        _run_tool(TYPERS[tool](text))
+
+
+def _clipboard_tools(session: str) -> tuple[list[str], list[str]]:
+    """(copy argv, paste-out argv) for this session."""
+    if session == "wayland" and shutil.which("wl-copy"):
+        return ["wl-copy"], ["wl-paste", "--no-newline"]
+    if shutil.which("xclip"):
+        return ["xclip", "-selection", "clipboard"], ["xclip", "-selection", "clipboard", "-o"]
+    if shutil.which("xsel"):
+        return ["xsel", "--clipboard", "--input"], ["xsel", "--clipboard", "--output"]
+    tool = "wl-copy" if session == "wayland" else "xclip"
+    raise DeviceIOError(f"no clipboard tool found for a {session} session", fix=INSTALL[tool])
+
+
+PASTE_KEYS = {"xdotool": ["xdotool", "key", "--clearmodifiers", "ctrl+v"], "wtype": ["wtype", "-M", "ctrl", "v", "-m", "ctrl"],
+              "ydotool": ["ydotool", "key", "29:1", "47:1", "47:0", "29:0"]}
+
+
+class Sink:
+    """Where finals (and, on a TTY, partials) go."""
+
+    def __init__(self, output: Output, *, partials: bool | None, typer_tool: str = "auto"):
+        self.output = output
+        self.tty = output == Output.stdout and sys.stdout.isatty()
+        self.partials = self.tty if partials is None else partials
+        self.session = _session_type()
+        self.tool = choose_typer(typer_tool, self.session) if output in (Output.type, Output.paste) else None
+        self.clip = _clipboard_tools(self.session) if output in (Output.paste, Output.clipboard) else None
+        self.text = ""            # everything finalised this session (the clipboard output holds it)
+        self._line = False
+
+    def partial(self, event) -> None:
+        if not self.partials:
+            return
+        if self.output == Output.jsonl:
+            self._json(event)
+        elif self.output == Output.stdout and self.tty:
+            sys.stdout.write("\r\033[K" + event.text[-(shutil.get_terminal_size().columns - 1):])
+            sys.stdout.flush()
+            self._line = True
+
+    def final(self, event) -> None:
+        self.text = f"{self.text} {event.text}".strip()
+        if self.output == Output.jsonl:
+            self._json(event)
+        elif self.output == Output.stdout:
+            sys.stdout.write(("\r\033[K" if self._line else "") + event.text + "\n")
+            sys.stdout.flush()
+            self._line = False
+        elif self.output == Output.type:
+            type_text(event.text + " ", self.tool)
+        elif self.output == Output.paste:
+            self._paste(event.text + " ")
+        elif self.output == Output.clipboard:
+            _run_tool(self.clip[0], stdin=self.text)
+
+    def _paste(self, text: str):
+        copy, read_back = self.clip
+        try:
+            previous = subprocess.run(read_back, capture_output=True, text=True, timeout=5).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            previous = None
+        _run_tool(copy, stdin=text)
+        _run_tool(PASTE_KEYS.get(self.tool) or ["dotool"], stdin="key ctrl+v\n" if self.tool == "dotool" else None)
+        if previous is not None:
+            time.sleep(0.2)  # let the target read the clipboard before it is restored
+            _run_tool(copy, stdin=previous)
+
+    def _json(self, event) -> None:
+        d = {"type": event.type, "text": event.text}
+        if event.type == "final":
+            d.update(start=round(event.start, 3), end=round(event.end, 3), latency=round(event.latency, 3))
+        else:
+            d.update(stable=event.stable)
+        d["at"] = event.at
+        print(json.dumps(d, ensure_ascii=False), flush=True)
+
+    def close(self):
+        if self._line:
+            sys.stdout.write("\r\033[K")
+            sys.stdout.flush()
+
+
+# ----------------------------------------------------------------------------------------------- control socket
+
+def socket_path(settings=None) -> Path:
+    settings = settings or sdk_settings.load()
+    return settings.runtime_dir / SOCKET_NAME
+
+
+def send(command_word: str, path: Path | None = None) -> str | None:
+    """Send a command to the running session; None when none is running (a stale socket is removed)."""
+    path = path or socket_path()
+    if not path.exists():
+        return None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        try:
+            s.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            path.unlink(missing_ok=True)
+            return None
+        s.sendall(command_word.encode() + b"\n")
+        return s.recv(1024).decode().strip()
+
+
+class ControlServer:
+    """Accepts `stop`, `cancel`, `toggle`, `start`, `status` from the same user over a 0600 unix socket."""
+
+    def __init__(self, path: Path, handle):
+        self.path, self.handle = path, handle
+        if send("status", path) is not None:
+            raise UsageError(f"a dictation session is already running (socket {path})",
+                             fix="stop it with `aie-apps dictate stop`, or use `aie-apps dictate toggle`")
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path.unlink(missing_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the socket is created 0600: only this user may control dictation
+        try:
+            self.sock.bind(str(path))
+        finally:
+            os.umask(old)
+        os.chmod(path, 0o600)
+        self.sock.listen(4)
+        self.sock.settimeout(0.2)
+        self._closed = threading.Event()
+        self.thread = threading.Thread(target=self._serve, name="dictation-control", daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while not self._closed.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except (socket.timeout, OSError):
+                continue
+            with conn:
+                conn.settimeout(2)
+                try:
+                    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+                    if int.from_bytes(creds[4:8], sys.byteorder) != os.getuid():
+                        conn.sendall(b"refused\n")
+                        continue
+                    word = conn.recv(64).decode().strip()
+                    conn.sendall((self.handle(word) + "\n").encode())
+                except OSError:
+                    continue
+
+    def close(self):
+        self._closed.set()
+        self.thread.join(2)
+        self.sock.close()
+        self.path.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------- command
+
+def _print_devices(as_json: bool):
+    from pipelines.dictation import list_input_devices
+
+    devices = list_input_devices()
+    if as_json:
+        out_json([d.__dict__ for d in devices])
+        return
+    if not devices:
+        err("no audio input devices found")
+    for d in devices:
+        mark = "*" if d.is_default else " "
+        print(f"{mark} {d.index:>3}  {d.name}  ({d.hostapi}, {d.channels} ch, {d.default_samplerate:g} Hz)")
+
+
+def _save_unprocessed(stream, settings) -> Path | None:
+    import soundfile
+
+    audio = stream.unprocessed_audio()
+    if len(audio) < 1600:
+        return None
+    folder = settings.home / "recordings"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / time.strftime("dictation-%Y%m%d-%H%M%S.wav")
+    soundfile.write(str(path), audio, 16000)
+    return path
+
+
+@app.command("dictate")
+@command
+def dictate(
+    action: Annotated[Optional[Action], typer.Argument(help="control a running session: start | stop | toggle | cancel")] = None,
+    output: Annotated[Output, typer.Option("--output", "-o", help="stdout | jsonl | type | paste | clipboard")] = Output.stdout,
+    partials: Annotated[Optional[bool], typer.Option("--partials/--no-partials", help="show partial text (default: on a TTY only)")] = None,
+    typer_tool: Annotated[str, typer.Option("--typer", help="typing tool: auto | xdotool | wtype | ydotool | dotool")] = "auto",
+    model: Annotated[str, typer.Option("--model", help="ASR model name or folder")] = "whisper-tiny.en",
+    input_device: Annotated[Optional[str], typer.Option("--input-device", "-d", help="microphone: index or part of its name")] = None,
+    list_devices: Annotated[bool, typer.Option("--list-devices", help="list microphones and exit")] = False,
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="play this audio file as the microphone")] = None,
+    fast: Annotated[bool, typer.Option("--fast", help="with --file: as fast as possible, not real time")] = False,
+    vad: Annotated[bool, typer.Option("--vad/--no-vad", help="voice activity detection (on by default)")] = True,
+    silence_timeout: Annotated[Optional[float], typer.Option("--silence-timeout", help="stop after this many seconds without speech")] = None,
+    max_duration: Annotated[Optional[float], typer.Option("--max-duration", help="stop after this many seconds of audio")] = None,
+    save_audio: Annotated[Optional[Path], typer.Option("--save-audio", help="also write the captured audio (16 kHz WAV) here")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="with --list-devices: JSON")] = False,
+    device: DeviceOpt = None,
+):
+    """Live dictation from the microphone (or a file played as one)."""
+    settings = sdk_settings.load()
+    if list_devices:
+        return _print_devices(json_out)
+    if action in (Action.stop, Action.cancel, Action.toggle):
+        reply = send(action.value if action != Action.toggle else "stop")
+        if reply is not None:
+            err(f"dictation: {reply}")
+            return
+        if action != Action.toggle:
+            err("dictation: no session is running")
+            raise typer.Exit(1)
+    elif action == Action.start and send("status") is not None:
+        err("dictation: a session is already running")
+        return
+    if fast and file is None:
+        raise UsageError("--fast needs --file")
+    _run_session(settings, output=output, partials=partials, typer_tool=typer_tool, model=model,
+                 input_device=input_device, file=file, fast=fast, vad=vad, silence_timeout=silence_timeout,
+                 max_duration=max_duration, save_audio=save_audio, device=device)
+
+
+def _show(events, sink):
+    for event in events:
+        if event.type == "state":
+            err(f"dictation: {event.state}" + (" - speak now" if event.state == "listening" else ""))
+        elif event.type == "partial":
+            sink.partial(event)
+        else:
+            sink.final(event)
+
+
+def _run_session(settings, *, output, partials, typer_tool, model, input_device, file, fast, vad,
+                 silence_timeout, max_duration, save_audio, device):
+    from pipelines.dictation import DictationOptions, FileSource, Microphone, Stream
+
+    sink = Sink(output, partials=partials, typer_tool=typer_tool)   # a missing typing tool fails before capture
+    source = FileSource(file, pace="fast" if fast else "realtime") if file else Microphone(input_device)
+    options = DictationOptions(vad=vad, silence_timeout=silence_timeout, max_duration=max_duration)
+
+    def load():
+        from pipelines.asr import Transcriber
+        return Transcriber(model, device=device)
+
+    stream = Stream(load, source, options, save_audio=save_audio)
+
+    def handle(word: str) -> str:
+        if word in ("stop", "toggle", "cancel"):
+            stream.request_stop(cancel=word == "cancel")
+            return "cancelled" if word == "cancel" else "stopping"
+        if word in ("status", "start"):
+            return f"running ({stream.state})"
+        return f"unknown command {word!r}"
+
+    server = ControlServer(socket_path(settings), handle)
+    stream.start()
+    try:
+        try:
+            _show(stream.events(), sink)
+        except KeyboardInterrupt:  # Ctrl-C ends the session like `dictate stop`: what was said is still written
+            err("dictation: stopping (Ctrl-C again to abort)")
+            stream.request_stop()
+            _show(stream.events(), sink)
+            raise
+    except SdkError:
+        saved = None if save_audio else _save_unprocessed(stream, settings)
+        if saved:
+            err(f"note: {len(stream.unprocessed_audio()) / 16000:.1f} s of captured audio was not transcribed;"
+                f" saved to {saved}")
+        raise
+    finally:
+        sink.close()
+        server.close()
+        report = stream.report()
+        err(f"dictation: {report['captured_s']:.1f} s captured, {report['finals']} finals,"
+            f" {report['dropped_blocks']} dropped blocks")

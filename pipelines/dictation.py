@@ -1,0 +1,870 @@
+"""Live dictation: audio in, `partial` and `final` text out, while the person is still talking.
+
+    from pipelines.asr import Transcriber
+    from pipelines.dictation import Stream, Microphone
+
+    with Stream(lambda: Transcriber("whisper-tiny.en"), Microphone("usb")) as stream:
+        for event in stream.events():          # Partial / Final / State, until stop() or the source ends
+            print(event)
+
+How it works, in the order audio flows:
+  source (Microphone, FileSource, or `feed()` from the app) -> resampled to 16 kHz -> RingBuffer
+  -> worker thread: Recognizer = VAD (energy over an adaptive noise floor + a voicing check) that cuts
+  utterances with pre-roll and hangover -> the utterance (<= one 30 s encoder window) is re-decoded every
+  `partial_every` seconds; words two consecutive decodes agree on are stable (LocalAgreement-2) ->
+  at the utterance end one last decode becomes the `final`. Utterances longer than `commit_after` seconds
+  are committed early at an agreed segment boundary and the window slides on, so long speech never
+  overflows the encoder window.
+
+Against Whisper's known failure modes: no text from one window is fed to the next (no prompt carry-over,
+the classic source of loops); stretches the VAD calls loud but that carry no voiced frames (noise, clicks)
+are never decoded; segments Whisper itself marks as non-speech are dropped; repeated n-grams are collapsed.
+
+Audio captured before the model is ready waits in the ring buffer and is transcribed once it is (the
+states are loading -> warming -> ready -> listening -> stopped). A failing microphone stops capture, the
+audio already captured is still transcribed, then the typed error is raised; `unprocessed_audio()` returns
+what could not be transcribed (for instance when the model is missing) so an app can save it.
+
+Times in events are seconds of audio since the stream started ("audio time").
+"""
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Iterator, Union
+
+import numpy as np
+
+from sdk.errors import DeviceIOError, InputError, SdkError, UsageError
+
+SAMPLE_RATE = 16000
+FRAME = 480                   # 30 ms VAD frames
+FRAME_SECONDS = FRAME / SAMPLE_RATE
+WINDOW_SECONDS = 30.0         # Whisper's encoder window
+
+
+@dataclass(frozen=True)
+class DictationOptions:
+    vad: bool = True                  # off: every sample is speech; text is committed by agreement only
+    vad_threshold_db: float = 10.0    # a frame is loud this far above the adaptive noise floor ...
+    vad_min_db: float = -55.0         # ... and above this absolute level (dBFS)
+    voicing_threshold: float = 0.45   # normalised autocorrelation at a pitch lag (70-400 Hz) = voiced frame
+    min_voiced: float = 0.09          # s of voiced frames an utterance needs; less is noise, never decoded
+    onset: float = 0.09               # s of consecutive loud frames that start an utterance
+    preroll: float = 0.4              # s of audio kept from before the onset, so first words are not clipped
+    hangover: float = 0.6             # s of quiet that ends an utterance
+    partial_every: float = 1.0        # s of new audio between partial decodes of an open utterance
+    commit_after: float = 15.0        # s of open utterance after which agreed segments become final early
+    max_utterance: float = 28.0       # s; hard cut (never more than one encoder window)
+    silence_timeout: float | None = None   # stop after this long without speech
+    max_duration: float | None = None      # stop after this much audio
+    ring_seconds: float = 120.0       # audio that may wait for the worker (model loading, slow decodes)
+
+    def __post_init__(self):
+        if not 0 < self.max_utterance <= WINDOW_SECONDS:
+            raise UsageError(f"max_utterance must be in (0, {WINDOW_SECONDS}] s, got {self.max_utterance}")
+        if self.commit_after >= self.max_utterance:
+            raise UsageError("commit_after must be shorter than max_utterance")
+        for name in ("preroll", "hangover", "partial_every", "onset", "min_voiced"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name} must be >= 0")
+        if self.ring_seconds < 5:
+            raise UsageError("ring_seconds must be at least 5")
+
+
+# ----------------------------------------------------------------------------------------------- events
+
+@dataclass(frozen=True)
+class Partial:
+    text: str                # the whole current hypothesis of the open utterance
+    stable: str              # its prefix two consecutive decodes agreed on
+    at: float = 0.0          # audio time when it was emitted
+    type: str = field(default="partial", init=False)
+
+
+@dataclass(frozen=True)
+class Final:
+    text: str
+    start: float             # audio time the speech started
+    end: float               # audio time the speech ended
+    at: float = 0.0          # audio time when it was emitted; at - end is the latency
+    type: str = field(default="final", init=False)
+
+    @property
+    def latency(self) -> float:
+        return self.at - self.end
+
+
+@dataclass(frozen=True)
+class State:
+    state: str               # loading | warming | ready | listening | stopped
+    type: str = field(default="state", init=False)
+
+
+Event = Union[Partial, Final, State]
+
+
+# ----------------------------------------------------------------------------------------------- VAD
+
+class Vad:
+    """Dependency-free voice activity: per 30 ms frame, `loud` (energy vs an adaptive floor) and `voiced`.
+
+    The floor is the 10th percentile of the last 5 s of frame energies: speech always has gaps, so the
+    floor follows the room, not the talker. It starts at `vad_min_db`, so the first seconds of a noisy
+    room look loud; that is harmless because an utterance without voiced frames is never decoded.
+    Voicing is the peak of the normalised autocorrelation of the differentiated frame at pitch lags:
+    vowels are periodic, noise (white, pink, brown after differencing) is not.
+    """
+
+    HISTORY = 166  # frames = 5 s
+
+    def __init__(self, options: DictationOptions):
+        self.options = options
+        self._energies = deque([options.vad_min_db] * self.HISTORY, maxlen=self.HISTORY)
+        lags = np.arange(SAMPLE_RATE // 400, SAMPLE_RATE // 70 + 1)
+        self._lags = lags
+        self._unbias = (FRAME - 1) / (FRAME - 1 - lags)
+
+    def __call__(self, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """frames [n, FRAME] -> (loud [n] bool, voiced [n] bool)."""
+        centred = frames - frames.mean(axis=1, keepdims=True)
+        energy_db = 10 * np.log10(np.mean(centred ** 2, axis=1) + 1e-12)
+        loud = np.empty(len(frames), bool)
+        for i, e in enumerate(energy_db):
+            floor = np.partition(np.fromiter(self._energies, float, self.HISTORY), self.HISTORY // 10)[self.HISTORY // 10]
+            loud[i] = e > max(floor + self.options.vad_threshold_db, self.options.vad_min_db)
+            self._energies.append(e)
+        diff = np.diff(frames, axis=1)
+        spectrum = np.fft.rfft(diff, 2 * diff.shape[1], axis=1)
+        autocorr = np.fft.irfft(np.abs(spectrum) ** 2, axis=1)
+        r0 = np.maximum(autocorr[:, :1], 1e-12)
+        voicing = (autocorr[:, self._lags] / r0 * self._unbias).max(axis=1)
+        return loud, loud & (voicing > self.options.voicing_threshold)
+
+
+# ----------------------------------------------------------------------------------------------- text guards
+
+_WORD = re.compile(r"[\w']+")
+
+
+def _norm(word: str) -> str:
+    return "".join(_WORD.findall(word.lower()))
+
+
+def collapse_repeats(words: list[str], *, max_ngram: int = 6) -> list[str]:
+    """Whisper loops ("the the the the", "thank you. thank you. thank you."): keep one copy of any n-gram
+    repeated back to back 3+ times (4+ for single words, which people do say twice or thrice)."""
+    out = list(words)
+    for n in range(1, max_ngram + 1):
+        limit = 4 if n == 1 else 3
+        i = 0
+        while i + n <= len(out):
+            gram = [_norm(w) for w in out[i:i + n]]
+            reps = 1
+            while [_norm(w) for w in out[i + reps * n:i + (reps + 1) * n]] == gram:
+                reps += 1
+            if reps >= limit:
+                del out[i + n:i + reps * n]
+            i += 1
+    return out
+
+
+def _looks_like_text(text: str) -> bool:
+    return any(ch.isalnum() for ch in text)
+
+
+def _too_compressible(text: str) -> bool:
+    """The compression-ratio test Whisper itself uses for degenerate output (ratio > 2.4)."""
+    raw = text.encode()
+    return len(raw) > 40 and len(raw) / len(zlib.compress(raw)) > 2.4
+
+
+# ----------------------------------------------------------------------------------------------- recognizer
+
+@dataclass
+class _Hypothesis:
+    segments: list            # the Transcriber's Segments that survived the guards
+    words: list[str]          # all their words, in order
+    ends: list[int]           # cumulative word count at the end of each segment
+
+    @classmethod
+    def from_segments(cls, segments, window_end: float) -> "_Hypothesis":
+        kept, words, ends, previous = [], [], [], None
+        for seg in segments:
+            text = seg.text.strip()
+            if not _looks_like_text(text) or _norm(text) == previous or seg.start >= window_end:
+                continue
+            if getattr(seg, "no_speech_prob", 0.0) > 0.6 and getattr(seg, "avg_logprob", 0.0) < -1.0:
+                continue
+            previous = _norm(text)
+            kept.append(seg)
+            words.extend(text.split())
+            ends.append(len(words))
+        collapsed = collapse_repeats(words)
+        if len(collapsed) != len(words) or _too_compressible(" ".join(words)):
+            # a loop was cut: segment boundaries no longer line up with the words, so this hypothesis
+            # offers no early-commit points (the utterance end or the hard cut still finalises it)
+            collapsed = [] if _too_compressible(" ".join(collapsed)) else collapsed
+            return cls([], collapsed, [])
+        return cls(kept, words, ends)
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.words)
+
+
+def _agreement(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if _norm(x) != _norm(y):
+            break
+        n += 1
+    return n
+
+
+class Recognizer:
+    """The streaming engine without threads: `accept(samples_16k)` -> events, `finish()` at the end.
+
+    `transcriber` is anything with `decode_window(samples_16k, *, offset) -> [Segment(start, end, text)]`.
+    One call to accept() runs at most one partial decode, so when decoding is slower than real time the
+    caller simply hands over bigger chunks and partials get rarer; finals are never skipped.
+    """
+
+    def __init__(self, transcriber, options: DictationOptions = DictationOptions()):
+        self.transcriber, self.options = transcriber, options
+        self.vad = Vad(options)
+        self.position = 0                    # samples consumed
+        self.last_speech = 0.0               # audio time speech was last heard
+        self.decodes = 0
+        self._rest = np.zeros(0, np.float32)  # samples short of a whole frame
+        self._preroll = deque(maxlen=max(1, round(options.preroll / FRAME_SECONDS)))
+        self._onset_run: list[np.ndarray] = []
+        self._onset_voiced = 0
+        self._reset_utterance()
+
+    # -- public
+
+    @property
+    def in_utterance(self) -> bool:
+        return self._chunks is not None
+
+    def accept(self, samples: np.ndarray) -> list[Event]:
+        samples = np.concatenate([self._rest, np.asarray(samples, np.float32).reshape(-1)])
+        n_frames = len(samples) // FRAME
+        self._rest = samples[n_frames * FRAME:]
+        frames = samples[:n_frames * FRAME].reshape(n_frames, FRAME)
+        if self.options.vad:
+            loud, voiced = self.vad(frames) if n_frames else (np.zeros(0, bool), np.zeros(0, bool))
+        else:
+            loud = voiced = np.ones(n_frames, bool)
+        events: list[Event] = []
+        for frame, is_loud, is_voiced in zip(frames, loud, voiced):
+            events += self._frame(frame, bool(is_loud), bool(is_voiced))
+        if self.in_utterance and self._since_decode >= self.options.partial_every and self._enough_voice():
+            events += self._partial()
+        return events
+
+    def finish(self) -> list[Event]:
+        """End of audio: the open utterance (if any) becomes final."""
+        if len(self._rest) and self.in_utterance:
+            self._append(np.pad(self._rest, (0, FRAME - len(self._rest))))
+        self._rest = np.zeros(0, np.float32)
+        return self._end_utterance() if self.in_utterance else []
+
+    # -- per frame
+
+    def _now(self) -> float:
+        return self.position / SAMPLE_RATE
+
+    def _frame(self, frame: np.ndarray, loud: bool, voiced: bool) -> list[Event]:
+        self.position += FRAME
+        now = self._now()
+        if not self.in_utterance:
+            if not loud:
+                self._preroll.extend(self._onset_run)
+                self._onset_run, self._onset_voiced = [], 0
+                self._preroll.append(frame)
+                return []
+            self._onset_run.append(frame)
+            self._onset_voiced += int(voiced)
+            if len(self._onset_run) * FRAME_SECONDS < self.options.onset - 1e-9:
+                return []
+            voiced_so_far = self._onset_voiced
+            self._begin_utterance(now - len(self._onset_run) * FRAME_SECONDS)
+            self._voiced, self._onset_voiced = voiced_so_far, 0
+            self.last_speech = now
+            return []
+        self._append(frame)
+        self._voiced += int(voiced)
+        if loud:
+            self.last_speech = now
+        events: list[Event] = []
+        if self.options.vad and now - self.last_speech >= self.options.hangover:
+            return self._end_utterance()
+        if self._duration() >= self.options.max_utterance:
+            events += self._hard_cut()
+        return events
+
+    def _begin_utterance(self, speech_start: float):
+        pre = list(self._preroll)
+        self._chunks = pre + self._onset_run
+        self._buffer_start = speech_start - len(pre) * FRAME_SECONDS
+        self._speech_start = speech_start
+        self._preroll.clear()
+        self._onset_run = []
+        self._since_decode = len(self._chunks) * FRAME_SECONDS
+
+    def _reset_utterance(self):
+        self._chunks: list[np.ndarray] | None = None
+        self._buffer_start = self._speech_start = 0.0
+        self._voiced = 0
+        self._since_decode = 0.0
+        self._previous: _Hypothesis | None = None
+        self._agreed = 0
+
+    def _append(self, frame: np.ndarray):
+        self._chunks.append(frame)
+        self._since_decode += FRAME_SECONDS
+
+    def _duration(self) -> float:
+        return len(self._chunks) * FRAME_SECONDS
+
+    def _enough_voice(self) -> bool:
+        return not self.options.vad or self._voiced * FRAME_SECONDS >= self.options.min_voiced - 1e-9
+
+    # -- decoding
+
+    def _decode(self) -> _Hypothesis:
+        audio = np.concatenate(self._chunks) if self._chunks else np.zeros(FRAME, np.float32)
+        self.decodes += 1
+        self._since_decode = 0.0
+        segments = self.transcriber.decode_window(audio, offset=self._buffer_start)
+        return _Hypothesis.from_segments(segments, self._buffer_start + len(audio) / SAMPLE_RATE)
+
+    def _partial(self) -> list[Event]:
+        hyp = self._decode()
+        if self._previous is not None:
+            self._agreed = max(self._agreed, _agreement(self._previous.words, hyp.words))
+        self._agreed = min(self._agreed, len(hyp.words))
+        self._previous = hyp
+        events: list[Event] = []
+        if self._duration() >= self.options.commit_after:
+            events += self._commit_agreed(hyp)
+            hyp = self._previous
+        if hyp is not None and hyp.words:
+            events.append(Partial(hyp.text, " ".join(hyp.words[:self._agreed])))
+        return events
+
+    def _commit_agreed(self, hyp: _Hypothesis) -> list[Event]:
+        """Long speech: the agreed segments that ended >= 1 s before the buffer end become final, and the
+        window slides past them (whisper_streaming's segment trimming)."""
+        buffer_end = self._buffer_start + self._duration()
+        cut = None
+        for i, (seg, end_word) in enumerate(zip(hyp.segments, hyp.ends)):
+            if end_word > self._agreed:
+                break
+            if self._speech_start < seg.end <= buffer_end - 1.0:
+                cut = i
+        if cut is None:
+            return []
+        seg_end = float(hyp.segments[cut].end)
+        words = hyp.words[:hyp.ends[cut]]
+        final = Final(" ".join(words), self._speech_start, seg_end)
+        drop = int(round((seg_end - self._buffer_start) / FRAME_SECONDS))
+        self._chunks = self._chunks[drop:]
+        self._buffer_start += drop * FRAME_SECONDS
+        self._speech_start = self._buffer_start
+        rest = hyp.words[hyp.ends[cut]:]
+        self._previous = _Hypothesis([], rest, [len(rest)]) if rest else None
+        self._agreed = max(0, self._agreed - len(words))
+        return [final]
+
+    def _hard_cut(self) -> list[Event]:
+        """The window is full and nothing agreed: everything decoded so far becomes final."""
+        hyp = self._decode() if self._enough_voice() else None
+        end = self._now()
+        events = [Final(hyp.text, self._speech_start, end)] if hyp and hyp.words else []
+        self._chunks, self._buffer_start, self._speech_start = [], end, end
+        self._previous, self._agreed, self._voiced = None, 0, 0
+        return events
+
+    def _end_utterance(self) -> list[Event]:
+        events: list[Event] = []
+        if self._enough_voice() and self._chunks:
+            hyp = self._decode()
+            end = min(self.last_speech, self._now()) if self.options.vad else self._now()
+            if hyp.words:
+                events.append(Final(hyp.text, self._speech_start, max(end, self._speech_start)))
+        self._reset_utterance()
+        return events
+
+
+# ----------------------------------------------------------------------------------------------- ring buffer
+
+class RingBuffer:
+    """Fixed-size float32 ring between capture and the worker; never reallocates, so memory is bounded.
+
+    A writer that must not block (an audio callback) overwrites the oldest unread audio when full and the
+    loss is counted in `dropped_blocks` / `dropped_samples`; a writer that may block (a file played as
+    fast as possible) waits for space instead.
+    """
+
+    def __init__(self, capacity: int):
+        self._data = np.zeros(capacity, np.float32)
+        self.capacity = capacity
+        self.written = 0          # samples ever written
+        self.read_pos = 0         # samples ever read (or dropped)
+        self.dropped_blocks = 0
+        self.dropped_samples = 0
+        self.closed = False
+        self._cond = threading.Condition()
+
+    def write(self, samples: np.ndarray, *, block: bool) -> None:
+        for start in range(0, len(samples), self.capacity // 4):
+            self._write(samples[start:start + self.capacity // 4], block)
+
+    def _write(self, x: np.ndarray, block: bool):
+        with self._cond:
+            if self.closed:
+                return
+            while block and self.written + len(x) - self.read_pos > self.capacity and not self.closed:
+                self._cond.wait(0.1)
+            overflow = self.written + len(x) - self.read_pos - self.capacity
+            if overflow > 0:
+                self.dropped_blocks += 1
+                self.dropped_samples += overflow
+                self.read_pos += overflow
+            i = self.written % self.capacity
+            first = min(len(x), self.capacity - i)
+            self._data[i:i + first] = x[:first]
+            self._data[:len(x) - first] = x[first:]
+            self.written += len(x)
+            self._cond.notify_all()
+
+    def read(self, max_samples: int | None = None, *, min_samples: int = 1, timeout: float = 0.1) -> np.ndarray | None:
+        """Up to max_samples unread samples; waits up to `timeout` for min_samples. None once closed and empty."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.closed or self.written - self.read_pos >= min_samples, timeout)
+            available = self.written - self.read_pos
+            if available == 0 and self.closed:
+                return None
+            n = available if max_samples is None else min(available, max_samples)
+            out = self._peek(n)
+            self.read_pos += n
+            self._cond.notify_all()
+            return out
+
+    def unread(self) -> np.ndarray:
+        with self._cond:
+            return self._peek(self.written - self.read_pos)
+
+    def _peek(self, n: int) -> np.ndarray:
+        idx = (self.read_pos + np.arange(n)) % self.capacity
+        return self._data[idx]
+
+    def close(self):
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+# ----------------------------------------------------------------------------------------------- sources
+
+@dataclass(frozen=True)
+class InputDevice:
+    index: int
+    name: str
+    hostapi: str
+    channels: int
+    default_samplerate: float
+    is_default: bool
+
+
+def _sounddevice():
+    try:
+        import sounddevice
+    except OSError as e:  # the PortAudio shared library is missing
+        raise DeviceIOError(f"cannot load PortAudio: {e}",
+                            fix="install PortAudio (Debian/Ubuntu: sudo apt install libportaudio2)") from None
+    return sounddevice
+
+
+def list_input_devices() -> list[InputDevice]:
+    """Input-capable devices, one entry per name (the same device shows up once per host API), default marked."""
+    sd = _sounddevice()
+    try:
+        devices, hostapis = sd.query_devices(), sd.query_hostapis()
+        default_in = sd.default.device[0]
+    except sd.PortAudioError as e:
+        raise DeviceIOError(f"cannot list audio devices: {e}", fix="check that the sound system is running") from None
+    if default_in is None or default_in < 0:
+        default_in = next((h["default_input_device"] for h in hostapis if h["default_input_device"] >= 0), -1)
+    found: dict[str, InputDevice] = {}
+    for index, d in enumerate(devices):
+        if d["max_input_channels"] <= 0:
+            continue
+        dev = InputDevice(index, d["name"], hostapis[d["hostapi"]]["name"], d["max_input_channels"],
+                          float(d["default_samplerate"]), index == default_in)
+        key = d["name"].strip().lower()
+        if key not in found or (dev.is_default and not found[key].is_default):
+            found[key] = dev
+    return sorted(found.values(), key=lambda dev: dev.index)
+
+
+def find_input_device(spec: int | str | None) -> InputDevice:
+    """None = the default input; an int (or digits) = that PortAudio index; text = case-insensitive substring."""
+    devices = list_input_devices()
+    names = ", ".join(f"{d.index}: {d.name}" for d in devices) or "none"
+    list_fix = "run `aie-apps dictate --list-devices` and pass --input-device INDEX or part of a name"
+    if not devices:
+        raise DeviceIOError("no microphone (audio input device) found",
+                            fix="plug in a microphone, or check that PulseAudio/PipeWire is running and this user may use audio")
+    if spec is None or spec == "":
+        return next((d for d in devices if d.is_default), devices[0])
+    if isinstance(spec, int) or str(spec).strip().isdigit():
+        index = int(spec)
+        match = next((d for d in devices if d.index == index), None)
+        if match is None:
+            raise DeviceIOError(f"audio input device {index} does not exist or has no input channels (inputs: {names})",
+                                fix=list_fix)
+        return match
+    matches = [d for d in devices if str(spec).lower() in d.name.lower()]
+    if not matches:
+        raise DeviceIOError(f"no audio input device matches {spec!r} (inputs: {names})", fix=list_fix)
+    return matches[0]
+
+
+class Microphone:
+    """A PortAudio input opened at the device's own sample rate (16 kHz is often refused); the Stream
+    resamples. A microphone never blocks: if the worker falls behind, the ring buffer counts the loss."""
+
+    backpressure = False
+
+    def __init__(self, device: int | str | None = None, *, block_seconds: float = 0.05, stall_timeout: float = 2.0):
+        self.device, self.block_seconds, self.stall_timeout = device, block_seconds, stall_timeout
+        self.overflows = 0           # blocks PortAudio reported as lost before they reached us
+        self.info: InputDevice | None = None
+
+    def run(self, push: Callable[[np.ndarray, int], None], stop: threading.Event) -> None:
+        sd = _sounddevice()
+        self.info = info = find_input_device(self.device)
+        rate = int(info.default_samplerate) or 48000
+        last_block = [time.monotonic()]
+
+        def callback(indata, frames, time_info, status):
+            if status.input_overflow:
+                self.overflows += 1
+            last_block[0] = time.monotonic()
+            push(indata.mean(axis=1, dtype=np.float32), rate)
+
+        try:
+            stream = sd.InputStream(device=info.index, samplerate=rate, channels=1, dtype="float32",
+                                    blocksize=max(1, int(rate * self.block_seconds)), callback=callback)
+            stream.start()
+        except (sd.PortAudioError, ValueError) as e:
+            raise _open_error(info, e) from None
+        try:
+            while not stop.wait(0.05):
+                if not stream.active:
+                    raise _unplugged(info, "the audio stream stopped")
+                if time.monotonic() - last_block[0] > self.stall_timeout:
+                    raise _unplugged(info, f"no audio arrived for {self.stall_timeout:g} s")
+        finally:
+            try:
+                stream.close(ignore_errors=True)
+            except Exception:  # closing a vanished device can fail again; the error that matters is raised
+                pass
+
+
+def _open_error(info: InputDevice, e: Exception) -> DeviceIOError:
+    text = str(e)
+    if "Device unavailable" in text or "busy" in text.lower() or "-9985" in text:
+        return DeviceIOError(f"microphone {info.name!r} is busy: {text}",
+                             fix="close the other program using it, or pick another with --input-device")
+    return DeviceIOError(f"cannot open microphone {info.name!r} at {info.default_samplerate:g} Hz: {text}",
+                         fix="check it is plugged in (`aie-apps dictate --list-devices`), or pick another with --input-device")
+
+
+def _unplugged(info: InputDevice, why: str) -> DeviceIOError:
+    return DeviceIOError(f"microphone {info.name!r} stopped delivering audio ({why}); it may have been unplugged",
+                         fix="reconnect it and start again; the audio captured before this was transcribed"
+                             " (and saved if --save-audio was given)")
+
+
+class FileSource:
+    """An audio file (or array) played as if it were a microphone.
+
+    pace: "realtime" (blocks arrive at the pace of a clock, for demos and latency runs), "fast" (as fast as
+    the worker takes them), "simulated" (as fast as possible, but the Stream keeps a virtual clock that
+    advances by the audio a real microphone would have delivered while each decode ran, so event times
+    and latencies are those of a real-time session on this machine).
+    """
+
+    def __init__(self, audio: str | Path | np.ndarray, sample_rate: int | None = None, *,
+                 pace: str = "realtime", block_seconds: float = 0.1):
+        if pace not in ("realtime", "fast", "simulated"):
+            raise UsageError(f"pace must be realtime, fast or simulated, got {pace!r}")
+        if isinstance(audio, np.ndarray) and sample_rate is None:
+            raise UsageError("pass sample_rate with an array")
+        self.audio, self.sample_rate, self.pace, self.block_seconds = audio, sample_rate, pace, block_seconds
+        self.backpressure = pace != "realtime"
+
+    def _load(self) -> tuple[np.ndarray, int]:
+        if isinstance(self.audio, np.ndarray):
+            audio = self.audio.astype(np.float32)
+            return (audio.mean(axis=1) if audio.ndim == 2 else audio), int(self.sample_rate)
+        import soundfile
+        try:
+            audio, rate = soundfile.read(str(self.audio), dtype="float32", always_2d=True)
+        except (OSError, RuntimeError, soundfile.LibsndfileError) as e:
+            raise InputError(f"cannot read audio file {self.audio}: {e}",
+                             fix="pass a WAV/FLAC/OGG file (convert others with `sox in.mp3 out.wav`)") from None
+        return audio.mean(axis=1), rate
+
+    def run(self, push: Callable[[np.ndarray, int], None], stop: threading.Event) -> None:
+        audio, rate = self._load()
+        block = max(1, int(rate * self.block_seconds))
+        t0 = time.monotonic()
+        for start in range(0, len(audio), block):
+            if stop.is_set():
+                return
+            if self.pace == "realtime":
+                delay = t0 + start / rate - time.monotonic()
+                if delay > 0 and stop.wait(delay):
+                    return
+            push(audio[start:start + block], rate)
+
+
+# ----------------------------------------------------------------------------------------------- stream
+
+class Stream:
+    """A live dictation session: capture thread (optional source) -> ring buffer -> worker thread.
+
+    transcriber: a loaded Transcriber, or a zero-argument callable returning one; with a callable, capture
+        starts first and the model loads meanwhile (states loading -> warming -> ready), so nothing said
+        during loading is lost.
+    source: Microphone(...), FileSource(...), or None when the app calls feed().
+    Callbacks on_partial(Partial), on_final(Final), on_state(str) run on the worker thread; events() yields
+    the same events (and State changes) to one consumer.
+    """
+
+    def __init__(self, transcriber, source=None, options: DictationOptions = DictationOptions(), *,
+                 on_partial: Callable[[Partial], None] | None = None,
+                 on_final: Callable[[Final], None] | None = None,
+                 on_state: Callable[[str], None] | None = None,
+                 save_audio: str | Path | None = None):
+        self._transcriber = transcriber
+        self.source, self.options = source, options
+        self.on_partial, self.on_final, self.on_state = on_partial, on_final, on_state
+        self.save_audio = Path(save_audio) if save_audio else None
+        self.ring = RingBuffer(int(options.ring_seconds * SAMPLE_RATE))
+        self.state = "stopped"
+        self.finals: list[Final] = []
+        self.error: SdkError | None = None
+        self.recognizer: Recognizer | None = None
+        self._events: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._cancel = False
+        self._resamplers: dict[int, object] = {}
+        self._feed_lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._recording = None
+        self.processed = 0        # samples the recognizer has consumed
+        self.sim_clock = 0.0      # virtual audio-time clock of a "simulated" FileSource
+
+    # -- lifecycle
+
+    def start(self) -> "Stream":
+        if self._threads:
+            raise UsageError("this Stream was already started; make a new one")
+        if self.save_audio is not None:
+            import soundfile
+            try:
+                self._recording = soundfile.SoundFile(str(self.save_audio), "w", SAMPLE_RATE, 1, "PCM_16")
+            except (OSError, RuntimeError, soundfile.LibsndfileError) as e:
+                raise InputError(f"cannot write {self.save_audio}: {e}", fix="pass a writable .wav path") from None
+        worker = threading.Thread(target=self._work, name="dictation-worker", daemon=True)
+        self._threads.append(worker)
+        if self.source is not None:
+            self._threads.append(threading.Thread(target=self._capture, name="dictation-capture", daemon=True))
+        for t in self._threads[1:]:
+            t.start()                      # capture first: audio said while the model loads is kept
+        worker.start()
+        return self
+
+    def feed(self, samples: np.ndarray, sample_rate: int, *, block: bool = True) -> None:
+        """Push audio (any rate, mono or [n, channels]). block=False from real-time callbacks: when the
+        buffer is full the oldest unread audio is dropped and counted instead of waiting."""
+        samples = np.asarray(samples, np.float32)
+        if samples.ndim == 2:
+            samples = samples.mean(axis=1)
+        if samples.ndim != 1:
+            raise InputError(f"feed() takes [n] or [n, channels] samples, got shape {samples.shape}")
+        if sample_rate != SAMPLE_RATE:
+            with self._feed_lock:
+                if sample_rate not in self._resamplers:
+                    import soxr
+                    self._resamplers[sample_rate] = soxr.ResampleStream(sample_rate, SAMPLE_RATE, 1, dtype="float32")
+                samples = self._resamplers[sample_rate].resample_chunk(samples)
+        self.ring.write(samples, block=block)
+
+    def stop(self, *, cancel: bool = False, timeout: float | None = None) -> list[Final]:
+        """Stop capturing; unless cancel, transcribe what was captured. Returns all finals; raises the
+        session's error, if any (its audio was transcribed when possible, see unprocessed_audio())."""
+        self.request_stop(cancel=cancel)
+        return self.wait(timeout)
+
+    def request_stop(self, *, cancel: bool = False) -> None:
+        """stop() without waiting (safe from callbacks and other threads)."""
+        self._cancel = self._cancel or cancel
+        self._stop.set()
+        if self.source is None or not self._threads:
+            self.ring.close()
+
+    def wait(self, timeout: float | None = None) -> list[Final]:
+        """Wait until the session ends by itself (source exhausted, silence timeout, max duration, stop)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in self._threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if self.error is not None:
+            raise self.error
+        return list(self.finals)
+
+    def events(self) -> Iterator[Event]:
+        """Partial, Final and State events until the session has stopped; then raises its error, if any."""
+        while True:
+            event = self._events.get()
+            if event is None:
+                break
+            yield event
+        if self.error is not None:
+            raise self.error
+
+    def __enter__(self) -> "Stream":
+        return self.start()
+
+    def __exit__(self, *exc):
+        try:
+            self.stop(cancel=exc[0] is not None)
+        except SdkError:
+            if exc[0] is None:
+                raise
+
+    # -- reports
+
+    @property
+    def dropped_blocks(self) -> int:
+        return self.ring.dropped_blocks + getattr(self.source, "overflows", 0)
+
+    @property
+    def captured_seconds(self) -> float:
+        return self.ring.written / SAMPLE_RATE
+
+    def unprocessed_audio(self) -> np.ndarray:
+        """16 kHz audio captured but not transcribed (e.g. the model failed to load); save it with soundfile."""
+        return self.ring.unread()
+
+    def report(self) -> dict:
+        return {"state": self.state, "captured_s": round(self.captured_seconds, 3),
+                "processed_s": round(self.processed / SAMPLE_RATE, 3), "dropped_blocks": self.dropped_blocks,
+                "dropped_s": round(self.ring.dropped_samples / SAMPLE_RATE, 3),
+                "decodes": self.recognizer.decodes if self.recognizer else 0, "finals": len(self.finals)}
+
+    # -- threads
+
+    def _capture(self):
+        try:
+            self.source.run(lambda x, rate: self.feed(x, rate, block=self.source.backpressure), self._stop)
+        except SdkError as e:
+            self.error = e
+        except Exception as e:  # a bug or an unexpected driver failure: still typed, audio still kept
+            self.error = DeviceIOError(f"audio capture failed: {type(e).__name__}: {e}",
+                                       fix="check the audio device; the audio captured so far was kept")
+        finally:
+            self.ring.close()
+
+    def _set_state(self, state: str):
+        self.state = state
+        self._events.put(State(state))
+        if self.on_state:
+            self.on_state(state)
+
+    def _emit(self, events: list[Event], at: float):
+        for event in events:
+            event = replace(event, at=round(at, 3))
+            if isinstance(event, Final):
+                self.finals.append(event)
+                if self.on_final:
+                    self.on_final(event)
+            elif self.on_partial:
+                self.on_partial(event)
+            self._events.put(event)
+
+    def _work(self):
+        try:
+            transcriber = self._load()
+            self.recognizer = rec = Recognizer(transcriber, self.options)
+            self._set_state("listening")
+            simulated = getattr(self.source, "pace", None) == "simulated"
+            step = FRAME * 4
+            while True:
+                if self._cancel:
+                    break
+                if simulated:  # take exactly the audio a live microphone would have delivered by now
+                    due = max(int(self.sim_clock * SAMPLE_RATE), self.processed + step) - self.processed
+                    chunk = self.ring.read(due, min_samples=due, timeout=0.5)
+                else:
+                    chunk = self.ring.read(timeout=0.1)
+                if chunk is None:
+                    break
+                if not len(chunk):
+                    continue
+                if self._recording is not None:
+                    self._recording.write(chunk)
+                self.processed += len(chunk)
+                started = time.perf_counter()
+                events = rec.accept(chunk)
+                if simulated:
+                    self.sim_clock = max(self.sim_clock, self.processed / SAMPLE_RATE) + time.perf_counter() - started
+                self._emit(events, self.sim_clock if simulated else self.ring.written / SAMPLE_RATE)
+                if self._limits_reached(rec):
+                    self._stop.set()
+                    self.ring.close()
+            if not self._cancel:
+                self._emit(rec.finish(), self.sim_clock if simulated else self.ring.written / SAMPLE_RATE)
+        except SdkError as e:
+            self.error = self.error or e
+        except Exception as e:
+            self.error = self.error or SdkError(f"dictation failed: {type(e).__name__}: {e}",
+                                                fix="this is a bug; the captured audio is in unprocessed_audio()")
+        finally:
+            self._stop.set()
+            self.ring.close()
+            if self._recording is not None:
+                self._recording.write(self.ring.unread())
+                self._recording.close()
+            self._set_state("stopped")
+            self._events.put(None)
+
+    def _load(self):
+        self._set_state("loading")
+        factory = isinstance(self._transcriber, type) or not hasattr(self._transcriber, "decode_window")
+        transcriber = self._transcriber() if factory else self._transcriber
+        self._set_state("warming")
+        transcriber.decode_window(np.zeros(SAMPLE_RATE, np.float32))  # first-call costs are paid before "ready"
+        self._set_state("ready")
+        return transcriber
+
+    def _limits_reached(self, rec: Recognizer) -> bool:
+        now = self.processed / SAMPLE_RATE
+        if self.options.max_duration is not None and now >= self.options.max_duration:
+            return True
+        if self.options.silence_timeout is not None and not rec.in_utterance:
+            return now - rec.last_speech >= self.options.silence_timeout
+        return False
