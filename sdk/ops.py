@@ -207,7 +207,8 @@ def argmax(x, *, axis: int = -1, keepdims: bool = False):
 @_op(lambda x, w, b=None, **_: tuple(x[:-1]) + (w[0],))
 def linear(x, w, b=None):
     """x @ w.T + b, with w stored [out, in]."""
-    y = x @ w.T
+    # As one 2-D GEMM: numpy's stacked matmul of [1, T, in] with a transposed view skips BLAS (6x slower).
+    y = (x.reshape(-1, x.shape[-1]) @ w.T).reshape(*x.shape[:-1], w.shape[0])
     return y + b if b is not None else y
 
 
