@@ -13,6 +13,7 @@ ARCHITECTURES: dict[str, str] = {
     "bert": "sdk.models.bert",
     "esm": "sdk.models.esm",
     "parakeet_ctc": "sdk.models.conformer", "parakeet_tdt": "sdk.models.conformer", "gigaam": "sdk.models.conformer",
+    "whisper": "sdk.models.whisper",
 }
 
 

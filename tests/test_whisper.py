@@ -1,0 +1,157 @@
+"""Whisper: TINY random-init parity (safetensors and CTranslate2), the device-side greedy filter, the CT2
+reader's typed errors, and (reference) real tiny.en logits against transformers live."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sdk.errors import WeightError
+from sdk.models import whisper as W
+from sdk.session import Session
+from sdk.weights import read_ctranslate2
+
+from .conftest import FIXTURES
+
+FIX = FIXTURES / "whisper"
+TS_BEGIN = 60  # a made-up timestamp_begin inside the TINY vocabulary (96)
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return dict(np.load(FIX / "golden.npz"))
+
+
+def _run(folder, golden, prefill=()):
+    cfg, weights = W.load(folder)
+    s = Session(W.graphs(cfg, timestamp_begin=TS_BEGIN, prefill=prefill), weights, device="cpu")
+    state = s.new_state()
+    enc = s.run("encode", state, mel=golden["mel"])["encoder"]
+    return cfg, weights, s, state, enc
+
+
+@pytest.mark.parametrize("fmt", ["hf", "ct2"])
+def test_tiny_parity(fmt, golden, record_parity):
+    _, _, s, state, enc = _run(FIX / fmt, golden)
+    assert record_parity(f"whisper-tiny-{fmt}.encoder", enc, golden["encoder"])[0] <= 1e-4
+    logits = [s.run("decode_step", state, tokens=np.array([[t]], np.int32), pos=p)["logits"][0, 0]
+              for p, t in enumerate(golden["tokens"][0])]
+    assert record_parity(f"whisper-tiny-{fmt}.logits", np.stack(logits), golden["logits"][0])[0] <= 1e-4
+
+
+def test_ct2_weights_equal_safetensors():
+    cfg_hf, hf = W.load(FIX / "hf")
+    cfg_ct2, ct2 = W.load(FIX / "ct2")
+    assert cfg_hf == cfg_ct2 and hf.keys() == ct2.keys()
+    for k in hf:
+        np.testing.assert_array_equal(hf[k], ct2[k], err_msg=k)
+
+
+def test_prefill_then_steps(golden, record_parity):
+    """decode_3 (three tokens at once) fills the cache exactly as three single steps would."""
+    _, _, s, state, _ = _run(FIX / "hf", golden, prefill=(3,))
+    toks = golden["tokens"][0]
+    first = s.run("decode_3", state, tokens=toks[None, :3].astype(np.int32), pos=0)["logits"][0]
+    rest = [s.run("decode_step", state, tokens=np.array([[t]], np.int32), pos=3 + i)["logits"][0, 0]
+            for i, t in enumerate(toks[3:])]
+    assert record_parity("whisper-tiny.prefill", np.concatenate([first, np.stack(rest)]), golden["logits"][0])[0] <= 1e-4
+
+
+def _host_filter(logits, bias, lo1, hi1, lo2, hi2):
+    allowed = np.zeros_like(logits, bool)
+    allowed[lo1:hi1] = allowed[lo2:hi2] = True
+    z = np.where(allowed, logits + bias, -np.inf)
+    return z - np.logaddexp.reduce(z)
+
+
+@pytest.mark.parametrize("ranges", [(0, TS_BEGIN, TS_BEGIN, 96), (0, 0, TS_BEGIN, TS_BEGIN + 3),
+                                    (2, TS_BEGIN, TS_BEGIN + 10, 96), (0, TS_BEGIN, 0, 0)])
+def test_decode_greedy_matches_host_rules(golden, ranges):
+    """The device-side filter + argmax gives the token and log-probs the host computes from full logits."""
+    cfg, weights, s, state, _ = _run(FIX / "hf", golden)
+    rng = np.random.default_rng(1)
+    table = np.where(rng.random((2, cfg.vocab_size)) < 0.2, np.float32(-1e30), np.float32(0)).astype(np.float32)
+    s.run("set_suppress", state, bias=table)
+    ref_state = s.new_state()
+    s.run("encode", ref_state, mel=golden["mel"])
+    for p, t in enumerate(golden["tokens"][0][:4]):
+        first = int(p == 0)
+        out = s.run("decode_greedy", state, tokens=np.array([[t]], np.int32), pos=p, first=first,
+                    lo1=ranges[0], hi1=ranges[1], lo2=ranges[2], hi2=ranges[3])
+        logits = s.run("decode_step", ref_state, tokens=np.array([[t]], np.int32), pos=p)["logits"][0, 0]
+        lp = _host_filter(logits, table[first], *ranges)
+        assert int(out["token"][0]) == int(np.argmax(lp))
+        np.testing.assert_allclose(out["logprob"][0], lp.max(), atol=1e-5)
+        ts = lp[TS_BEGIN:]
+        if np.isfinite(ts).any():
+            total = np.logaddexp.reduce(ts)
+            assert int(out["ts_token"][0]) == int(np.argmax(ts))
+            np.testing.assert_allclose(out["ts_total"][0], total, atol=1e-5)
+            np.testing.assert_allclose(out["ts_logprob"][0], ts.max() - total, atol=1e-5)
+
+
+def test_ct2_reader_typed_errors(tmp_path):
+    data = (FIX / "ct2" / "model.bin").read_bytes()
+    (tmp_path / "cut.bin").write_bytes(data[: len(data) // 2])
+    with pytest.raises(WeightError, match="truncated"):
+        read_ctranslate2(tmp_path / "cut.bin")
+    (tmp_path / "junk.bin").write_bytes(b"RIFF" + bytes(100))
+    with pytest.raises(WeightError, match="not a CTranslate2"):
+        read_ctranslate2(tmp_path / "junk.bin")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(WeightError, match="neither"):
+        W.load(tmp_path / "empty")
+
+
+def test_configs_of_the_family():
+    """tiny .. large-v3 and turbo configs (shape keys of their config.json) build graphs of the right sizes."""
+    large_v3 = W.Config.from_dict({"vocab_size": 51866, "num_mel_bins": 128, "d_model": 1280, "encoder_layers": 32,
+                                   "encoder_attention_heads": 20, "decoder_layers": 32, "decoder_attention_heads": 20,
+                                   "encoder_ffn_dim": 5120, "decoder_ffn_dim": 5120, "unknown_key": 1})
+    turbo = W.Config.from_dict({**large_v3.__dict__, "decoder_layers": 4})
+    for cfg, n in ((large_v3, 32), (turbo, 4)):
+        shapes = W.param_shapes(cfg)
+        assert shapes["model.encoder.conv1.weight"] == (1280, 128, 3)
+        assert sum(k.endswith("encoder_attn.q_proj.weight") for k in shapes) == n
+
+
+def _real_folder():
+    from sdk.hub import resolve
+    try:
+        return resolve("whisper-tiny.en").path
+    except Exception as e:  # noqa: BLE001 - the skip names the reason
+        pytest.skip(f"whisper tiny.en is not installed: {e}")
+
+
+def hf_model_from(cfg: W.Config, weights):
+    """transformers' WhisperForConditionalGeneration holding our weights (for reference checks)."""
+    import torch
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+    hf_cfg = WhisperConfig(**cfg.__dict__, decoder_start_token_id=50257, pad_token_id=50256, eos_token_id=50256,
+                           bos_token_id=50257)
+    model = WhisperForConditionalGeneration(hf_cfg).eval()
+    state = {k: torch.from_numpy(v) for k, v in weights.items()}
+    state["proj_out.weight"] = state["model.decoder.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and not [m for m in missing if "proj_out" not in m]
+    return model
+
+
+@pytest.mark.reference
+def test_real_tiny_en_logits_vs_transformers(record_parity):
+    import torch
+    cfg, weights = W.load(_real_folder())
+    model = hf_model_from(cfg, weights)
+    import soundfile as sf
+    audio, _ = sf.read("/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.wav",
+                       dtype="float32")
+    from pipelines.audio import log_mel
+    mel = log_mel(audio, cfg.num_mel_bins)[None]
+    tokens = [50257, 50362, 679, 373, 407]  # <|startoftranscript|> <|notimestamps|> " He was not"
+    with torch.no_grad():
+        ref = model(input_features=torch.from_numpy(mel), decoder_input_ids=torch.tensor([tokens])).logits[0].numpy()
+    s = Session(W.graphs(cfg), weights, device="cpu")
+    state = s.new_state()
+    s.run("encode", state, mel=mel)
+    ours = np.stack([s.run("decode_step", state, tokens=np.array([[t]], np.int32), pos=p)["logits"][0, 0]
+                     for p, t in enumerate(tokens)])
+    assert record_parity("whisper-tiny.en.logits", ours, ref)[0] <= 1e-3
