@@ -1,0 +1,219 @@
+"""The kernel catalog: each NPU kernel kind, which ops it runs, the tiling it uses on each target, and the
+resources that tiling takes, checked against the hardware limits of hardware.py.
+
+kernels/<kind>/ implements these kinds (an AIE C++ kernel + an IRON design per kind, parametrised by the
+tiling recorded here in each kernel step of a program). Kinds:
+
+  gemm        activation x stored weight, bf16 in, fp32 accumulate, fused epilogue (bias, activation,
+              residual, scale) on the accumulator; M x N output tiles spread over the cores
+  bmm         activation x activation (batched), same tiles
+  conv        conv1d / conv2d as implicit GEMM (im2col through the memtile), depthwise as its own loop
+  mha         attention: q k^T * scale + mask, online softmax, x v; query tiles over cores, key blocks streamed
+  eltwise     elementwise chains (add, mul, GELU, SiLU, GLU, ...) streamed in row chunks
+  softmax     softmax / log_softmax over the last axis, two passes over chunks when a row exceeds L1
+  norm        layer_norm / rms_norm over the last axis (fp32 statistics)
+  reduce      mean over axes; argmax  on-device greedy pick (row max + index)
+  rope        rotary embedding; pool  max_pool2d; gather  embedding rows by index (shim DMA)
+  maskgen     causal / length masks and positions from runtime parameters
+  state_write cache_write / assign into the state arena at a runtime offset (DMA only)
+  concat, pad, copy  data movement by DMA access patterns (no core code)
+Ops without a kind here, integer arithmetic, dilated or grouped (non-depthwise) convolutions run on the host.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..errors import ProgramError
+from .hardware import KB, Target
+
+# Core program size of each kind's kernel (bytes of the 16 KB program memory; DMA-only kinds run no core code)
+# and the code each fused epilogue op adds. Estimates from the sizes of comparable mlir-aie aie_kernels objects.
+PROGRAM_BYTES = {"gemm": 6 * KB, "bmm": 6 * KB, "conv": 7 * KB, "mha": 10 * KB, "eltwise": 2 * KB,
+                 "softmax": 3 * KB, "norm": 3 * KB, "reduce": 2 * KB, "argmax": 2 * KB, "rope": 3 * KB,
+                 "pool": 3 * KB, "gather": 0, "maskgen": 1 * KB, "state_write": 0, "concat": 0, "pad": 0, "copy": 0}
+EPILOGUE_OP_BYTES = 512
+DMA_ONLY = {"gather", "state_write", "concat", "pad", "copy"}
+MATMUL_KINDS = {"gemm", "bmm", "conv"}
+
+
+def program_bytes(kind: str, n_epilogue: int) -> int:
+    return PROGRAM_BYTES.get(kind, 0) + n_epilogue * EPILOGUE_OP_BYTES
+
+
+def supports(kernel, dtype_of, shape_of) -> str:
+    """"" when the NPU runs this kernel, else the reason it stays on the host."""
+    node = kernel.head
+    if kernel.kind == "host":
+        return f"no NPU kernel for {node.op}"
+    float_in = [dtype_of(r) == "float32" for r in kernel.inputs if r is not None]
+    if kernel.kind in ("eltwise", "gemm", "bmm", "softmax", "norm", "reduce", "rope", "argmax", "pool", "mha") \
+            and not all(float_in):
+        return f"{node.op} on integers runs on the host"
+    if kernel.kind == "conv":
+        dilation = node.attrs.get("dilation", 1)
+        if any(d != 1 for d in ((dilation,) if isinstance(dilation, int) else dilation)):
+            return "dilated convolution has no NPU kernel"
+        groups = node.attrs.get("groups", 1)
+        if groups != 1 and groups != shape_of(kernel.inputs[0])[1]:
+            return "grouped (not depthwise) convolution has no NPU kernel"
+    return ""
+
+
+# ---- tilings ---------------------------------------------------------------------------------------
+
+def _up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+GEMM_TILES = [(64, 64, 32), (32, 64, 32), (32, 32, 32), (16, 32, 16), (8, 32, 8), (8, 16, 8)]
+
+
+def tiling(kernel, shape_of, target: Target) -> dict:
+    """The tiling a kernel uses on `target` (the largest that fits), with what the limit checks need."""
+    kind, node = kernel.kind, kernel.head
+    ins = [shape_of(r) if r is not None else None for r in kernel.inputs]
+    extra = sum(1 for e in kernel.chain if e["operand"] is not None)
+    if kind in MATMUL_KINDS:
+        M, K, N = _mkn(kernel, ins, shape_of)
+        mm, mk, mn = target.mac_shape
+        for m, k, n in GEMM_TILES:
+            t = {"M": M, "K": K, "N": N, "m": min(m, _up(M, mm)), "k": min(k, _up(K, mk)), "n": min(n, _up(N, mn)),
+                 "epilogue_operands": extra}
+            t |= {"Kp": _up(K, t["k"]), "Np": _up(N, t["n"])}
+            t["cores"] = min(target.cores, math.ceil(M / t["m"]) * (t["Np"] // t["n"]))
+            if fits(kind, t, target):
+                return t
+        return t  # nothing fits: the check names the limit
+    if kind == "mha":
+        q, k = ins[0], ins[1]
+        Tq, Tk, d = q[-2], k[-2], q[-1]
+        heads = math.prod(q[:-2])
+        for tq, tk in ((32, 64), (32, 32), (16, 32), (8, 16), (4, 8)):
+            t = {"Tq": Tq, "Tk": Tk, "d": d, "heads": heads, "tq": min(tq, _up(Tq, 4)), "tk": min(tk, _up(Tk, 8)),
+                 "epilogue_operands": extra}
+            t["cores"] = min(target.cores, heads * math.ceil(Tq / t["tq"]))
+            if fits(kind, t, target):
+                return t
+        return t
+    # streaming kinds: rows of the last axis, processed in chunks
+    first = next((s for s in ins if s is not None), (1,))
+    out_shape = shape_of(kernel.outputs[0])
+    row = max(first[-1] if first else 1, 1)
+    elems = max(math.prod(out_shape), math.prod(first), 1)
+    streams_in = max(1, len([s for s in ins if s is not None]))
+    for chunk in (4096, 2048, 1024, 512, 256, 128, 64):
+        t = {"row": row, "elements": elems, "chunk": min(chunk, _up(row, 16)), "in_streams": streams_in,
+             "epilogue_operands": extra}
+        t["cores"] = min(target.cores, max(1, math.ceil(elems / t["chunk"])))
+        if fits(kind, t, target):
+            return t
+    return t
+
+
+def _mkn(kernel, ins, shape_of):
+    node = kernel.head
+    if kernel.kind == "gemm":
+        a = ins[0]
+        K = a[-1]
+        N = sum(shape_of(w)[0 if kernel.attrs["transpose_b"] else 1] for w in kernel.attrs["weights"])
+        return math.prod(a[:-1]), K, N
+    if kernel.kind == "bmm":
+        a, b = ins[0], ins[1]
+        N = b[-2] if kernel.attrs["transpose_b"] else b[-1]
+        return math.prod(a[:-1]), a[-1], N
+    x, w = ins[0], ins[1]  # conv: implicit GEMM per group
+    out = shape_of(kernel.outputs[0])
+    groups = node.attrs.get("groups", 1)
+    return math.prod(out) // w[0], math.prod(w[1:]), w[0] // groups
+
+
+# ---- resources of a tiling, and the limit checks ----------------------------------------------------
+
+@dataclass(frozen=True)
+class Footprint:
+    l1: int
+    memtile: int
+    in_streams: int
+    out_streams: int
+    core_bds: int
+    memtile_bds: int
+    shim_bds: int
+
+
+def footprint(kind: str, t: dict, target: Target) -> Footprint:
+    e = t.get("epilogue_operands", 0)
+    if kind in MATMUL_KINDS:
+        m, k, n = t["m"], t["k"], t["n"]
+        l1 = (2 * m * k * 2          # A tiles, double-buffered bf16
+              + 2 * k * n * 2        # B tiles
+              + m * n * 4            # fp32 accumulator
+              + 2 * m * n * 2        # output tiles
+              + 2 * n * 2            # bias
+              + e * 2 * m * n * 2)   # epilogue operands (residuals)
+        memtile = 2 * (target.rows * k * n * 2 + m * k * 2)  # B tiles for the column's cores, shared A tile
+        ins = 2 + e
+    elif kind == "mha":
+        tq, tk, d = t["tq"], t["tk"], t["d"]
+        l1 = (2 * tq * d * 2 + 2 * 2 * tk * d * 2   # q tile, k and v blocks (double-buffered)
+              + tq * tk * 4 + tq * tk * 2           # fp32 scores, bf16 probabilities
+              + tq * d * 4 + 2 * tq * d * 2         # fp32 output accumulator, output tiles
+              + 2 * tq * tk * 2 + 2 * tq * 4        # mask block, running max and sum
+              + e * 2 * tq * d * 2)
+        memtile = 2 * 2 * tk * d * 2 * target.rows
+        ins = 4 + e
+    else:
+        c = t["chunk"]
+        ins = t["in_streams"] + e
+        l1 = (ins + 1) * 2 * c * 2 + c * 4  # double-buffered bf16 chunks per stream + an fp32 working row
+        memtile = (ins + 1) * 2 * c * 2 * target.rows
+        if kind in DMA_ONLY:
+            l1 = 0  # no core involved: shim -> memtile -> shim
+    l1 += target.stack_bytes if l1 else 0
+    outs = 1
+    return Footprint(l1, memtile, ins, outs, core_bds=2 * (ins + outs) if l1 else 0,
+                     memtile_bds=4 * (ins + outs), shim_bds=ins + outs)
+
+
+def fits(kind: str, t: dict, target: Target) -> bool:
+    return not problems(kind, t, target, n_epilogue=0)
+
+
+def problems(kind: str, t: dict, target: Target, *, n_epilogue: int, dims: int = 1) -> list[str]:
+    f = footprint(kind, t, target)
+    found = []
+    if f.l1 > target.l1_bytes:
+        found.append(f"needs {f.l1} bytes of core data memory (L1); the limit is {target.l1_bytes // KB} KB per "
+                     f"core including the {target.stack_bytes} byte stack")
+    if f.memtile > target.memtile_bytes:
+        found.append(f"needs {f.memtile} bytes of memtile; the limit is {target.memtile_bytes // KB} KB per column")
+    for what, used, limit in (("core", f.core_bds, target.core_bds), ("memtile", f.memtile_bds, target.memtile_bds),
+                              ("shim", f.shim_bds, target.shim_bds)):
+        if used > limit:
+            found.append(f"needs {used} {what} buffer descriptors; the limit is {limit}")
+    if f.l1 and f.in_streams > 2 * target.core_channels:
+        found.append(f"reads {f.in_streams} streams; a core has {target.core_channels} input DMA channels "
+                     f"(at most two streams share one by BD chaining)")
+    if dims > target.memtile_dims:
+        found.append(f"an operand's access pattern needs {dims} dimensions; a memtile buffer descriptor has "
+                     f"{target.memtile_dims}")
+    code = program_bytes(kind, n_epilogue)
+    if code > target.program_bytes:
+        found.append(f"needs {code} bytes of program memory; the limit is {target.program_bytes // KB} KB")
+    return found
+
+
+def check(step, target: Target) -> None:
+    """Raise ProgramError when a kernel step of a program breaks a limit of `target`."""
+    t = step.attrs["tiling"]
+    found = problems(step.op, t, target, n_epilogue=len(step.attrs.get("chain", ())),
+                     dims=max(step.attrs.get("dims", [1]) or [1]))
+    if found:
+        raise ProgramError(f"kernel {step.op} ({step.attrs.get('name', '')}) on {target.name} "
+                           f"with tiling {_short(t)}: " + "; ".join(found),
+                           fix="recompile the program with this SDK's compiler, which picks tilings that fit")
+
+
+def _short(t: dict) -> str:
+    keys = ("m", "k", "n", "tq", "tk", "d", "chunk")
+    return "{" + ", ".join(f"{k}={t[k]}" for k in keys if k in t) + "}"

@@ -1,0 +1,199 @@
+"""Fuse: graph nodes -> kernels, the units the NPU runs.
+
+Three things happen here, in one walk over the graph in order:
+- views (reshape, transpose, slice_axis) produce no kernel: a consumer reads its operand through the view
+  chain, which becomes the DMA access pattern of that operand (`Ref.views`);
+- each remaining node starts a kernel of the catalog kind for its op, and absorbs the elementwise nodes that
+  consume its output alone (bias, activation, residual add, scale) as an epilogue computed on the fp32
+  accumulator before the single bf16 store, as long as the kernel's code still fits program memory;
+- GEMMs that read the same activation with no epilogue (Q, K and V projections) merge into one GEMM whose
+  packed weight is their concatenation.
+In-place state writes (cache_write, assign) alias their output to the state tensor they write.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..graph import Graph, Node, Value
+from . import catalog
+from .hardware import Target
+
+VIEW_OPS = {"reshape", "transpose", "slice_axis"}
+UNARY = {"scale", "gelu", "gelu_tanh", "sigmoid", "silu", "relu", "tanh", "exp"}
+BINARY = {"add", "sub", "mul", "div"}
+STATE_WRITES = {"cache_write", "assign"}
+
+KIND_OF = {
+    **{op: "eltwise" for op in UNARY | BINARY | {"glu"}},
+    "attention": "mha", "softmax": "softmax", "log_softmax": "softmax", "layer_norm": "norm", "rms_norm": "norm",
+    "mean": "reduce", "argmax": "argmax", "concat": "concat", "pad": "pad", "embedding": "gather",
+    "rotary": "rope", "conv1d": "conv", "conv2d": "conv", "max_pool2d": "pool",
+    "causal_cache_mask": "maskgen", "length_mask": "maskgen", "positions": "maskgen",
+    "cache_write": "state_write", "assign": "state_write",
+}
+# kinds whose fp32 result can take an elementwise epilogue before the store
+EPILOGUE_KINDS = {"gemm", "bmm", "mha", "eltwise", "norm", "conv", "rope", "reduce", "pool", "softmax"}
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A kernel operand: a stored value read through a chain of views (its DMA access pattern)."""
+    value: str
+    views: tuple = ()
+
+
+@dataclass
+class Kernel:
+    kind: str                      # catalog kind (gemm, mha, norm, ...) or "host"
+    head: Node                     # the node the kernel is built around
+    inputs: list                   # Ref or None, head operands first, then epilogue operands
+    outputs: list[str]             # values the kernel stores
+    position: int                  # index of the last graph node it covers: where it runs
+    chain: list[dict] = field(default_factory=list)  # epilogue: {"op", "attrs", "operand", "swap"}
+    nodes: list[Node] = field(default_factory=list)  # every graph node folded in (views excluded)
+    attrs: dict = field(default_factory=dict)        # kind-specific (gemm: weights, biases, transpose_b)
+
+
+@dataclass
+class Fused:
+    """A graph as kernels: what the later passes work on."""
+    name: str
+    kernels: list[Kernel]
+    alias: dict[str, str]        # in-place outputs -> the state value they write
+    outputs: dict[str, str]      # output name -> stored value
+    values: dict[str, Value]     # the graph's values plus the ones fusion adds (output copies)
+    views: dict[str, Ref]        # view values -> how they read their stored base
+    positions: dict[str, int]    # node output -> index of the node in the graph
+    view_nodes: int              # views folded into access patterns
+
+
+def fuse(graph: Graph, target: Target) -> Fused:
+    """The graph's kernels in run order."""
+    consumers: dict[str, list[int]] = {}
+    for i, n in enumerate(graph.nodes):
+        for v in n.inputs:
+            if v is not None:
+                consumers.setdefault(v, []).append(i)
+    outputs = set(graph.outputs.values())
+    views: dict[str, Ref] = {}
+    alias: dict[str, str] = {}
+    inplace_at = [i for i, n in enumerate(graph.nodes) if n.op in STATE_WRITES]
+
+    def ref(value):
+        if value is None:
+            return None
+        value = alias.get(value, value)
+        return views.get(value, Ref(value))
+
+    kernels: list[Kernel] = []
+    absorbed: set[int] = set()
+    for i, node in enumerate(graph.nodes):
+        if i in absorbed:
+            continue
+        if node.op in VIEW_OPS:
+            base = ref(node.inputs[0])
+            views[node.output] = Ref(base.value, base.views + (_view(node),))
+            continue
+        k = _start(graph, node, i, ref)
+        if node.op in STATE_WRITES:
+            alias[node.output] = ref(node.inputs[0]).value
+            k.outputs = [alias[node.output]]
+        kernels.append(k)
+        # absorb the elementwise consumers of the running result into the epilogue
+        while k.kind in EPILOGUE_KINDS and len(k.outputs) == 1:
+            out = k.outputs[0]
+            users = consumers.get(out, [])
+            if out in outputs or len(users) != 1 or graph.values[out].dtype != "float32":
+                break
+            j = users[0]
+            c = graph.nodes[j]
+            if any(k.position < p < j for p in inplace_at):
+                break  # never move a read across a state write
+            step = _epilogue(graph, c, out, ref, len(k.inputs))
+            if step is None or catalog.program_bytes(k.kind, len(k.chain) + 1) > target.program_bytes:
+                break
+            operand, entry = step
+            if operand is not None:
+                k.inputs.append(operand)
+            k.chain.append(entry)
+            k.nodes.append(c)
+            k.outputs = [c.output]
+            k.position = j
+            absorbed.add(j)
+    kernels.sort(key=lambda k: k.position)
+    values = dict(graph.values)
+    out_values = {}
+    for name, value in graph.outputs.items():
+        resolved = ref(value)
+        out_values[name] = resolved.value
+        if resolved.views or values[resolved.value].kind in ("input", "param", "weight", "const"):
+            # an output that is a view or a graph input/weight: one copy kernel writes it out
+            copy = Node("copy", (resolved.value,), {}, f"{value}.out")
+            values[copy.output] = Value(copy.output, values[value].shape, values[value].dtype, "node")
+            out_values[name] = copy.output
+            kernels.append(Kernel("copy", copy, [resolved], [copy.output], len(graph.nodes), nodes=[]))
+    positions = {n.output: i for i, n in enumerate(graph.nodes)}
+    n_views = sum(1 for n in graph.nodes if n.op in VIEW_OPS)
+    return Fused(graph.name, _merge_projections(kernels), alias, out_values, values, views, positions, n_views)
+
+
+def _view(node: Node) -> tuple:
+    if node.op == "reshape":
+        return ("reshape", tuple(node.attrs["shape"]))
+    if node.op == "transpose":
+        return ("transpose", tuple(node.attrs["perm"]))
+    a = node.attrs
+    return ("slice", a["axis"], a["start"], a["stop"], a.get("step", 1))
+
+
+def _start(graph: Graph, node: Node, i: int, ref) -> Kernel:
+    inputs = [ref(v) for v in node.inputs]
+    if node.op in ("linear", "matmul"):
+        b = inputs[1]
+        transpose_b = node.op == "linear" or node.attrs.get("transpose_b", False)
+        if graph.values[b.value].kind in ("weight", "const") and len(_shape_after(graph, b)) == 2:
+            bias = inputs[2] if node.op == "linear" else None
+            return Kernel("gemm", node, [inputs[0], b, bias], [node.output], i, nodes=[node],
+                          attrs={"weights": [b], "biases": [bias], "transpose_b": transpose_b})
+        return Kernel("bmm", node, inputs, [node.output], i, nodes=[node], attrs={"transpose_b": transpose_b})
+    return Kernel(KIND_OF.get(node.op, "host"), node, inputs, [node.output], i, nodes=[node])
+
+
+def _shape_after(graph: Graph, r: Ref) -> tuple:
+    from .layout import apply_views_shape
+    return apply_views_shape(graph.values[r.value].shape, r.views)
+
+
+def _epilogue(graph: Graph, c: Node, running: str, ref, n_inputs: int):
+    """(new operand or None, chain entry) when node `c` can run on the kernel's fp32 result, else None."""
+    if c.op in UNARY:
+        return None, {"op": c.op, "attrs": dict(c.attrs), "operand": None, "swap": False}
+    if c.op not in BINARY:
+        return None
+    a, b = c.inputs
+    if a == b:
+        return None
+    other, swap = (b, False) if a == running else (a, True)
+    if graph.values[other].dtype != "float32" or graph.values[c.output].shape != graph.values[running].shape:
+        return None  # the epilogue may broadcast its operand, never the running result
+    return ref(other), {"op": c.op, "attrs": {}, "operand": n_inputs, "swap": swap}
+
+
+def _merge_projections(kernels: list[Kernel]) -> list[Kernel]:
+    """Q, K, V (or any GEMMs) reading the same activation with no epilogue become one GEMM."""
+    groups: dict[tuple, list[Kernel]] = {}
+    for k in kernels:
+        if k.kind == "gemm" and not k.chain:
+            groups.setdefault((k.inputs[0], k.attrs["transpose_b"], k.inputs[2] is None), []).append(k)
+    merged_away = set()
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        first = group[0]
+        for other in group[1:]:
+            first.attrs["weights"] += other.attrs["weights"]
+            first.attrs["biases"] += other.attrs["biases"]
+            first.outputs += other.outputs
+            first.nodes += other.nodes
+            merged_away.add(id(other))
+    return [k for k in kernels if id(k) not in merged_away]

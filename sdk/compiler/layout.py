@@ -1,0 +1,225 @@
+"""Layout: how each weight is stored in the device's weights arena, and the packing that produces it.
+
+A GEMM's B operand is stored once in the layout its kernel reads: [K, N] (transposed from PyTorch's
+[out, in] when needed), the projections it merged concatenated along N, zero-padded to multiples of the
+tile (tk, tn) and laid out tile-major, [Kp/tk, Np/tn, tk, tn] in bf16, so that each DMA transfer of one
+tile is contiguous. Its bias is concatenated and padded the same way. Every other weight or constant is
+stored as it is, in bf16 (int32 stays int32); kernels read it through their access patterns.
+
+A packing is described by a recipe in the program (meta["layout"]) and done at load time, never per
+inference; results are cached in-process by the content hash of the recipe and its source bytes.
+The same module applies view chains (reshape / transpose / slice), the access patterns of kernel operands.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from typing import Mapping
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import WeightError
+from ..program import Buffer, Program, Usage
+from .fuse import Fused, Ref
+from .hardware import Target
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+# ---- views: the access patterns of kernel operands ------------------------------------------------
+
+def apply_views(array: np.ndarray, views) -> np.ndarray:
+    for v in views:
+        if v[0] == "reshape":
+            array = array.reshape(v[1])
+        elif v[0] == "transpose":
+            array = np.transpose(array, v[1])
+        else:
+            _, axis, start, stop, step = v
+            index = [slice(None)] * array.ndim
+            index[axis] = slice(start, stop, step)
+            array = array[tuple(index)]
+    return array
+
+
+def apply_views_shape(shape: tuple, views) -> tuple:
+    probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=shape, strides=(0,) * len(shape))
+    for v in views:
+        if v[0] == "reshape":  # a zero-strided probe cannot always be reshaped as a view: compute the shape
+            probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.uint8), shape=_reshaped(probe.shape, v[1]),
+                                                    strides=(0,) * len(v[1]))
+        else:
+            probe = apply_views(probe, [v])
+    return tuple(probe.shape)
+
+
+def _reshaped(shape, new):
+    new = list(new)
+    if -1 in new:
+        new[new.index(-1)] = int(np.prod(shape)) // int(np.prod([d for d in new if d != -1]))
+    return tuple(new)
+
+
+def access_dims(shape: tuple, views) -> int:
+    """Dimensions of the DMA access pattern that reads `shape` through `views` (contiguous runs merged)."""
+    if not views:
+        return 1
+    size = int(np.prod(shape))
+    if size > 1 << 22:  # large operands: bound it by the dimensions the views mention
+        return max(len(apply_views_shape(shape, views)), 1)
+    index = apply_views(np.arange(size, dtype=np.int64).reshape(shape), views)
+    strides = []
+    for axis, n in enumerate(index.shape):
+        if n == 1:
+            continue
+        step = np.take(index, 1, axis=axis).flat[0] - np.take(index, 0, axis=axis).flat[0]
+        strides.append((n, int(step)))
+    merged: list[tuple[int, int]] = []
+    for n, s in strides:  # axis i merges into i-1 when stride(i-1) == n(i) * stride(i)
+        if merged and merged[-1][1] == n * s:
+            merged[-1] = (merged[-1][0] * n, s)
+        else:
+            merged.append((n, s))
+    return max(len(merged), 1)
+
+
+# ---- layout plan (compile time) --------------------------------------------------------------------
+
+def plan(fused: list[Fused], target: Target, constants: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+    """Decide the stored form of every weight the kernels read; rewrite GEMM operands to packed buffers.
+    Returns (weight buffers, recipes)."""
+    buffers: dict[str, Buffer] = {}
+    recipes: dict[str, dict] = {}
+
+    def plain(name, value):
+        if name not in buffers:
+            dtype = "bfloat16" if value.dtype == "float32" else value.dtype
+            buffers[name] = Buffer(name, value.shape, dtype, Usage.WEIGHTS)
+            recipes[name] = {"kind": "plain", "sources": [[name, []]], "shape": list(value.shape)}
+
+    for f in fused:
+        for k in f.kernels:
+            if k.kind == "gemm":
+                _pack_gemm(f, k, buffers, recipes)
+            for r in k.inputs:
+                if r is not None and r.value in f.values and f.values[r.value].kind in ("weight", "const"):
+                    plain(r.value, f.values[r.value])
+    return buffers, recipes
+
+
+def _pack_gemm(f: Fused, k, buffers, recipes):
+    t = k.attrs["tiling"]
+    weights, biases = k.attrs["weights"], k.attrs["biases"]
+    ns = [apply_views_shape(f.values[w.value].shape, w.views)[0 if k.attrs["transpose_b"] else 1] for w in weights]
+    tag = "+".join(w.value for w in weights[:1]) + (f"+{len(weights) - 1}" if len(weights) > 1 else "")
+    name = f"{tag}@gemm{t['k']}x{t['n']}"
+    recipe = {"kind": "gemm_b", "sources": [[w.value, list(w.views)] for w in weights],
+              "transpose_b": k.attrs["transpose_b"], "k": t["K"], "n": ns, "tk": t["k"], "tn": t["n"]}
+    shape = (t["Kp"] // t["k"], t["Np"] // t["n"], t["k"], t["n"])
+    _add(buffers, recipes, name, shape, recipe)
+    bias_name = None
+    if any(b is not None for b in biases):
+        bias_name = f"{tag}@bias{t['Np']}"
+        recipe = {"kind": "bias", "sources": [[b.value, list(b.views)] if b is not None else None for b in biases],
+                  "n": ns, "np": t["Np"]}
+        _add(buffers, recipes, bias_name, (t["Np"],), recipe)
+    k.attrs["n_splits"] = ns
+    k.inputs[1] = Ref(name)
+    k.inputs[2] = Ref(bias_name) if bias_name else None
+
+
+def _add(buffers, recipes, name, shape, recipe):
+    if name in recipes and recipes[name] != recipe:
+        raise AssertionError(f"two different packings named {name}")
+    buffers[name] = Buffer(name, tuple(shape), "bfloat16", Usage.WEIGHTS)
+    recipes[name] = recipe
+
+
+# ---- packing (load time) ---------------------------------------------------------------------------
+
+_CACHE: "OrderedDict[str, np.ndarray]" = OrderedDict()
+_CACHE_BYTES = 1 << 30
+
+
+def pack(recipe: dict, sources: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The stored form of one weights-arena buffer, from its recipe and the float32 source weights."""
+    h = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode())
+    for s in recipe["sources"]:
+        if s is not None:
+            a = np.ascontiguousarray(sources[s[0]])
+            h.update(str((a.shape, a.dtype.str)).encode())
+            h.update(memoryview(a).cast("B"))
+    key = h.hexdigest()
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    packed = _PACKERS[recipe["kind"]](recipe, sources)
+    _CACHE[key] = packed
+    while sum(a.nbytes for a in _CACHE.values()) > _CACHE_BYTES and len(_CACHE) > 1:
+        _CACHE.popitem(last=False)
+    return packed
+
+
+def _plain(recipe, sources):
+    a = np.asarray(sources[recipe["sources"][0][0]])
+    return a.astype(BF16) if a.dtype.kind == "f" else a.astype(np.int32)
+
+
+def _gemm_b(recipe, sources):
+    """[K, N] concatenated along N, padded, tile-major [Kp/tk, Np/tn, tk, tn], bf16 (round to nearest even)."""
+    mats = []
+    for name, views in recipe["sources"]:
+        m = apply_views(np.asarray(sources[name], np.float32), views)
+        mats.append(m.T if recipe["transpose_b"] else m)
+    b = np.concatenate(mats, axis=1)
+    tk, tn = recipe["tk"], recipe["tn"]
+    K, N = b.shape
+    Kp, Np = -(-K // tk) * tk, -(-N // tn) * tn
+    b = np.pad(b, ((0, Kp - K), (0, Np - N)))
+    return np.ascontiguousarray(tile_major(b, tk, tn)).astype(BF16)
+
+
+def tile_major(b: np.ndarray, tk: int, tn: int) -> np.ndarray:
+    """[Kp, Np] -> [Kp/tk, Np/tn, tk, tn]: the order the GEMM kernel's DMA streams B tiles in."""
+    Kp, Np = b.shape
+    return b.reshape(Kp // tk, tk, Np // tn, tn).transpose(0, 2, 1, 3)
+
+
+def untile(packed: np.ndarray) -> np.ndarray:
+    """[Kp/tk, Np/tn, tk, tn] -> [Kp, Np]: what the kernel computes with."""
+    kt, nt, tk, tn = packed.shape
+    return packed.transpose(0, 2, 1, 3).reshape(kt * tk, nt * tn)
+
+
+def _bias(recipe, sources):
+    parts = []
+    for src, n in zip(recipe["sources"], recipe["n"]):
+        parts.append(np.zeros(n, np.float32) if src is None else apply_views(np.asarray(sources[src[0]]), src[1]))
+    b = np.concatenate(parts).astype(np.float32)
+    return np.pad(b, (0, recipe["np"] - b.size)).astype(BF16)
+
+
+_PACKERS = {"plain": _plain, "gemm_b": _gemm_b, "bias": _bias}
+
+
+def weights_image(program: Program, weights: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The bytes of the weights arena: every WEIGHTS buffer packed and placed at its offset."""
+    recipes = program.meta["layout"]
+    sources = {**weights, **program.constants}
+    needed = {s[0]: s for r in recipes.values() for s in r["sources"] if s is not None}
+    shapes = program.meta["source_shapes"]
+    missing = [n for n in needed if n not in sources]
+    misshaped = [f"{n} {tuple(np.shape(sources[n]))} != {tuple(shapes[n])}" for n in needed
+                 if n in sources and tuple(np.shape(sources[n])) != tuple(shapes[n])]
+    if missing or misshaped:
+        raise WeightError("the weights do not fit the program", missing=missing, misshaped=misshaped,
+                          fix="load the checkpoint through the model's load function, which maps and checks names")
+    image = np.zeros(program.meta["arenas"]["weights"], np.uint8)
+    for name, buf in program.buffers_of(Usage.WEIGHTS).items():
+        packed = pack(recipes[name], sources)
+        assert packed.nbytes == buf.nbytes, (name, packed.shape, buf.shape)
+        image[buf.offset:buf.offset + buf.nbytes] = np.frombuffer(packed.tobytes(), np.uint8)
+    return image
+

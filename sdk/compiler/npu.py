@@ -1,0 +1,83 @@
+"""The NPU compiler: Graphs -> one Program for npu1 or npu2, through the passes in run order:
+
+  fuse       graph nodes -> kernels (epilogues, merged projections, views as access patterns)   fuse.py
+  partition  NPU kernels vs host steps, and the NPU share of ops and FLOPs                      partition.py
+  tile       each kernel's tiling for the target, checked against the hardware limits           catalog.py
+  layout     stored form of every weight (bf16, tile-major, padded), packed at load time        layout.py
+  memory     four arenas (weights, state, io, scratch), offsets, scratch reused by liveness      memory.py
+  schedule   one dispatch per entry run when every op is on the NPU; emit the Program           schedule.py
+
+The program's meta carries what a backend needs besides the steps: the packing recipes, the arena sizes,
+the target, and the content key of the program (design inputs + target + toolchain pin) that artifacts
+are stored under.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Sequence
+
+from ..errors import UsageError
+from ..graph import Graph
+from ..program import Program
+from . import TARGET_COMPILERS, catalog, layout, memory, schedule
+from .fuse import fuse
+from .hardware import TARGETS
+from .partition import fraction, partition, shape_of
+
+# The toolchain the kernels of kernels/ are built with; part of every artifact's content key.
+TOOLCHAIN_PIN = {"mlir_aie": "v1.1.1", "llvm_aie": "19.0.0.2025062501"}
+
+
+def compile_npu(graphs: Sequence[Graph], target: str) -> Program:
+    hw = TARGETS[target]
+    names = [g.name for g in graphs]
+    if len(set(names)) != len(names):
+        raise UsageError(f"two graphs share a name in {names}; entry names must be unique")
+    fused, stats = [], []
+    for g in graphs:
+        f = fuse(g, hw)
+        stats.append(partition(f))
+        shape = shape_of(f)
+        for k in f.kernels:
+            if k.kind != "host":
+                k.attrs["tiling"] = catalog.tiling(k, shape, hw)
+        fused.append(f)
+    constants = {n: a for g in graphs for n, a in g.constants.items()}
+    weight_buffers, recipes = layout.plan(fused, hw, constants)
+    buffers, arenas = memory.plan(fused, weight_buffers)
+    entries = {f.name: schedule.emit(f, buffers) for f in fused}
+    for e in entries.values():  # a tiling that cannot fit is a compiler bug or an impossible op: say which
+        for s in e.steps:
+            for k in s.body:
+                catalog.check(k, hw)
+    source_shapes = {s[0]: list(_source_shape(graphs, s[0])) for r in recipes.values() for s in r["sources"] if s}
+    meta = {"graphs": names, "layout": recipes, "source_shapes": source_shapes, "arenas": arenas,
+            "npu_fraction": fraction(stats), "toolchain": TOOLCHAIN_PIN}
+    program = Program(target, buffers, entries, constants, meta)
+    meta["content_key"] = content_key(program)
+    return program
+
+
+def _source_shape(graphs, name):
+    for g in graphs:
+        if name in g.values:
+            return g.values[name].shape
+    raise KeyError(name)
+
+
+def content_key(program: Program) -> str:
+    """Hash of everything a design depends on: the steps with their tilings, buffer placement, target, pin."""
+    doc = {"target": program.target, "toolchain": TOOLCHAIN_PIN,
+           "buffers": sorted((b.name, b.shape, b.dtype, b.arena, b.offset) for b in program.buffers.values()),
+           "entries": {n: [schedule_doc(s) for s in e.steps] for n, e in program.entries.items()}}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def schedule_doc(step) -> dict:
+    return {"kind": step.kind, "op": step.op, "inputs": step.inputs, "outputs": step.outputs, "attrs": step.attrs,
+            "body": [schedule_doc(b) for b in step.body]}
+
+
+TARGET_COMPILERS["npu1"] = compile_npu
+TARGET_COMPILERS["npu2"] = compile_npu

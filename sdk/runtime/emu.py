@@ -1,0 +1,378 @@
+"""The emu backend: a functional emulator of an NPU program, run on the host.
+
+It does what the device does, in the device's terms: four arenas of bytes (weights uploaded once at load;
+scratch and io per executable; state per State object), each kernel step reading its operands out of the
+arenas through their access patterns and storing its result back, the packed weight layouts decoded the way
+the kernel's DMA reads them, and the NPU's numerics:
+- bf16 storage of every floating-point activation, weight and state value, rounded to nearest even;
+- fp32 accumulation and fp32 epilogues (bias, activation, residual) before the one bf16 store per kernel;
+- on npu2, bf16 matmul operands go through bfp16 (blocks of 8 sharing an exponent, 8-bit mantissas,
+  round to nearest even), as AIE2P's bf16 matmul does;
+- exp as 2^(x log2 e) with a degree-6 polynomial for the fraction, and GELU / SiLU / sigmoid / tanh /
+  softmax built on it: the approximations the kernels in kernels/ implement.
+It counts what crosses between host and device per run (dispatches, syncs, bytes each way, weight bytes)
+and refuses programs that break a hardware limit of their target, naming the kernel and the limit.
+Everything measured here is emulated, not timed on hardware.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import ml_dtypes
+import numpy as np
+
+from ..compiler import catalog, layout
+from ..compiler.hardware import TARGETS
+from ..errors import InputError, ProgramError, UsageError
+from ..ops import OPS
+from ..program import Program, Step, Usage
+from .backend import Counters, State, check_inputs
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+ARENAS = ("weights", "state", "io", "scratch")
+# operands a kernel does not stream through the core: the packed GEMM weight (read tile by tile, decoded
+# once below) and the cache a state write lands in
+NOT_STREAMED = {("gemm", 1), ("state_write", 0)}
+
+
+# ---- kernel numerics ---------------------------------------------------------------------------------
+
+LOG2E = np.float32(1.4426950408889634)
+# 2^f on [0, 1): Taylor coefficients of e^(f ln 2) to degree 6 (max relative error 1.6e-5, below bf16's 3.9e-3)
+EXP2_POLY = np.array([1.0, 0.6931471805599453, 0.2402265069591007, 0.05550410866482158,
+                      0.009618129107628477, 0.0013333558146428443, 0.00015403530393381606], np.float32)
+
+
+def k_exp(x):
+    t = np.clip(np.asarray(x, np.float32) * LOG2E, -126.0, 127.0)
+    i = np.floor(t)
+    f = t - i
+    p = np.zeros_like(f)
+    for c in EXP2_POLY[::-1]:
+        p = p * f + c
+    return np.ldexp(p, i.astype(np.int32)).astype(np.float32)
+
+
+def k_sigmoid(x):
+    return (1.0 / (1.0 + k_exp(-np.clip(x, -88.0, 88.0)))).astype(np.float32)
+
+
+def k_tanh(x):
+    return (2.0 * k_sigmoid(2.0 * x) - 1.0).astype(np.float32)
+
+
+def k_erf(x):
+    # Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), on the kernels' exp
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return (np.sign(x) * (1.0 - poly * k_exp(-a * a))).astype(np.float32)
+
+
+def k_softmax(x, axis=-1):
+    e = k_exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def k_log_softmax(x, axis=-1):
+    m = x.max(axis=axis, keepdims=True)
+    return x - m - np.log(k_exp(x - m).sum(axis=axis, keepdims=True))
+
+
+UNARY = {
+    "gelu": lambda x: 0.5 * x * (1.0 + k_erf(x * np.float32(0.7071067811865476))),
+    "gelu_tanh": lambda x: 0.5 * x * (1.0 + k_tanh(np.float32(0.7978845608028654) * (x + 0.044715 * x * x * x))),
+    "sigmoid": k_sigmoid, "silu": lambda x: x * k_sigmoid(x), "tanh": k_tanh, "exp": k_exp,
+    "relu": lambda x: np.maximum(x, 0),
+    "scale": lambda x, factor: x * np.float32(factor),
+}
+BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+
+
+def bf16(x):
+    """Round to bf16 (nearest even) and back: what storing a value in the device's memory does."""
+    return np.asarray(x, np.float32).astype(BF16).astype(np.float32)
+
+
+def bfp16(x, axis):
+    """AIE2P's bfp16: blocks of 8 along `axis` share an exponent; 8-bit signed mantissas, nearest even."""
+    x = np.moveaxis(np.asarray(x, np.float32), axis, -1)
+    n = x.shape[-1]
+    pad = -n % 8
+    xb = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)]).reshape(*x.shape[:-1], -1, 8)
+    top = np.abs(xb).max(axis=-1, keepdims=True)
+    exponent = np.floor(np.log2(np.where(top > 0, top, 1.0)))
+    step = np.exp2(exponent - 6).astype(np.float32)
+    q = np.clip(np.rint(xb / step), -127, 127) * step
+    return np.moveaxis(q.reshape(*x.shape[:-1], -1)[..., :n], -1, axis).astype(np.float32)
+
+
+# ---- the backend -------------------------------------------------------------------------------------
+
+class EmuState(State):
+    """A stream's state arena; `buffers` are views into it (what State.reset() zeroes)."""
+
+    def __init__(self, program: Program):
+        self.arena = np.zeros(program.meta["arenas"]["state"], np.uint8)
+        super().__init__({n: _view(self.arena, b) for n, b in program.buffers_of(Usage.STATE).items()})
+
+
+def _view(arena: np.ndarray, buf) -> np.ndarray:
+    return arena[buf.offset:buf.offset + buf.nbytes].view(buf.dtype).reshape(buf.shape)
+
+
+class EmuExecutable:
+    def __init__(self, program: Program, weights: Mapping[str, np.ndarray]):
+        self.program = program
+        self.target = validate(program)
+        self.counters = Counters()
+        self.arenas = {"weights": layout.weights_image(program, weights),
+                       "scratch": np.zeros(program.meta["arenas"]["scratch"], np.uint8),
+                       "io": np.zeros(program.meta["arenas"]["io"], np.uint8)}
+        # the one upload of the session: weights cross to the device here and never again
+        self.counters.weight_bytes_to_device += self.arenas["weights"].nbytes
+        self.counters.bytes_to_device += self.arenas["weights"].nbytes
+        self.counters.syncs += 1
+        self._unpacked: dict[str, np.ndarray] = {}
+
+    # -- protocol --
+    def new_state(self) -> EmuState:
+        return EmuState(self.program)
+
+    def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None) -> dict:
+        e = self.program.entry(entry)
+        data = check_inputs(self.program, entry, inputs)
+        if state is None and any(b.arena == "state" for b in self._touched(e)):
+            raise UsageError(f"entry {e.name!r} reads or writes state", fix="pass state=session.new_state()")
+        if state is not None and not isinstance(state, EmuState):
+            raise UsageError("this state was not made by the emu backend", fix="use session.new_state()")
+        self._state = state
+        for name, array in data.items():  # inputs and runtime parameters: one ranged sync of the io arena
+            self._store(name, array)
+            self.counters.bytes_to_device += array.nbytes
+        self.counters.syncs += 1
+        for step in e.steps:
+            if step.kind == "dispatch":
+                self.counters.dispatches += 1
+                for k in step.body:
+                    self._kernel(k)
+            else:
+                self._host(step)
+        out = {}
+        for name, buf in e.outputs.items():
+            value = np.array(self._load(buf))
+            out[name] = value.astype(np.float32) if value.dtype == BF16 else value
+            self.counters.bytes_from_device += self.program.buffers[buf].nbytes
+        self.counters.syncs += 1
+        self.counters.runs += 1
+        self._state = None
+        return out
+
+    def close(self):
+        self.arenas, self._unpacked = {}, {}
+
+    # -- memory --
+    def _touched(self, e):
+        names = [n for s in e.steps for k in (s.body or (s,)) for n in (*k.inputs, *k.outputs) if n]
+        return [self.program.buffers[n] for n in names] + [self.program.buffers[b] for b in e.outputs.values()]
+
+    def _raw(self, name: str) -> np.ndarray:
+        buf = self.program.buffers[name]
+        arena = self._state.arena if buf.arena == "state" else self.arenas[buf.arena]
+        return _view(arena, buf)
+
+    def _load(self, name: str, views=()) -> np.ndarray:
+        a = layout.apply_views(self._raw(name), views)
+        return a.astype(np.float32) if a.dtype == BF16 else a
+
+    def _store(self, name: str, value) -> None:
+        raw = self._raw(name)
+        raw[...] = np.asarray(value).astype(raw.dtype) if raw.dtype != BF16 else np.asarray(value, np.float32)
+
+    # -- steps --
+    def _host(self, step: Step) -> None:
+        """A host op between dispatches: its operands come back from the device and its result goes out."""
+        args = [self._load(n, v) if n is not None else None for n, v in zip(step.inputs, step.attrs["views"])]
+        self.counters.bytes_from_device += sum(a.nbytes for a in args if a is not None)
+        op = OPS[step.op]
+        result = op.ref(*([args] if op.variadic else args), **step.attrs["attrs"])
+        self._store(step.outputs[0], result)
+        self.counters.bytes_to_device += self.program.buffers[step.outputs[0]].nbytes
+        self.counters.syncs += 2
+        self.counters.host_ops += 1
+
+    def _kernel(self, k: Step) -> None:
+        a = k.attrs
+        n_extra = sum(1 for c in a["chain"] if c["operand"] is not None)
+        args = [self._load(n, v) if n is not None and (k.op, i) not in NOT_STREAMED else None
+                for i, (n, v) in enumerate(zip(k.inputs, a["views"]))]
+        head = args[:len(args) - n_extra]
+        if k.op == "state_write":
+            return self._state_write(k, head)
+        y = KERNELS.get(k.op, _reference)(self, k, head)
+        if k.op == "gemm" and len(k.outputs) > 1:  # merged projections: one result per output
+            parts = np.split(y, np.cumsum(a["n_splits"])[:-1], axis=-1)
+            for name, part in zip(k.outputs, parts):
+                self._store(name, part)
+            return
+        for c in a["chain"]:
+            if c["operand"] is None:
+                y = UNARY[c["op"]](y, **c["attrs"])
+            else:
+                other = args[c["operand"]]
+                y = BINARY[c["op"]](other, y) if c["swap"] else BINARY[c["op"]](y, other)
+        self._store(k.outputs[0], y)
+
+    def _state_write(self, k: Step, head) -> None:
+        target = self._raw(k.outputs[0])
+        value = head[1]
+        if k.attrs["head"]["op"] == "assign":
+            target[...] = np.broadcast_to(value, target.shape).astype(target.dtype)
+            return
+        axis = k.attrs["head"]["attrs"]["axis"]
+        pos = int(head[2])
+        n = value.shape[axis]
+        if not 0 <= pos <= target.shape[axis] - n:
+            raise InputError(f"cache_write at position {pos} of {n} entries does not fit a cache of "
+                             f"{target.shape[axis]}", fix="start a new state, or use a longer cache")
+        index = [slice(None)] * target.ndim
+        index[axis] = slice(pos, pos + n)
+        target[tuple(index)] = value.astype(target.dtype)
+
+    def weight_matrix(self, name: str) -> np.ndarray:
+        """A packed GEMM weight as the kernel reads it: tiles from the arena back to [Kp, Np] (decoded once)."""
+        if name not in self._unpacked:
+            m = layout.untile(self._load(name))
+            self._unpacked[name] = bfp16(m, axis=0) if self.target.name == "npu2" else m
+        return self._unpacked[name]
+
+
+def _matmul_operand(exe: EmuExecutable, x, axis):
+    return bfp16(x, axis) if exe.target.name == "npu2" else x
+
+
+def _gemm(exe, k, head):
+    x, _, bias = head
+    t = k.attrs["tiling"]
+    b = exe.weight_matrix(k.inputs[1])
+    xp = np.pad(_matmul_operand(exe, x, -1), [(0, 0)] * (x.ndim - 1) + [(0, t["Kp"] - t["K"])])
+    y = (xp @ b)[..., :t["N"]]
+    return y + bias[:t["N"]] if bias is not None else y
+
+
+def _bmm(exe, k, head):
+    a, b = head
+    if k.attrs["head"]["attrs"].get("transpose_b", False) or k.attrs["head"]["op"] == "linear":
+        b = np.swapaxes(b, -1, -2)
+    y = _matmul_operand(exe, a, -1) @ _matmul_operand(exe, b, -2)
+    if k.attrs["head"]["op"] == "linear" and len(head) > 2 and head[2] is not None:
+        y = y + head[2]
+    return y
+
+
+def _mha(exe, k, head):
+    q, kk, v = head[:3]
+    mask = head[3] if len(head) > 3 else None
+    s = (_matmul_operand(exe, q, -1) @ _matmul_operand(exe, np.swapaxes(kk, -1, -2), -2)) \
+        * np.float32(k.attrs["head"]["attrs"]["scale"])
+    if mask is not None:
+        s = s + mask
+    p = bf16(k_softmax(s))  # probabilities go back to bf16 for the second matmul
+    return p @ _matmul_operand(exe, v, -2)
+
+
+def _eltwise(exe, k, head):
+    op, attrs = k.attrs["head"]["op"], k.attrs["head"]["attrs"]
+    if op in UNARY:
+        return UNARY[op](head[0], **attrs)
+    if op in BINARY:
+        return BINARY[op](head[0], head[1])
+    a, b = np.split(head[0], 2, axis=attrs["axis"])  # glu
+    return a * k_sigmoid(b)
+
+
+def _softmax(exe, k, head):
+    fn = k_softmax if k.attrs["head"]["op"] == "softmax" else k_log_softmax
+    return fn(head[0], axis=k.attrs["head"]["attrs"].get("axis", -1))
+
+
+def _norm(exe, k, head):
+    op, eps = k.attrs["head"]["op"], np.float32(k.attrs["head"]["attrs"]["eps"])
+    x = head[0]
+    if op == "rms_norm":
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * head[1]
+    mu = x.mean(axis=-1, keepdims=True)
+    xc = x - mu
+    y = xc / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps) * head[1]
+    return y + head[2] if len(head) > 2 and head[2] is not None else y
+
+
+def _conv(exe, k, head):
+    x, w = head[0], head[1]
+    b = head[2] if len(head) > 2 else None
+    return OPS[k.attrs["head"]["op"]].ref(x, w, b, **k.attrs["head"]["attrs"])
+
+
+def _gather(exe, k, head):
+    table, ids = head
+    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
+        raise InputError(f"token id {int(ids.max()) if ids.max() >= table.shape[0] else int(ids.min())} is outside "
+                         f"the table of {table.shape[0]} rows", fix="check the tokenizer matches the model")
+    return table[ids]
+
+
+def _reference(exe, k, head):
+    """Data movement and the ops whose NPU result equals the reference (copy, concat, pad, masks, pooling,
+    rotary, mean, argmax): the op's own numpy reference on the bf16 operands."""
+    op = k.attrs["head"]["op"]
+    if op == "copy":
+        return head[0]
+    ref = OPS[op]
+    return ref.ref(*([head] if ref.variadic else head), **k.attrs["head"]["attrs"])
+
+
+KERNELS = {"gemm": _gemm, "bmm": _bmm, "mha": _mha, "eltwise": _eltwise, "softmax": _softmax, "norm": _norm,
+           "conv": _conv, "gather": _gather}
+
+
+def validate(program: Program):
+    """The target's limits, checked before anything runs; a ProgramError names the kernel and the limit."""
+    if program.target not in TARGETS:
+        raise ProgramError(f"the emu backend runs npu1/npu2 programs; this one is for {program.target!r}",
+                           fix="compile for npu1 or npu2 (Session(device='emu') does)")
+    target = TARGETS[program.target]
+    arenas = {b.arena for b in program.buffers.values()}
+    if not arenas <= set(ARENAS):
+        raise ProgramError(f"buffers use arenas {sorted(arenas)}; a program has at most {list(ARENAS)}")
+    sizes = program.meta["arenas"]
+    for b in program.buffers.values():
+        if b.offset < 0 or b.offset + b.nbytes > sizes[b.arena]:
+            raise ProgramError(f"buffer {b.name} [{b.offset}, {b.offset + b.nbytes}) lies outside its "
+                               f"{b.arena} arena of {sizes[b.arena]} bytes")
+    for e in program.entries.values():
+        for s in e.steps:
+            if s.kind == "host":
+                if s.op not in OPS:
+                    raise ProgramError(f"host step {s.op} is not an op of this SDK")
+                continue
+            for k in s.body:
+                catalog.check(k, target)
+                if k.op == "gemm":
+                    t = k.attrs["tiling"]
+                    want = (t["Kp"] // t["k"], t["Np"] // t["n"], t["k"], t["n"])
+                    if program.buffers[k.inputs[1]].shape != want:
+                        raise ProgramError(f"kernel gemm ({k.attrs['name']}): packed weight {k.inputs[1]} has "
+                                           f"shape {program.buffers[k.inputs[1]].shape}, its tiling reads {want}")
+    return target
+
+
+class EmuBackend:
+    name = "emu"
+
+    def __init__(self, target: str = "npu2"):
+        if target not in TARGETS:
+            raise UsageError(f"unknown NPU target {target!r}", fix=f"use one of {sorted(TARGETS)}")
+        self.target = target
+
+    def load(self, program: Program, weights: Mapping[str, np.ndarray]) -> EmuExecutable:
+        return EmuExecutable(program, weights)
