@@ -11,6 +11,8 @@ from ..errors import UsageError
 
 ARCHITECTURES: dict[str, str] = {
     "bert": "sdk.models.bert",
+    "vit": "sdk.models.vit", "dinov2": "sdk.models.vit", "dinov2_with_registers": "sdk.models.vit",
+    "clip": "sdk.models.clip", "resnet": "sdk.models.resnet",
     "esm": "sdk.models.esm",
     "parakeet_ctc": "sdk.models.conformer", "parakeet_tdt": "sdk.models.conformer", "gigaam": "sdk.models.conformer",
     "whisper": "sdk.models.whisper",

@@ -1,0 +1,169 @@
+"""Vision models: ViT, DINOv2 (with and without registers), CLIP and ResNet against committed transformers
+goldens (TINY random-init checkpoints from tests/fixtures/make_vision.py), and live against transformers
+when the `reference` extra is installed."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sdk.errors import UsageError, WeightError
+from sdk.models import clip, module_for, resnet, vit
+from sdk.session import Session
+from sdk.weights import read_safetensors
+
+from .conftest import FIXTURES
+
+VISION = FIXTURES / "vision"
+TOL = 1e-4
+
+
+def golden(name: str):
+    return np.load(VISION / name / "golden.npz")
+
+
+@pytest.mark.parametrize("name", ["vit", "dinov2", "dinov2_reg"])
+def test_vit_family_matches_transformers(name, record_parity):
+    cfg, weights = vit.load(VISION / name)
+    g = golden(name)
+    with Session([vit.graph(cfg, 2)], weights, device="cpu") as s:
+        out = s.run(pixels=g["pixels"])
+    for key in ("logits", "hidden", "pooled"):
+        if key in g:
+            assert record_parity(f"{name}.{key}", out[key], g[key])[0] <= TOL
+
+
+@pytest.mark.parametrize("name", ["dinov2", "dinov2_reg"])
+def test_dinov2_resamples_position_embeddings_at_other_sizes(name, record_parity):
+    cfg, weights = vit.load(VISION / name)
+    g = golden(name)
+    assert cfg.image_size == 32 and g["pixels48"].shape[-1] == 48  # a 6x6 grid from the trained 4x4
+    with Session([vit.graph(cfg, 1, 48)], weights, device="cpu") as s:
+        hidden = s.run(pixels=g["pixels48"])["hidden"]
+    assert record_parity(f"{name}.hidden48", hidden, g["hidden48"])[0] <= TOL
+
+
+def test_dinov2_registers_are_read_from_the_config():
+    cfg, _ = vit.load(VISION / "dinov2_reg")
+    assert (cfg.variant, cfg.num_register_tokens) == ("dinov2", 2)
+    g = vit.graph(cfg, 1)
+    assert g.values[g.outputs["hidden"]].shape == (1, 1 + 2 + 16, 32)  # CLS, 2 registers, 4x4 patches
+
+
+def test_clip_image_text_embeddings_and_logits(record_parity):
+    cfg, weights = clip.load(VISION / "clip")
+    g = golden("clip")
+    graphs = [clip.image_graph(cfg, 2), clip.text_graph(cfg, 3, 10), clip.similarity_graph(cfg, 2, 3)]
+    with Session(graphs, weights, device="cpu") as s:
+        image = s.run("image_b2_s32", pixels=g["pixels"])
+        text = s.run("text_b3_t10", ids=g["ids"], mask=g["mask"], eos=clip.eos_positions(g["ids"], cfg.text))
+        sim = s.run("similarity_i2_t3", image_embeds=image["embeds"], text_embeds=text["embeds"])
+    checks = [("image_features", image["embeds"]), ("text_features", text["embeds"]),
+              ("image_embeds", sim["image_embeds"]), ("text_embeds", sim["text_embeds"]),
+              ("logits_per_image", sim["logits_per_image"])]
+    for key, ours in checks:
+        assert record_parity(f"clip.{key}", ours, g[key])[0] <= TOL
+
+
+def test_clip_pooling_position_follows_transformers_rule():
+    t = clip.TINY.text
+    ids = np.array([[98, 5, 7, t.eos_token_id, 1, 1], [98, t.eos_token_id, 1, 1, 1, 1]])
+    assert clip.eos_positions(ids, t).tolist() == [3, 1]
+    legacy = clip.TextConfig(eos_token_id=2)  # old configs: the largest id is the end-of-text token
+    assert clip.eos_positions(np.array([[49406, 320, 49407, 0]]), legacy).tolist() == [2]
+
+
+@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+def test_resnet_matches_transformers_with_folded_batch_norm(name, record_parity):
+    cfg, weights = resnet.load(VISION / name)
+    g = golden(name)
+    assert not any("normalization" in k for k in weights)  # folded at load: the graph has no BN left
+    with Session([resnet.graph(cfg, 2, 64)], weights, device="cpu") as s:
+        out = s.run(pixels=g["pixels"])
+    for key in ("logits", "features"):
+        assert record_parity(f"{name}.{key}", out[key], g[key])[0] <= TOL
+
+
+def test_batch_norm_fold_is_exact_on_a_single_conv():
+    rng = np.random.default_rng(0)
+    cfg = resnet.Config(embedding_size=4, hidden_sizes=(4,), depths=(1,), layer_type="basic")
+    ckpt = {}
+    for name, shape in resnet.checkpoint_shapes(cfg).items():
+        ckpt[name] = rng.uniform(0.5, 1.5, shape).astype(np.float32) if "var" in name else \
+            rng.normal(size=shape).astype(np.float32)
+    folded = resnet.fold_batch_norm(ckpt, cfg)
+    x = rng.normal(size=(1, 3, 9, 9)).astype(np.float32)
+    w, p = ckpt["embedder.embedder.convolution.weight"], "embedder.embedder.normalization."
+    y = np.asarray(resnet.ops.conv2d(x, w, None, stride=2, padding=3))
+    bn = (y - ckpt[p + "running_mean"][:, None, None]) / np.sqrt(ckpt[p + "running_var"][:, None, None] + 1e-5) \
+        * ckpt[p + "weight"][:, None, None] + ckpt[p + "bias"][:, None, None]
+    ours = resnet.ops.conv2d(x, folded["embedder.embedder.convolution.weight"],
+                             folded["embedder.embedder.convolution.bias"], stride=2, padding=3)
+    assert np.abs(ours - bn).max() < 1e-4
+
+
+def test_registry_knows_the_vision_model_types():
+    for model_type, module in [("vit", vit), ("dinov2", vit), ("dinov2_with_registers", vit), ("clip", clip),
+                               ("resnet", resnet)]:
+        assert module_for(model_type) is module
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused(tmp_path):
+    import shutil
+    folder = tmp_path / "vit"
+    shutil.copytree(VISION / "vit", folder)
+    config = (folder / "config.json").read_text().replace('"hidden_size": 32', '"hidden_size": 48')
+    (folder / "config.json").write_text(config)
+    with pytest.raises(WeightError, match="misshaped"):
+        vit.load(folder)
+
+
+def test_wrong_input_size_is_a_usage_error():
+    with pytest.raises(UsageError, match="needs 32x32"):
+        vit.graph(vit.TINY["vit"], 1, 48)
+
+
+def test_tiny_presets_match_the_fixtures():
+    assert vit.load(VISION / "vit")[0] == vit.TINY["vit"]
+    assert vit.load(VISION / "dinov2")[0] == vit.TINY["dinov2"]
+    assert clip.load(VISION / "clip")[0] == clip.TINY
+    assert resnet.load(VISION / "resnet18")[0] == resnet.TINY.__class__(**{**resnet.TINY.__dict__, "image_size": 224})
+
+
+# ---- live against transformers (reference extra) ---------------------------------------------------------
+
+@pytest.mark.reference
+def test_live_transformers_vit_and_resnet(record_parity):
+    import torch
+    import transformers
+    for name, cls, mod in [("vit", transformers.ViTForImageClassification, vit),
+                           ("resnet18", transformers.ResNetForImageClassification, resnet)]:
+        model = cls.from_pretrained(VISION / name).eval()
+        cfg, weights = mod.load(VISION / name)
+        x = np.random.default_rng(7).normal(size=(1, 3, 32 if name == "vit" else 64, 32 if name == "vit" else 64))
+        x = x.astype(np.float32)
+        with torch.no_grad():
+            ref = model(pixel_values=torch.tensor(x)).logits.numpy()
+        with Session([mod.graph(cfg, 1, x.shape[-1])], weights, device="cpu") as s:
+            assert record_parity(f"live.{name}", s.run(pixels=x)["logits"], ref)[0] <= TOL
+
+
+@pytest.mark.reference
+def test_live_transformers_clip_text(record_parity):
+    import torch
+    import transformers
+    model = transformers.CLIPModel.from_pretrained(VISION / "clip").eval()
+    cfg, weights = clip.load(VISION / "clip")
+    ids = np.array([[98, 10, 20, 30, 99, 1, 1, 1]], np.int32)
+    mask = (np.arange(8) < 5).astype(np.float32)[None]
+    with torch.no_grad():
+        ref = model.get_text_features(input_ids=torch.tensor(ids, dtype=torch.long),
+                                      attention_mask=torch.tensor(mask, dtype=torch.long))
+    ref = getattr(ref, "pooler_output", ref).numpy()
+    with Session([clip.text_graph(cfg, 1, 8)], weights, device="cpu") as s:
+        ours = s.run(ids=ids, mask=mask, eos=clip.eos_positions(ids, cfg.text))["embeds"]
+    assert record_parity("live.clip.text", ours, ref)[0] <= TOL
+
+
+def test_fixture_checkpoints_are_safetensors_with_expected_keys():
+    keys = read_safetensors(VISION / "clip" / "model.safetensors")
+    assert "logit_scale" in keys and any(k.startswith("vision_model.") for k in keys)
