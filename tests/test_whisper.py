@@ -144,8 +144,8 @@ def test_real_tiny_en_logits_vs_transformers(record_parity):
     import soundfile as sf
     audio, _ = sf.read("/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.wav",
                        dtype="float32")
-    from pipelines.audio import log_mel
-    mel = log_mel(audio, cfg.num_mel_bins)[None]
+    from pipelines.audio import whisper_log_mel
+    mel = whisper_log_mel(audio, cfg.num_mel_bins)[None]
     tokens = [50257, 50362, 679, 373, 407]  # <|startoftranscript|> <|notimestamps|> " He was not"
     with torch.no_grad():
         ref = model(input_features=torch.from_numpy(mel), decoder_input_ids=torch.tensor([tokens])).logits[0].numpy()

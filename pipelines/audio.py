@@ -1,0 +1,155 @@
+"""Audio in: files and arrays -> mono float32 at the model's rate; spectral front ends (STFT power, mel filter
+banks) and the model-specific log-mel features built from them.
+
+    samples = load_audio("talk.flac")          # mono float32, 16 kHz
+    mel = whisper_log_mel(samples, n_mels=80)   # [80, 3000], matches transformers' WhisperFeatureExtractor
+
+Files are read with soundfile (wav, flac, ogg; mp3 where libsndfile supports it); every failure is an
+InputError that names the file and the reason. Resampling uses soxr (high quality).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from sdk.errors import InputError
+
+SAMPLE_RATE = 16000  # what every speech model here expects
+
+
+# ---- reading, downmixing, resampling -------------------------------------------------------------
+
+def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
+    """(samples [frames] or [frames, channels] float32, sample rate) of an audio file."""
+    import soundfile as sf
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"audio file {path} does not exist", fix="check the path")
+    if path.stat().st_size == 0:
+        raise InputError(f"audio file {path} is empty (0 bytes)", fix="record or copy the file again")
+    try:
+        samples, rate = sf.read(str(path), dtype="float32", always_2d=False)
+    except (sf.LibsndfileError, RuntimeError) as e:
+        raise InputError(f"cannot read {path} as audio: {getattr(e, 'error_string', None) or e}",
+                         fix="use a wav, flac or ogg file (convert others with `sox in.mp3 out.wav` or ffmpeg)") from None
+    return samples, int(rate)
+
+
+def to_mono(samples: np.ndarray) -> np.ndarray:
+    """Average the channels of [frames, channels] audio; 1-D audio is returned as is."""
+    samples = np.asarray(samples, dtype=np.float32)
+    if samples.ndim == 2:
+        return samples.mean(axis=1, dtype=np.float32)
+    if samples.ndim != 1:
+        raise InputError(f"audio must be [frames] or [frames, channels], got shape {samples.shape}",
+                         fix="pass a 1-D (mono) or 2-D (frames x channels) array")
+    return samples
+
+
+def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.ndarray:
+    """Band-limited resampling with soxr (HQ); a no-op when the rates agree."""
+    if rate == target:
+        return samples
+    if rate <= 0:
+        raise InputError(f"invalid sample rate {rate}", fix="pass the sample rate the audio was recorded at")
+    import soxr
+    return soxr.resample(samples, rate, target, quality="HQ").astype(np.float32, copy=False)
+
+
+def load_audio(source: str | Path | np.ndarray, sample_rate: int | None = None, *,
+               target: int = SAMPLE_RATE) -> np.ndarray:
+    """Mono float32 samples at `target` Hz from a file, or from an array recorded at `sample_rate` (default:
+    already at `target`). Raises InputError for unreadable files and for audio without samples."""
+    if isinstance(source, (str, Path)):
+        samples, rate = read_audio(source)
+        name = str(source)
+    else:
+        samples, rate, name = np.asarray(source), sample_rate or target, "the audio array"
+        if samples.dtype.kind not in "fiu":
+            raise InputError(f"the audio array has dtype {samples.dtype}", fix="pass float or integer samples")
+        if samples.dtype.kind in "iu":  # PCM integers -> [-1, 1)
+            samples = samples.astype(np.float32) / np.float32(np.iinfo(samples.dtype).max + 1)
+    samples = to_mono(samples)
+    if samples.size == 0:
+        raise InputError(f"{name} has no samples", fix="pass audio that is at least a fraction of a second long")
+    if not np.isfinite(samples).all():
+        raise InputError(f"{name} contains NaN or infinite samples", fix="check how the audio was produced")
+    return resample(samples, rate, target)
+
+
+# ---- spectral building blocks ----------------------------------------------------------------------
+
+def hann_window(length: int, *, periodic: bool = True) -> np.ndarray:
+    """Hann window (periodic, as torch.hann_window and STFT front ends use by default)."""
+    n = length if periodic else length - 1
+    return (0.5 - 0.5 * np.cos(2 * np.pi * np.arange(length) / n)).astype(np.float64)
+
+
+def power_spectrum(samples: np.ndarray, *, n_fft: int, hop: int, window: np.ndarray, center: bool = True,
+                   pad_mode: str = "reflect") -> np.ndarray:
+    """|STFT|^2 as [frames, n_fft // 2 + 1] (float64), like torch.stft(..., center=center) with `window`
+    (shorter windows are zero-padded to n_fft on both sides, as torch does)."""
+    x = np.asarray(samples, dtype=np.float64)
+    if len(window) < n_fft:
+        left = (n_fft - len(window)) // 2
+        window = np.pad(window, (left, n_fft - len(window) - left))
+    if center:
+        x = np.pad(x, n_fft // 2, mode=pad_mode)
+    frames = np.lib.stride_tricks.sliding_window_view(x, n_fft)[::hop]
+    spec = np.fft.rfft(frames * window, axis=-1)
+    return spec.real ** 2 + spec.imag ** 2
+
+
+def _hz_to_mel(f, scale: str):
+    f = np.asarray(f, dtype=np.float64)
+    if scale == "htk":
+        return 2595.0 * np.log10(1.0 + f / 700.0)
+    # Slaney: linear below 1 kHz, logarithmic above
+    return np.where(f < 1000.0, 3.0 * f / 200.0, 15.0 + np.log(np.maximum(f, 1e-10) / 1000.0) / (np.log(6.4) / 27.0))
+
+
+def _mel_to_hz(m, scale: str):
+    m = np.asarray(m, dtype=np.float64)
+    if scale == "htk":
+        return 700.0 * (10.0 ** (m / 2595.0) - 1.0)
+    return np.where(m < 15.0, 200.0 * m / 3.0, 1000.0 * np.exp((np.log(6.4) / 27.0) * (m - 15.0)))
+
+
+def mel_filters(*, sample_rate: int, n_fft: int, n_mels: int, fmin: float = 0.0, fmax: float | None = None,
+                scale: str = "slaney", norm: str | None = "slaney") -> np.ndarray:
+    """Triangular mel filter bank [n_mels, n_fft // 2 + 1] (float64). `scale` "slaney" or "htk";
+    `norm` "slaney" (each filter divided by its width in Hz, constant energy) or None (peak 1)."""
+    fmax = sample_rate / 2 if fmax is None else fmax
+    freqs = np.linspace(0, sample_rate / 2, n_fft // 2 + 1)
+    edges = _mel_to_hz(np.linspace(_hz_to_mel(fmin, scale), _hz_to_mel(fmax, scale), n_mels + 2), scale)
+    lower = (freqs[None, :] - edges[:-2, None]) / (edges[1:-1] - edges[:-2])[:, None]
+    upper = (edges[2:, None] - freqs[None, :]) / (edges[2:] - edges[1:-1])[:, None]
+    banks = np.maximum(0.0, np.minimum(lower, upper))
+    if norm == "slaney":
+        banks *= (2.0 / (edges[2:] - edges[:-2]))[:, None]
+    elif norm is not None:
+        raise ValueError(f"unknown mel norm {norm!r}")
+    return banks
+
+
+# ---- Whisper ---------------------------------------------------------------------------------------
+
+WHISPER_N_FFT, WHISPER_HOP, WHISPER_CHUNK = 400, 160, 30 * SAMPLE_RATE
+_whisper_banks: dict[int, np.ndarray] = {}
+
+
+def whisper_log_mel(samples: np.ndarray, n_mels: int = 80, *, n_samples: int = WHISPER_CHUNK) -> np.ndarray:
+    """Whisper's log-mel [n_mels, n_samples // 160] of 16 kHz audio, zero-padded (or cut) to `n_samples`:
+    periodic Hann STFT (400/160, centred, reflect), Slaney mel 0-8 kHz, log10 floored at 1e-10, clamped to
+    (max - 8), scaled (x + 4) / 4. The same numbers as transformers' WhisperFeatureExtractor (<= 1e-4)."""
+    x = np.zeros(n_samples, np.float64)
+    n = min(len(samples), n_samples)
+    x[:n] = samples[:n]
+    if n_mels not in _whisper_banks:
+        _whisper_banks[n_mels] = mel_filters(sample_rate=SAMPLE_RATE, n_fft=WHISPER_N_FFT, n_mels=n_mels,
+                                             fmax=8000.0)
+    power = power_spectrum(x, n_fft=WHISPER_N_FFT, hop=WHISPER_HOP, window=hann_window(WHISPER_N_FFT))[:-1]
+    mel = np.log10(np.maximum(_whisper_banks[n_mels] @ power.T, 1e-10))
+    mel = np.maximum(mel, mel.max() - 8.0)
+    return ((mel + 4.0) / 4.0).astype(np.float32)

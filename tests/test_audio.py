@@ -1,0 +1,87 @@
+"""Audio in: typed errors for bad files and arrays, downmix and resampling, mel filter banks, and Whisper's
+log-mel against transformers' WhisperFeatureExtractor (committed golden, and live under `reference`)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipelines.audio import (SAMPLE_RATE, hann_window, load_audio, mel_filters, power_spectrum, resample,
+                             whisper_log_mel)
+from sdk.errors import InputError
+
+from .conftest import FIXTURES
+
+MEL = FIXTURES / "whisper" / "mel.npz"
+
+
+def _speech() -> np.ndarray:
+    return np.load(MEL)["speech"].astype(np.float32) / 32768
+
+
+def test_whisper_log_mel_matches_feature_extractor(record_parity):
+    golden = np.load(MEL)
+    ours = whisper_log_mel(load_audio(golden["speech"]))
+    assert record_parity("whisper.log_mel", ours, golden["mel"])[0] <= 1e-4
+
+
+@pytest.mark.reference
+def test_whisper_log_mel_live(record_parity):
+    from transformers import WhisperFeatureExtractor
+    x = np.random.default_rng(0).standard_normal(40000).astype(np.float32) * 0.1
+    ref = WhisperFeatureExtractor(feature_size=128)(x, sampling_rate=16000, return_tensors="np").input_features[0]
+    assert record_parity("whisper.log_mel128", whisper_log_mel(x, 128), ref)[0] <= 1e-4
+
+
+def test_power_spectrum_is_parseval_consistent():
+    """A sine's power lands in its bin; a window shorter than n_fft is centred like torch.stft."""
+    t = np.arange(4000) / SAMPLE_RATE
+    x = np.sin(2 * np.pi * 1000 * t)
+    p = power_spectrum(x, n_fft=400, hop=160, window=hann_window(400))
+    assert p.shape == (4000 // 160 + 1, 201) and int(np.argmax(p[10])) == 25  # 1000 Hz / 40 Hz per bin
+    q = power_spectrum(x, n_fft=512, hop=160, window=hann_window(400))
+    assert q.shape[1] == 257 and abs(int(np.argmax(q[10])) - 32) <= 0
+
+
+def test_mel_filters_shapes_and_norms():
+    slaney = mel_filters(sample_rate=16000, n_fft=400, n_mels=80, fmax=8000)
+    htk = mel_filters(sample_rate=16000, n_fft=512, n_mels=64, scale="htk", norm=None)
+    assert slaney.shape == (80, 201) and htk.shape == (64, 257)
+    assert np.isclose(htk.max(), 1.0, atol=0.05) and (slaney >= 0).all()
+    # Slaney norm gives each filter (nearly) the same area in Hz
+    areas = slaney.sum(axis=1) * (16000 / 400)
+    assert np.allclose(areas[5:], areas[5:].mean(), rtol=0.15)
+
+
+def test_downmix_and_resample(tmp_path):
+    speech = _speech()
+    stereo44 = np.stack([resample(speech, 16000, 44100)] * 2, axis=1)
+    sf.write(tmp_path / "s.wav", stereo44, 44100)
+    back = load_audio(tmp_path / "s.wav")
+    assert abs(len(back) - len(speech)) <= 2
+    n = min(len(back), len(speech))
+    assert np.corrcoef(back[:n], speech[:n])[0, 1] > 0.99
+    eight = load_audio(resample(speech, 16000, 8000), 8000)
+    assert abs(len(eight) - len(speech)) <= 2
+    ints = load_audio((speech * 32767).astype(np.int16))
+    assert np.abs(ints - speech).max() < 1e-3
+
+
+@pytest.mark.parametrize("content, match", [(b"", "empty"), (b"not audio at all\n" * 50, "cannot read"),
+                                            (b"RIFF\x24\x00\x00\x00WAVEfmt ", "cannot read")])
+def test_bad_files_are_input_errors(tmp_path, content, match):
+    path = tmp_path / "bad.wav"
+    path.write_bytes(content)
+    with pytest.raises(InputError, match=match):
+        load_audio(path)
+
+
+def test_missing_file_and_empty_array(tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        load_audio(tmp_path / "nope.wav")
+    with pytest.raises(InputError, match="no samples"):
+        load_audio(np.zeros(0, np.float32))
+    with pytest.raises(InputError, match="NaN"):
+        load_audio(np.full(100, np.nan, np.float32))
+    with pytest.raises(InputError, match="frames"):
+        load_audio(np.zeros((2, 3, 4), np.float32))
