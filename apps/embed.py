@@ -1,0 +1,216 @@
+"""`aie-apps embed`: protein embeddings from a FASTA file (or stdin) with ESM-2.
+
+Results are written in input order: an .npz (`ids`, `headers`, `lengths`, `layers`, `embeddings`) or JSON
+lines. Work is saved batch by batch next to the output (`OUT.parts/`, each part written atomically), so an
+interrupted run continues with `--resume` and only embeds what is missing; the folder goes once OUT is whole.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+
+from sdk.errors import InputError, UsageError
+
+from .cli import DeviceOpt, app, command, err
+
+FORMATS = ("npz", "jsonl")
+
+
+@app.command("embed")
+@command
+def embed(
+    fasta: Annotated[str, typer.Argument(help="FASTA file, or - for stdin")],
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write here (.npz or .jsonl); default: JSON lines on stdout")] = None,
+    fmt: Annotated[Optional[str], typer.Option("--format", help="npz | jsonl (default: from the -o suffix)")] = None,
+    pooling: Annotated[str, typer.Option("--pooling", help="mean (residues only) | cls | per-residue")] = "mean",
+    layers: Annotated[str, typer.Option("--layers", help="comma-separated layers, fair-esm style: 0 = embeddings, -1 = last")] = "-1",
+    toks_per_batch: Annotated[int, typer.Option("--toks-per-batch", help="token budget per batch")] = 4096,
+    max_len: Annotated[int, typer.Option("--max-len", help="longest sequence in residues")] = 1022,
+    on_long: Annotated[str, typer.Option("--on-long", help="longer sequences: truncate | skip | error")] = "truncate",
+    resume: Annotated[bool, typer.Option("--resume", help="continue an interrupted run into the same -o")] = False,
+    model: Annotated[str, typer.Option("--model", help="esm2_t6_8M_UR50D, facebook/esm2_..., or a folder")] = "esm2_t6_8M_UR50D",
+    device: DeviceOpt = None,
+):
+    """Embed protein sequences with ESM-2 (fair-esm compatible pooling and layer numbers)."""
+    from pipelines.protein import ProteinEmbedder, ProteinOptions, check_unique_ids, read_fasta
+
+    fmt = fmt or (output.suffix.lstrip(".") if output is not None else "jsonl")
+    if fmt not in FORMATS:
+        raise UsageError(f"unknown output format {fmt!r}", fix="use --format npz or jsonl (or -o ending in .npz/.jsonl)")
+    if output is None and (fmt == "npz" or resume):
+        raise UsageError("npz output and --resume need a file", fix="pass -o OUT.npz (or OUT.jsonl)")
+    if on_long not in ("truncate", "skip", "error"):
+        raise UsageError(f"unknown --on-long {on_long!r}", fix="use truncate, skip or error")
+    try:
+        layer_list = tuple(int(x) for x in layers.split(",") if x.strip())
+    except ValueError:
+        raise UsageError(f"--layers must be comma-separated integers, got {layers!r}", fix="e.g. --layers -1 or 0,6,-1") from None
+    options = ProteinOptions(pooling=pooling, layers=layer_list, toks_per_batch=toks_per_batch, max_len=max_len)
+
+    records = read_fasta(sys.stdin if fasta == "-" else Path(fasta))
+    check_unique_ids(records)
+    records = _apply_policies(records, max_len, on_long)
+    if not records:
+        raise InputError(f"no sequences to embed in {fasta}", fix="pass a FASTA file with at least one sequence")
+
+    embedder = ProteinEmbedder(model, device=device, options=options)
+    run = {"model": str(embedder.source.path), "pooling": pooling, "layers": list(embedder.layers),
+           "max_len": max_len, "on_long": on_long,
+           "input": hashlib.sha256("\n".join(f"{r.id}\t{r.sequence}" for r in records).encode()).hexdigest()}
+    parts = output.with_name(output.name + ".parts") if output is not None else None
+    done = _prepare_parts(parts, run, resume)
+    todo = [r for r in records if r.id not in done]
+    if resume and done:
+        err(f"resuming: {len(records) - len(todo)} of {len(records)} sequences already embedded")
+
+    progress = _Progress(len(records), len(records) - len(todo))
+    try:
+        with embedder:
+            for indices, vectors in embedder.embed_batches([r.sequence for r in todo]):
+                batch = [todo[i] for i in indices]
+                if parts is not None:
+                    _write_part(parts, batch, vectors, ragged=pooling == "per-residue")
+                else:
+                    done.update((r.id, v) for r, v in zip(batch, vectors))
+                progress.update(len(batch), sum(len(r.sequence) for r in batch))
+            report = embedder.report()
+    except KeyboardInterrupt:
+        progress.close()
+        if parts is not None and parts.exists():
+            err(f"partial results are saved in {parts}; rerun the same command with --resume to finish")
+        raise
+    progress.close()
+
+    results = _read_parts(parts) if parts is not None else done
+    vectors = [results[r.id] for r in records]
+    if output is None:
+        for r, v in zip(records, vectors):
+            print(json.dumps(_json_record(r, v, run["layers"])))
+    else:
+        _write_atomic(output, fmt, records, vectors, run)
+        shutil.rmtree(parts, ignore_errors=True)
+    residues = sum(len(r.sequence) for r in records)
+    where = f"; wrote {output}" if output is not None else ""
+    err(f"embedded {len(records)} sequences ({residues} residues) with {report['model']} on "
+        f"{report['device_effective']} (requested {report['device_requested']}) in {progress.elapsed():.1f} s{where}")
+
+
+def _apply_policies(records, max_len: int, on_long: str):
+    """Empty records are skipped; longer ones truncated, skipped or refused; each case named on stderr."""
+    kept = []
+    for r in records:
+        if not r.sequence:
+            err(f"warning: skipping {r.id} (line {r.line}): no residues")
+        elif len(r.sequence) > max_len:
+            if on_long == "error":
+                raise InputError(f"{r.id} (line {r.line}) has {len(r.sequence)} residues, more than --max-len {max_len}",
+                                 fix="raise --max-len, or use --on-long truncate / skip")
+            if on_long == "skip":
+                err(f"warning: skipping {r.id}: {len(r.sequence)} residues > --max-len {max_len}")
+                continue
+            err(f"warning: truncating {r.id} from {len(r.sequence)} to {max_len} residues")
+            kept.append(type(r)(r.id, r.header, r.sequence[:max_len], r.line))
+        else:
+            kept.append(r)
+    return kept
+
+
+def _prepare_parts(parts: Path | None, run: dict, resume: bool) -> dict:
+    """IDs already embedded by an interrupted run with the same settings and input (only with --resume)."""
+    if parts is None:
+        return {}
+    if parts.exists() and not resume:
+        raise UsageError(f"{parts} holds partial results of an interrupted run",
+                         fix="pass --resume to continue it, or delete that folder to start over")
+    if parts.exists():
+        saved = json.loads((parts / "run.json").read_text()) if (parts / "run.json").exists() else None
+        if saved != run:
+            changed = sorted(k for k in run if (saved or {}).get(k) != run[k])
+            raise UsageError(f"--resume: {parts} was made with different settings or input ({', '.join(changed)})",
+                             fix="rerun with the original options and FASTA, or delete that folder to start over")
+        return _read_parts(parts)
+    parts.mkdir(parents=True)
+    (parts / "run.json").write_text(json.dumps(run))
+    return {}
+
+
+def _write_part(parts: Path, records, vectors, *, ragged: bool):
+    """One batch, written under a temporary name and renamed: a part is either whole or absent."""
+    index = len(list(parts.glob("part-*.npz")))
+    target = parts / f"part-{index:06d}.npz"
+    tmp = parts / f".{target.name}.tmp"
+    data = np.concatenate(vectors) if ragged else np.stack(vectors)
+    rows = np.array([len(v) for v in vectors]) if ragged else np.zeros(0, int)
+    with open(tmp, "wb") as f:
+        np.savez(f, ids=np.array([r.id for r in records]), rows=rows, data=data)
+    os.replace(tmp, target)
+
+
+def _read_parts(parts: Path) -> dict:
+    out = {}
+    for path in sorted(parts.glob("part-*.npz")):
+        with np.load(path) as p:
+            ids, rows, data = p["ids"], p["rows"], p["data"]
+        if len(rows):  # per-residue: the sequences' rows are concatenated
+            out.update(zip(ids.tolist(), np.split(data, np.cumsum(rows)[:-1])))
+        else:
+            out.update(zip(ids.tolist(), data))
+    return out
+
+
+def _write_atomic(output: Path, fmt: str, records, vectors, run: dict):
+    tmp = output.with_name(f".{output.name}.tmp")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb" if fmt == "npz" else "w") as f:
+        if fmt == "npz":
+            meta = dict(ids=np.array([r.id for r in records]), headers=np.array([r.header for r in records]),
+                        lengths=np.array([len(r.sequence) for r in records]), layers=np.array(run["layers"]),
+                        pooling=np.array(run["pooling"]))
+            if run["pooling"] == "per-residue":  # ragged: rows of sequence i are offsets[i]:offsets[i+1]
+                np.savez(f, **meta, embeddings=np.concatenate(vectors),
+                         offsets=np.concatenate([[0], np.cumsum([len(v) for v in vectors])]))
+            else:
+                np.savez(f, **meta, embeddings=np.stack(vectors))
+        else:
+            for r, v in zip(records, vectors):
+                f.write(json.dumps(_json_record(r, v, run["layers"])) + "\n")
+    os.replace(tmp, output)
+
+
+def _json_record(record, vector, layers) -> dict:
+    return {"id": record.id, "header": record.header, "length": len(record.sequence), "layers": layers,
+            "embedding": np.round(vector.astype(np.float64), 7).tolist()}
+
+
+class _Progress:
+    """Sequences done and residues/s on stderr, only when stderr is a terminal."""
+
+    def __init__(self, total: int, done: int):
+        self.total, self.done, self.residues = total, done, 0
+        self.start = time.perf_counter()
+        self.live = sys.stderr.isatty()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def update(self, sequences: int, residues: int):
+        self.done += sequences
+        self.residues += residues
+        if self.live:
+            rate = self.residues / max(self.elapsed(), 1e-9)
+            sys.stderr.write(f"\rembedding: {self.done}/{self.total} sequences, {rate:,.0f} residues/s")
+            sys.stderr.flush()
+
+    def close(self):
+        if self.live:
+            sys.stderr.write("\n")
+            sys.stderr.flush()

@@ -1,0 +1,349 @@
+"""Protein embeddings with ESM-2: FASTA in, one vector (or one per residue) per sequence out.
+
+    from sdk import ProteinEmbedder
+    with ProteinEmbedder("esm2_t6_8M_UR50D") as embedder:
+        vectors = embedder.embed(["MKTAYIAKQR", "GSHMLEDPVDAFQA"])   # [2, hidden]
+
+Static shapes: sequences are sorted by length, padded to a length bucket and packed into batches of at most
+`toks_per_batch` tokens (fair-esm's batching, on fixed shapes). Padding is masked inside attention and
+excluded from pooling, so a sequence's embedding never depends on what it was batched with.
+Pooling and layers follow fair-esm's `extract.py`: `mean` averages the residues only (not <cls>, <eos> or
+padding), `cls` is the <cls> position, `per-residue` keeps one row per residue; layer 0 is the embedding
+output, negative layers count from the last.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, TextIO
+
+import numpy as np
+
+from sdk import hub
+from sdk.errors import InputError, ModelNotFound, UsageError, WeightError
+from sdk.models import esm
+from sdk.runtime import choose_device
+from sdk.session import Session
+from sdk.weights import read_config
+
+DEFAULT_MODEL = "esm2_t6_8M_UR50D"
+POOLINGS = ("mean", "cls", "per-residue")
+ON_LONG = ("truncate", "error")
+
+# The fixed ESM-2 alphabet, in id order (fair-esm's Alphabet "ESM-1b" / the vocab.txt of facebook/esm2_*).
+ALPHABET = ("<cls>", "<pad>", "<eos>", "<unk>", *"LAGVSERTIDPKQNFYMHWCXBUZO.-", "<null_1>", "<mask>")
+
+
+class EsmTokenizer:
+    """Sequences -> ids: <cls> residues <eos>. Lower case is accepted, letters outside the alphabet (J) become
+    <unk>, special tokens may be written inline (`<mask>`); anything else is an InputError with its position."""
+
+    def __init__(self):
+        self.ids = {tok: i for i, tok in enumerate(ALPHABET)}
+        self.cls, self.pad, self.eos = self.ids["<cls>"], self.ids["<pad>"], self.ids["<eos>"]
+        self.unk, self.mask = self.ids["<unk>"], self.ids["<mask>"]
+        lut = np.full(256, -1, np.int32)
+        for c in range(ord("A"), ord("Z") + 1):
+            lut[c] = lut[c + 32] = self.ids.get(chr(c), self.unk)
+        lut[ord(".")], lut[ord("-")] = self.ids["."], self.ids["-"]
+        self._lut = lut
+
+    @classmethod
+    def for_model(cls, folder: Path) -> "EsmTokenizer":
+        """The tokenizer, after checking that the model's vocab.txt (when it ships one) is the ESM-2 alphabet."""
+        vocab = Path(folder) / "vocab.txt"
+        if vocab.exists() and tuple(vocab.read_text().split()) != ALPHABET:
+            raise WeightError(f"{vocab} is not the 33-token ESM-2 alphabet",
+                              fix="use an ESM-2 checkpoint (facebook/esm2_*) with its own vocab.txt")
+        return cls()
+
+    def encode(self, sequence: str) -> np.ndarray:
+        parts = re.split(r"(<[a-z_0-9]+>)", sequence) if "<" in sequence else [sequence]
+        out, offset = [np.array([self.cls], np.int32)], 0
+        for part in parts:
+            if part.startswith("<") and part in self.ids:
+                out.append(np.array([self.ids[part]], np.int32))
+            elif part:
+                raw = np.frombuffer(part.encode("utf-8", "replace"), np.uint8)
+                ids = self._lut[raw]
+                if (ids < 0).any() or len(raw) != len(part):
+                    pos = next(i for i, ch in enumerate(part) if ord(ch) > 127 or self._lut[ord(ch)] < 0)
+                    raise InputError(f"invalid character {part[pos]!r} at residue {offset + pos + 1} of the sequence",
+                                     fix="sequences are amino-acid letters (any case), '-', '.' or tokens such as "
+                                         "<mask>; remove other characters")
+                out.append(ids)
+            offset += len(part)
+        out.append(np.array([self.eos], np.int32))
+        return np.concatenate(out)
+
+
+# ---- FASTA ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Record:
+    id: str        # first word of the header, safe as a file name
+    header: str    # the whole header line without '>'
+    sequence: str  # upper case, no whitespace, no terminal '*'
+    line: int      # line number of the header (1-based), for messages
+
+
+_FASTA_RESIDUE = re.compile(r"[A-Za-z.\-]*")
+
+
+def sanitize_id(word: str) -> str:
+    """Header word -> ID usable as a file name: only letters, digits, '.', '_' and '-', no leading dot."""
+    return re.sub(r"^\.", "_", re.sub(r"[^A-Za-z0-9._-]", "_", word))
+
+
+def read_fasta(source: str | Path | TextIO) -> list[Record]:
+    """Records of a FASTA file (a path, '-' is not special here, or an open text stream).
+
+    Tolerates blank lines, CRLF, lower case, spaces inside sequence lines, ';' comment lines and a '*'
+    terminator; records without residues are returned with an empty sequence. Anything else (digits,
+    punctuation, an internal '*', residues before the first header) is an InputError naming the record, its
+    line and the residue position."""
+    if isinstance(source, (str, Path)):
+        try:
+            with open(source, encoding="utf-8", newline=None) as f:
+                return read_fasta(f)
+        except OSError as e:
+            raise InputError(f"cannot read {source}: {e.strerror}", fix="check the FASTA path") from None
+    records: list[Record] = []
+    header, start, chunks, terminated = None, 0, [], False
+
+    def finish():
+        if header is not None:
+            word = header.split()[0] if header.split() else ""
+            records.append(Record(sanitize_id(word) or f"record_line{start}", header, "".join(chunks).upper(),
+                                  start))
+
+    try:
+        for number, line in enumerate(source, 1):
+            line = line.rstrip("\r\n").lstrip("\ufeff") if number == 1 else line.rstrip("\r\n")
+            if line.startswith(">"):
+                finish()
+                header, start, chunks, terminated = line[1:].strip(), number, [], False
+                continue
+            text = "".join(line.split())
+            if not text or line.startswith(";"):
+                continue
+            where = f"record {header.split()[0] if header and header.split() else '?'!r} (header on line {start})"
+            if header is None:
+                raise InputError(f"line {number}: sequence data before the first '>' header",
+                                 fix="a FASTA file starts with a '>' header line")
+            if terminated:
+                raise InputError(f"{where}: residues after the '*' terminator on line {number}",
+                                 fix="'*' may only end a sequence; remove it or split the record")
+            if text.endswith("*"):
+                text, terminated = text[:-1], True
+            bad = _FASTA_RESIDUE.match(text).end()
+            if bad < len(text):
+                position = sum(len(c) for c in chunks) + bad + 1
+                raise InputError(f"{where}: invalid character {text[bad]!r} at residue {position} (line {number})",
+                                 fix="sequences may contain amino-acid letters, '-', '.' and a final '*' only")
+            chunks.append(text)
+    except UnicodeDecodeError as e:
+        raise InputError(f"the FASTA input is not UTF-8 text: {e.reason}", fix="pass a plain-text FASTA file") from None
+    finish()
+    return records
+
+
+def check_unique_ids(records: Iterable[Record]) -> None:
+    """Duplicate IDs would overwrite each other's results: refuse them up front, all listed at once."""
+    seen: dict[str, list[int]] = {}
+    for r in records:
+        seen.setdefault(r.id, []).append(r.line)
+    dups = {k: v for k, v in seen.items() if len(v) > 1}
+    if dups:
+        shown = "; ".join(f"{k} (lines {', '.join(map(str, v))})" for k, v in list(dups.items())[:10])
+        raise InputError(f"{len(dups)} duplicate sequence ID(s): {shown}",
+                         fix="make the first word of every header unique (IDs are sanitised: '/' and other "
+                             "characters become '_')")
+
+
+# ---- static shapes -------------------------------------------------------------------------------
+
+def length_buckets(max_tokens: int) -> tuple[int, ...]:
+    """Token lengths compiled for: steps of about 1.5x from 32, then the longest allowed input itself."""
+    steps = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+    return tuple(b for b in steps if b < max_tokens) + (max_tokens,)
+
+
+@dataclass(frozen=True)
+class Batch:
+    indices: tuple[int, ...]  # positions of the sequences in the caller's list
+    batch: int                # static batch size (>= len(indices); the rest are filler rows)
+    length: int               # static token length (a bucket)
+
+
+def plan_batches(token_lengths: list[int], buckets: tuple[int, ...], toks_per_batch: int) -> list[Batch]:
+    """Sort by length, bucket, and pack at most toks_per_batch tokens per batch. Full batches have
+    toks_per_batch // bucket rows; a bucket's last, partial batch rounds up to a power of two."""
+    order = sorted(range(len(token_lengths)), key=lambda i: token_lengths[i])
+    by_bucket: dict[int, list[int]] = {}
+    for i in order:
+        by_bucket.setdefault(next(b for b in buckets if b >= token_lengths[i]), []).append(i)
+    batches = []
+    for length, members in by_bucket.items():
+        cap = max(1, toks_per_batch // length)
+        for start in range(0, len(members), cap):
+            chunk = tuple(members[start:start + cap])
+            size = cap if len(chunk) == cap else min(cap, 1 << (len(chunk) - 1).bit_length())
+            batches.append(Batch(chunk, size, length))
+    return batches
+
+
+# ---- the embedder --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProteinOptions:
+    pooling: str = "mean"            # mean | cls | per-residue
+    layers: tuple[int, ...] = (-1,)  # fair-esm repr_layers: 0 = embeddings, -1 = last
+    toks_per_batch: int = 4096       # token budget per batch, padding included (at least one sequence each)
+    max_len: int = 1022              # residues; ESM-2 was trained on 1022 + <cls> + <eos>
+    on_long: str = "truncate"        # truncate (with a warning) | error
+
+    def __post_init__(self):
+        if self.pooling not in POOLINGS:
+            raise UsageError(f"unknown pooling {self.pooling!r}", fix=f"use one of {', '.join(POOLINGS)}")
+        if self.on_long not in ON_LONG:
+            raise UsageError(f"unknown on_long {self.on_long!r}", fix=f"use one of {', '.join(ON_LONG)}")
+        if not self.layers:
+            raise UsageError("no layers selected", fix="pass at least one layer, e.g. -1")
+        if self.max_len < 1 or self.toks_per_batch < 1:
+            raise UsageError(f"max_len ({self.max_len}) and toks_per_batch ({self.toks_per_batch}) must be positive",
+                             fix="pass positive values (a sequence longer than the budget gets a batch of its own)")
+
+
+def resolve_model(name: str) -> hub.ModelSource:
+    """fair-esm names (esm2_t6_8M_UR50D) and Hugging Face ids (facebook/esm2_t6_8M_UR50D) both resolve."""
+    repo = f"facebook/{name}" if re.fullmatch(r"esm\w+_UR\d+\w*", name) else name
+    try:
+        return hub.resolve(repo)
+    except ModelNotFound as e:
+        if not repo.startswith("facebook/esm"):
+            raise
+        raise ModelNotFound(
+            e.message, fix=f"no ESM-2 weights ship with any offline package: fetch them once while online "
+                           f"(`huggingface-cli download {repo} config.json model.safetensors vocab.txt`) and pass the "
+                           f"folder as --model PATH, or run online so the Hugging Face cache is filled") from None
+
+
+class ProteinEmbedder:
+    def __init__(self, model: str = DEFAULT_MODEL, *, device: str | None = None,
+                 options: ProteinOptions = ProteinOptions()):
+        self.source = resolve_model(model)
+        model_type = read_config(self.source.path).get("model_type")
+        if model_type != "esm":
+            raise UsageError(f"{self.source.path} holds a {model_type!r} model, not ESM-2",
+                             fix="pass an ESM-2 model (e.g. esm2_t6_8M_UR50D or a folder with its files)")
+        self.options = options
+        self.cfg, self._weights = esm.load(self.source.path)
+        self.tokenizer = EsmTokenizer.for_model(self.source.path)
+        self.layers = esm.resolve_layers(options.layers, self.cfg.num_hidden_layers)
+        self.buckets = length_buckets(options.max_len + 2)
+        self._device = device
+        self.choice = choose_device(device)  # strict devices fail here, before any work
+        self.session: Session | None = None
+        self._shapes: set[tuple[int, int]] = set()
+
+    @property
+    def dim(self) -> int:
+        return self.cfg.hidden_size
+
+    def report(self) -> dict:
+        devices = self.session.report() if self.session else {"device_requested": self.choice.requested,
+                                                              "device_effective": self.choice.effective}
+        return {"model": self.source.name, "model_path": str(self.source.path), "pooling": self.options.pooling,
+                "layers": list(self.layers), **devices}
+
+    def embed(self, sequences: list[str] | str):
+        """mean/cls pooling: float32 [n, hidden] ([n, n_layers, hidden] for several layers); a single string
+        gives one row. per-residue: a list of [residues, hidden] (or [residues, n_layers, hidden]) arrays."""
+        if isinstance(sequences, str):
+            return self.embed([sequences])[0]
+        results: list = [None] * len(sequences)
+        for indices, vectors in self.embed_batches(sequences):
+            for i, v in zip(indices, vectors):
+                results[i] = v
+        if self.options.pooling == "per-residue":
+            return results
+        shape = (self.dim,) if len(self.layers) == 1 else (len(self.layers), self.dim)
+        return np.stack(results) if results else np.zeros((0, *shape), np.float32)
+
+    def embed_batches(self, sequences: list[str]) -> Iterator[tuple[tuple[int, ...], list[np.ndarray]]]:
+        """Yields (indices into `sequences`, their embeddings) batch by batch, shortest sequences first."""
+        if not all(isinstance(s, str) for s in sequences):
+            raise UsageError("embed() takes a list of protein sequences (strings)")
+        tokens = []
+        for i, s in enumerate(sequences):
+            try:
+                ids = self.tokenizer.encode(s)
+            except InputError as e:
+                raise InputError(f"sequence {i}: {e.message}", fix=e.fix) from None
+            if len(ids) == 2:
+                raise InputError(f"sequence {i} is empty", fix="drop empty sequences before embedding")
+            tokens.append(ids)
+        long = [i for i, t in enumerate(tokens) if len(t) - 2 > self.options.max_len]
+        if long and self.options.on_long == "error":
+            raise InputError(f"{len(long)} sequence(s) longer than max_len {self.options.max_len} (first: sequence "
+                             f"{long[0]}, {len(tokens[long[0]]) - 2} residues)",
+                             fix="raise max_len, or truncate (on_long='truncate'), or drop them")
+        if long:
+            warnings.warn(f"{len(long)} sequence(s) longer than {self.options.max_len} residues were truncated",
+                          stacklevel=2)
+            for i in long:
+                tokens[i] = np.concatenate([tokens[i][:self.options.max_len + 1], tokens[i][-1:]])
+        plan = plan_batches([len(t) for t in tokens], self.buckets, self.options.toks_per_batch)
+        if not plan:
+            return
+        self._ensure_session({(b.batch, b.length) for b in plan})
+        for b in plan:
+            yield b.indices, self._run(b, [tokens[i] for i in b.indices])
+
+    def _ensure_session(self, shapes: set[tuple[int, int]]):
+        """One session holds every static shape seen so far; new shapes rebuild it (weights stay as loaded)."""
+        if self.session is not None and shapes <= self._shapes:
+            return
+        self._shapes |= shapes
+        if self.session is not None:
+            self.session.close()
+        graphs = [esm.graph(self.cfg, batch, length, self.layers) for batch, length in sorted(self._shapes)]
+        self.session = Session(graphs, self._weights, device=self._device)
+
+    def _run(self, batch: Batch, tokens: list[np.ndarray]) -> list[np.ndarray]:
+        ids = np.full((batch.batch, batch.length), self.tokenizer.pad, np.int32)
+        mask = np.zeros((batch.batch, batch.length), np.float32)
+        ids[:, :2] = self.tokenizer.cls, self.tokenizer.eos  # filler rows: an empty protein, never returned
+        mask[:, :2] = 1.0
+        for row, t in enumerate(tokens):
+            ids[row, :len(t)] = t
+            mask[row, :len(t)] = 1.0
+        out = self.session.run(f"esm_b{batch.batch}_t{batch.length}", ids=ids, mask=mask)
+        hidden = np.stack([out[f"layer_{k}"] for k in self.layers], axis=2)  # [B, T, n_layers, H]
+        if len(self.layers) == 1:
+            hidden = hidden[:, :, 0]
+        if not np.all(np.isfinite(hidden[:len(tokens)])):
+            raise InputError("the model produced non-finite values", fix="check the checkpoint; report the input")
+        results = []
+        for row, t in enumerate(tokens):
+            residues = hidden[row, 1:len(t) - 1]
+            if self.options.pooling == "mean":
+                results.append(residues.mean(axis=0))
+            elif self.options.pooling == "cls":
+                results.append(hidden[row, 0].copy())
+            else:
+                results.append(residues.copy())
+        return results
+
+    def close(self):
+        if self.session is not None:
+            self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

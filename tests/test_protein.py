@@ -1,0 +1,301 @@
+"""Protein pipeline and `aie-apps embed`: ESM tokenizer vs transformers' EsmTokenizer, FASTA edge cases,
+bucketing and token-budget batching, pooling against the transformers goldens, padding invariance, and the
+CLI end to end on EMBOSS globins.fasta with a tiny random-init ESM-2 (including an interrupted run resumed)."""
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from apps.main import app
+from pipelines.protein import (EsmTokenizer, ProteinEmbedder, ProteinOptions, check_unique_ids, length_buckets,
+                               plan_batches, read_fasta)
+from sdk.errors import InputError, ModelNotFound, UsageError
+from sdk.models import esm
+from sdk.session import Session
+
+from .conftest import FIXTURES
+
+MODEL = FIXTURES / "esm"
+GLOBINS = Path("/usr/share/EMBOSS/test/data/globins.fasta")
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def golden():
+    return np.load(MODEL / "golden.npz")
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    with ProteinEmbedder(str(MODEL), device="cpu") as e:
+        yield e
+
+
+# ---- tokenizer -----------------------------------------------------------------------------------
+
+def test_tokenizer_matches_transformers_esm_tokenizer(golden):
+    tok = EsmTokenizer.for_model(MODEL)  # also checks the fixture's vocab.txt is our alphabet
+    for text, ref in zip(golden["tokenizer_cases"], golden["tokenizer_ids"]):
+        assert tok.encode(str(text)).tolist() == ref[ref >= 0].tolist(), text
+    assert tok.encode("mqifvktltg").tolist() == tok.encode("MQIFVKTLTG").tolist()  # lower case accepted
+    assert tok.encode("MJK").tolist() == [0, 20, 3, 15, 2]  # J is not a residue the alphabet knows: <unk>
+
+
+@pytest.mark.parametrize("bad,position", [("MK1L", 3), ("MK L", 3), ("MKÄL", 3), ("MK*", 3), ("<foo>A", 1)])
+def test_tokenizer_rejects_non_residues_with_position(bad, position):
+    with pytest.raises(InputError, match=f"at residue {position} "):
+        EsmTokenizer().encode(bad)
+
+
+# ---- FASTA ---------------------------------------------------------------------------------------
+
+def test_fasta_tolerates_blank_lines_crlf_lower_case_comments_and_terminators(tmp_path):
+    path = tmp_path / "messy.fasta"
+    path.write_bytes(b"\xef\xbb\xbf>sp|P1|ONE first protein\r\n\r\nmkta yiak\r\nQRQ*\r\n"
+                     b";a comment line\n>two\n\nAC\nDE*\n\n>three\n>four\n  gs-hm.\n")
+    records = read_fasta(path)
+    assert [(r.id, r.sequence, r.line) for r in records] == [
+        ("sp_P1_ONE", "MKTAYIAKQRQ", 1), ("two", "ACDE", 6), ("three", "", 11), ("four", "GS-HM.", 12)]
+    assert records[0].header == "sp|P1|ONE first protein"
+
+
+@pytest.mark.parametrize("text,message", [
+    (">a\nMKT\n>b desc\nMK\nAX9L\n", r"record 'b' \(header on line 3\): invalid character '9' at residue 5 \(line 5\)"),
+    (">a\nMK*T\n", r"record 'a'.*invalid character '\*' at residue 3"),
+    (">a\nMK*\nTL\n", r"residues after the '\*' terminator on line 3"),
+    ("MKT\n>a\nMK\n", r"line 1: sequence data before the first '>' header"),
+    (">a\nMK_T\n", r"invalid character '_' at residue 3"),
+])
+def test_fasta_errors_name_record_and_position(text, message):
+    with pytest.raises(InputError, match=message):
+        read_fasta(io.StringIO(text))
+
+
+def test_fasta_very_long_record_and_binary_input(tmp_path):
+    line = "ACDEFGHIKLMNPQRSTVWY" * 3 + "\n"
+    path = tmp_path / "long.fasta"
+    path.write_text(">titin-like\n" + line * 20000)  # 1.2 M residues on 20k lines
+    (record,) = read_fasta(path)
+    assert len(record.sequence) == 1_200_000 and record.sequence.endswith("VWY")
+    path.write_bytes(b">x\n\xff\xfeMKT\n")
+    with pytest.raises(InputError, match="not UTF-8"):
+        read_fasta(path)
+    with pytest.raises(InputError, match="cannot read"):
+        read_fasta(tmp_path / "missing.fasta")
+
+
+def test_ids_are_sanitised_and_duplicates_refused_up_front():
+    records = read_fasta(io.StringIO(">../etc/passwd x\nMK\n>a/b\nMK\n>a_b\nMK\n>c\nM\n>c\nK\n>\nMK\n"))
+    assert [r.id for r in records] == ["_._etc_passwd", "a_b", "a_b", "c", "c", "record_line11"]
+    with pytest.raises(InputError, match=r"2 duplicate sequence ID\(s\): a_b \(lines 3, 5\); c \(lines 7, 9\)"):
+        check_unique_ids(records)
+
+
+# ---- static shapes and batching ------------------------------------------------------------------
+
+def test_buckets_and_token_budget_batches():
+    assert length_buckets(1024) == (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+    assert length_buckets(102) == (32, 64, 96, 102)
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(3, 1025, 300).tolist()
+    buckets = length_buckets(1024)
+    plan = plan_batches(lengths, buckets, 4096)
+    seen = sorted(i for b in plan for i in b.indices)
+    assert seen == list(range(300))  # every sequence exactly once
+    for b in plan:
+        assert b.length in buckets and all(lengths[i] <= b.length for i in b.indices)
+        assert len(b.indices) <= b.batch and (b.batch * b.length <= 4096 or b.batch == 1)
+        full = 4096 // b.length
+        assert b.batch == full or (b.batch & (b.batch - 1)) == 0  # partial batches round up to a power of two
+    # a sequence over the whole budget still gets a batch of its own
+    assert plan_batches([1024], buckets, 100)[0].batch == 1
+
+
+# ---- embeddings ----------------------------------------------------------------------------------
+
+def test_mean_cls_and_per_residue_match_transformers_goldens(golden, embedder, record_parity):
+    sequences = [str(s) for s in golden["sequences"]]
+    last = golden["hidden"][-1]
+    n = golden["mask"].sum(1).astype(int) - 2  # residues per sequence
+    mean = embedder.embed(sequences)
+    ref_mean = np.stack([last[b, 1:n[b] + 1].mean(0) for b in range(len(sequences))])
+    assert record_parity("esm.pool.mean", mean, ref_mean)[0] <= 1e-4
+    with ProteinEmbedder(str(MODEL), device="cpu", options=ProteinOptions(pooling="cls", layers=(0, -1))) as e:
+        cls = e.embed(sequences)
+    assert cls.shape == (4, 2, esm.TINY.hidden_size)
+    ref_cls = np.stack([golden["hidden"][[0, -1], b, 0] for b in range(4)])
+    assert record_parity("esm.pool.cls", cls, ref_cls)[0] <= 1e-4
+    with ProteinEmbedder(str(MODEL), device="cpu", options=ProteinOptions(pooling="per-residue", layers=(-2,))) as e:
+        per = e.embed(sequences)
+    assert [p.shape[0] for p in per] == n.tolist()
+    assert record_parity("esm.pool.per-residue", np.concatenate(per),
+                         np.concatenate([golden["hidden"][-2][b, 1:n[b] + 1] for b in range(4)]))[0] <= 1e-4
+
+
+def test_padding_never_changes_an_embedding(embedder):
+    rng = np.random.default_rng(3)
+    letters = np.array(list("ACDEFGHIKLMNPQRSTVWY"))
+    short = "".join(rng.choice(letters, 12))
+    others = ["".join(rng.choice(letters, n)) for n in (25, 170, 28, 9)]
+    alone = embedder.embed(short)  # bucket 32, batch 1
+    together = embedder.embed([others[0], short, *others[1:]])  # bucket 32, batch of 4 with others
+    np.testing.assert_allclose(together[1], alone, atol=1e-5, rtol=0)
+    # heavy padding: the same protein at a 192-token static shape, next to a long one
+    ids = np.full((2, 192), 1, np.int32)
+    mask = np.zeros((2, 192), np.float32)
+    for row, seq in enumerate((short, others[2])):
+        t = embedder.tokenizer.encode(seq)
+        ids[row, :len(t)], mask[row, :len(t)] = t, 1
+    with Session([esm.graph(embedder.cfg, 2, 192)], embedder._weights, device="cpu") as s:
+        hidden = s.run(ids=ids, mask=mask)[f"layer_{embedder.cfg.num_hidden_layers}"]
+    np.testing.assert_allclose(hidden[0, 1:13].mean(0), alone, atol=1e-5, rtol=0)
+
+
+def test_long_and_empty_sequences(embedder):
+    opts = ProteinOptions(max_len=20)
+    with ProteinEmbedder(str(MODEL), device="cpu", options=opts) as e:
+        with pytest.warns(UserWarning, match="1 sequence.*truncated"):
+            v = e.embed(["M" * 50, "MKT"])
+        np.testing.assert_allclose(v[0], e.embed("M" * 20), atol=1e-5)
+    with ProteinEmbedder(str(MODEL), device="cpu", options=ProteinOptions(max_len=20, on_long="error")) as e:
+        with pytest.raises(InputError, match="longer than max_len 20"):
+            e.embed(["M" * 21])
+    with pytest.raises(InputError, match="sequence 1 is empty"):
+        embedder.embed(["MK", ""])
+    with pytest.raises(InputError, match="sequence 0: invalid character '1'"):
+        embedder.embed(["M1"])
+    with pytest.raises(UsageError, match="layer 9 does not exist"):
+        ProteinEmbedder(str(MODEL), device="cpu", options=ProteinOptions(layers=(9,)))
+    with pytest.raises(UsageError, match="unknown pooling"):
+        ProteinOptions(pooling="max")
+
+
+@pytest.mark.parametrize("name", ["esm2_t6_8M_UR50D", "facebook/esm2_t6_8M_UR50D"])
+def test_missing_real_weights_are_a_typed_error_with_the_fix(name):
+    with pytest.raises(ModelNotFound) as info:
+        ProteinEmbedder(name, device="cpu")
+    assert "facebook/esm2_t6_8M_UR50D" in str(info.value) and "huggingface-cli download" in info.value.fix
+    assert info.value.exit_code == 4
+
+
+# ---- the CLI -------------------------------------------------------------------------------------
+
+def _embed(*args, input=None):
+    return runner.invoke(app, ["embed", *map(str, args), "--model", str(MODEL), "--device", "cpu"], input=input)
+
+
+needs_globins = pytest.mark.skipif(not GLOBINS.exists(), reason="needs Debian emboss-test (globins.fasta)")
+
+
+@needs_globins
+def test_cli_globins_to_npz_in_input_order(tmp_path, embedder):
+    out = tmp_path / "globins.npz"
+    r = _embed(GLOBINS, "-o", out, "--toks-per-batch", "512")
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout == "" and "embedded 7 sequences (1029 residues)" in r.stderr and "on cpu" in r.stderr
+    assert "embedding:" not in r.stderr  # no progress line when stderr is not a terminal
+    records = read_fasta(GLOBINS)
+    with np.load(out) as d:  # plain arrays: loads without pickle
+        assert d["ids"].tolist() == [r.id for r in records] == ["HBB_HUMAN", "HBB_HORSE", "HBA_HUMAN", "HBA_HORSE",
+                                                                "MYG_PHYCA", "GLB5_PETMA", "LGB2_LUPLU"]
+        assert d["embeddings"].shape == (7, esm.TINY.hidden_size) and d["layers"].tolist() == [3]
+        assert d["lengths"].tolist() == [len(r.sequence) for r in records]
+        np.testing.assert_allclose(d["embeddings"], embedder.embed([r.sequence for r in records]), atol=1e-6)
+    assert not (tmp_path / "globins.npz.parts").exists()
+
+
+@needs_globins
+def test_cli_resumes_after_an_interruption(tmp_path, monkeypatch):
+    out = tmp_path / "g.npz"
+    complete = tmp_path / "complete.npz"
+    assert _embed(GLOBINS, "-o", complete, "--toks-per-batch", "300").exit_code == 0
+    real = ProteinEmbedder.embed_batches
+    embedded = []
+
+    def interrupted_after_two_batches(self, sequences):
+        for n, batch in enumerate(real(self, sequences)):
+            if n == 2:
+                raise KeyboardInterrupt
+            yield batch
+
+    monkeypatch.setattr(ProteinEmbedder, "embed_batches", interrupted_after_two_batches)
+    r = _embed(GLOBINS, "-o", out, "--toks-per-batch", "300")
+    assert r.exit_code == 130 and "--resume" in r.stderr and not out.exists()
+    assert len(list((tmp_path / "g.npz.parts").glob("part-*.npz"))) == 2
+
+    r = _embed(GLOBINS, "-o", out, "--toks-per-batch", "300")  # forgetting --resume does not clobber the parts
+    assert r.exit_code == 2 and "--resume" in r.stderr
+    r = _embed(GLOBINS, "-o", out, "--toks-per-batch", "300", "--pooling", "cls", "--resume")
+    assert r.exit_code == 2 and "different settings" in r.stderr and "pooling" in r.stderr
+
+    def counting(self, sequences):
+        embedded.extend(sequences)
+        yield from real(self, sequences)
+
+    monkeypatch.setattr(ProteinEmbedder, "embed_batches", counting)
+    r = _embed(GLOBINS, "-o", out, "--toks-per-batch", "300", "--resume")
+    assert r.exit_code == 0, r.stderr
+    assert "resuming: 2 of 7 sequences already embedded" in r.stderr and len(embedded) == 5
+    with np.load(out) as a, np.load(complete) as b:
+        assert a["ids"].tolist() == b["ids"].tolist()
+        np.testing.assert_allclose(a["embeddings"], b["embeddings"], atol=1e-6)
+    assert not (tmp_path / "g.npz.parts").exists()
+
+
+def test_cli_stdin_jsonl_per_residue_and_policies(tmp_path):
+    fasta = ">ok first\nMKTAYIAKQR\n>empty\n\n>long\n" + "ACDEFGHIKL" * 5 + "\n>tail\nmkt*\n"
+    r = _embed("-", "--pooling", "per-residue", "--layers", "0,-1", "--max-len", "30", input=fasta)
+    assert r.exit_code == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["id"] for x in lines] == ["ok", "long", "tail"] and [x["length"] for x in lines] == [10, 30, 3]
+    assert np.array(lines[0]["embedding"]).shape == (10, 2, esm.TINY.hidden_size) and lines[0]["layers"] == [0, 3]
+    assert "skipping empty" in r.stderr and "truncating long from 50 to 30" in r.stderr
+    r = _embed("-", "--max-len", "30", "--on-long", "skip", "-o", tmp_path / "x.jsonl", input=fasta)
+    assert r.exit_code == 0 and "skipping long" in r.stderr
+    assert [json.loads(x)["id"] for x in (tmp_path / "x.jsonl").read_text().splitlines()] == ["ok", "tail"]
+    r = _embed("-", "--max-len", "30", "--on-long", "error", input=fasta)
+    assert r.exit_code == 1 and "long (line 5) has 50 residues" in r.stderr
+
+
+def test_cli_per_residue_npz_is_ragged_with_offsets(tmp_path):
+    out = tmp_path / "r.npz"
+    r = _embed("-", "-o", out, "--pooling", "per-residue", input=">a\nMKTAYI\n>b\nGS\n>c\nMKTAYIAKQRQISFVKSH\n")
+    assert r.exit_code == 0, r.stderr
+    with np.load(out) as d:
+        assert d["offsets"].tolist() == [0, 6, 8, 26] and d["embeddings"].shape == (26, esm.TINY.hidden_size)
+
+
+def test_cli_errors_are_typed(tmp_path):
+    r = runner.invoke(app, ["embed", "-", "--model", "esm2_t6_8M_UR50D", "--device", "cpu"], input=">a\nMK\n")
+    assert r.exit_code == 4 and "huggingface-cli download facebook/esm2_t6_8M_UR50D" in r.stderr and r.stdout == ""
+    r = _embed("-", input=">a\nMK\n>b\nGS\n>a\nMK\n")
+    assert r.exit_code == 1 and "duplicate sequence ID" in r.stderr
+    r = _embed("-", input=">a\nMK7\n")
+    assert r.exit_code == 1 and "record 'a'" in r.stderr and "residue 3" in r.stderr
+    r = _embed("-", "--format", "npz", input=">a\nMK\n")
+    assert r.exit_code == 2
+    r = _embed("-", "--layers", "last", input=">a\nMK\n")
+    assert r.exit_code == 2 and "--layers" in r.stderr
+    r = runner.invoke(app, ["embed", "-", "--model", str(MODEL), "--device", "npu"], input=">a\nMK\n")
+    assert r.exit_code == 3 and "NPU" in r.stderr
+
+
+def test_progress_only_on_a_terminal(monkeypatch):
+    from apps.embed import _Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    p = _Progress(10, 2)
+    p.update(3, 450)
+    p.close()
+    assert "embedding: 5/10 sequences" in term.getvalue() and "residues/s" in term.getvalue()
