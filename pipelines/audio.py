@@ -153,3 +153,33 @@ def whisper_log_mel(samples: np.ndarray, n_mels: int = 80, *, n_samples: int = W
     mel = np.log10(np.maximum(_whisper_banks[n_mels] @ power.T, 1e-10))
     mel = np.maximum(mel, mel.max() - 8.0)
     return ((mel + 4.0) / 4.0).astype(np.float32)
+
+
+# ---- conformer front ends: Parakeet (NeMo) and GigaAM ----------------------------------------------
+
+def nemo_log_mel(samples: np.ndarray, *, n_mels: int = 80, n_fft: int = 512, win_length: int = 400, hop: int = 160,
+                 preemphasis: float = 0.97, normalize: str | None = "per_feature") -> np.ndarray:
+    """NeMo / Parakeet log-mel [len // hop, n_mels]: pre-emphasis, symmetric Hann window zero-padded to n_fft,
+    centred STFT with zero padding, Slaney mel, log(x + 2^-24), then per-feature normalisation over the frames
+    (mean, unbiased std + 1e-5). The same numbers as transformers' ParakeetFeatureExtractor (<= 1e-4)."""
+    x = np.asarray(samples, dtype=np.float64)
+    if preemphasis:
+        x = np.concatenate([x[:1], x[1:] - preemphasis * x[:-1]])
+    power = power_spectrum(x, n_fft=n_fft, hop=hop, window=hann_window(win_length, periodic=False),
+                           pad_mode="constant")[:len(x) // hop]
+    mel = np.log(power @ mel_filters(sample_rate=SAMPLE_RATE, n_fft=n_fft, n_mels=n_mels).T + 2.0 ** -24)
+    if normalize == "per_feature":
+        mean = mel.mean(axis=0)
+        std = np.sqrt(((mel - mean) ** 2).sum(axis=0) / max(len(mel) - 1, 1))
+        mel = (mel - mean) / (std + 1e-5)
+    elif normalize is not None:
+        raise ValueError(f"unknown normalisation {normalize!r}")
+    return mel.astype(np.float32)
+
+
+def gigaam_log_mel(samples: np.ndarray, *, n_mels: int = 64) -> np.ndarray:
+    """GigaAM log-mel [len // 160 + 1, n_mels]: torchaudio MelSpectrogram settings (n_fft = win = 400, hop 160,
+    periodic Hann, centred reflect padding, power 2, HTK mel without norm), then log(clamp(x, 1e-9, 1e9))."""
+    power = power_spectrum(samples, n_fft=400, hop=160, window=hann_window(400))
+    banks = mel_filters(sample_rate=SAMPLE_RATE, n_fft=400, n_mels=n_mels, scale="htk", norm=None)
+    return np.log(np.clip(power @ banks.T, 1e-9, 1e9)).astype(np.float32)
