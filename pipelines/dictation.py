@@ -43,6 +43,8 @@ import numpy as np
 
 from sdk.errors import DeviceIOError, InputError, SdkError, UsageError
 
+from .audio import read_audio, to_mono
+
 SAMPLE_RATE = 16000
 FRAME = 480                   # 30 ms VAD frames
 FRAME_SECONDS = FRAME / SAMPLE_RATE
@@ -617,15 +619,9 @@ class FileSource:
 
     def _load(self) -> tuple[np.ndarray, int]:
         if isinstance(self.audio, np.ndarray):
-            audio = self.audio.astype(np.float32)
-            return (audio.mean(axis=1) if audio.ndim == 2 else audio), int(self.sample_rate)
-        import soundfile
-        try:
-            audio, rate = soundfile.read(str(self.audio), dtype="float32", always_2d=True)
-        except (OSError, RuntimeError, soundfile.LibsndfileError) as e:
-            raise InputError(f"cannot read audio file {self.audio}: {e}",
-                             fix="pass a WAV/FLAC/OGG file (convert others with `sox in.mp3 out.wav`)") from None
-        return audio.mean(axis=1), rate
+            return to_mono(self.audio), int(self.sample_rate)
+        audio, rate = read_audio(self.audio)
+        return to_mono(audio), rate
 
     def run(self, push: Callable[[np.ndarray, int], None], stop: threading.Event) -> None:
         audio, rate = self._load()
@@ -811,7 +807,8 @@ class Stream:
             transcriber = self._load()
             self.recognizer = rec = Recognizer(transcriber, self.options)
             self._set_state("listening")
-            simulated = getattr(self.source, "pace", None) == "simulated"
+            pace = getattr(self.source, "pace", None)
+            simulated, fast = pace == "simulated", pace == "fast"
             step = FRAME * 4
             while True:
                 if self._cancel:
@@ -819,7 +816,9 @@ class Stream:
                 if simulated:  # take exactly the audio a live microphone would have delivered by now
                     due = max(int(self.sim_clock * SAMPLE_RATE), self.processed + step) - self.processed
                     chunk = self.ring.read(due, min_samples=due, timeout=0.5)
-                else:
+                elif fast:     # the cadence of a live session on an infinitely fast machine
+                    chunk = self.ring.read(step, min_samples=step, timeout=0.5)
+                else:          # live: everything that arrived (bigger chunks when decoding lags)
                     chunk = self.ring.read(timeout=0.1)
                 if chunk is None:
                     break
