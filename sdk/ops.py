@@ -359,7 +359,7 @@ def max_pool2d(x, *, kernel: int, stride: int, padding: int = 0):
 
 # ---- masks and state (runtime parameters) --------------------------------------------------------
 
-@_op(lambda pos, *, n_new, size: (n_new, size))
+@_op(lambda pos, *, n_new, size: (n_new, size), dtype=lambda *_, **__: "float32")
 def causal_cache_mask(pos, *, n_new: int, size: int):
     """Additive mask [n_new, size] for queries at absolute positions pos..pos+n_new-1 over a key cache:
     key j is visible to query i when j <= pos + i."""
@@ -367,7 +367,7 @@ def causal_cache_mask(pos, *, n_new: int, size: int):
     return np.where(np.arange(size)[None, :] <= q, np.float32(0), NEG_INF).astype(np.float32)
 
 
-@_op(lambda length, *, size: (size,))
+@_op(lambda length, *, size: (size,), dtype=lambda *_, **__: "float32")
 def length_mask(length, *, size: int):
     """Additive mask [size]: 0 for the first `length` positions, -inf after (padding)."""
     return np.where(np.arange(size) < int(length), np.float32(0), NEG_INF).astype(np.float32)
