@@ -1,0 +1,75 @@
+"""BERT encoders on the CPU: our cpu backend vs PyTorch eager vs ONNX Runtime, batch 1, seq 128, 2 threads.
+
+    python bench/bert.py            # MiniLM-L6 (real weights) and BERT-base shape (random weights)
+Needs the `reference` extra (torch, transformers, onnxruntime, onnx).
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict
+
+from harness import compare, onnx_session, print_table, threads, torch_threads
+
+threads(2)
+
+import numpy as np  # noqa: E402
+
+from sdk import hub  # noqa: E402
+from sdk.models import bert  # noqa: E402
+from sdk.session import Session  # noqa: E402
+
+SEQ = 128
+
+
+def contenders(cfg: bert.Config, weights: dict, hf_model):
+    torch = torch_threads()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 2000, size=(1, SEQ)).astype(np.int32)
+    zeros, mask = np.zeros_like(ids), np.ones(ids.shape, np.float32)
+    session = Session([bert.graph(cfg, 1, SEQ)], weights, device="cpu")
+    t_ids = torch.tensor(ids, dtype=torch.long)
+    onnx_path = tempfile.mktemp(suffix=".onnx")
+    class LastHidden(torch.nn.Module):  # the exporter wants positional tensors in, tensors out
+        def __init__(self):
+            super().__init__()
+            self.model = hf_model
+
+        def forward(self, input_ids):
+            return self.model(input_ids=input_ids).last_hidden_state
+
+    with torch.no_grad():
+        torch.onnx.export(LastHidden().eval(), (t_ids,), onnx_path, input_names=["ids"], output_names=["hidden"],
+                          dynamo=False, opset_version=17)
+    ort = onnx_session(onnx_path)
+
+    def ours():
+        return session.run(ids=ids, token_types=zeros, mask=mask)["hidden"]
+
+    def pytorch():
+        with torch.no_grad():
+            return hf_model(t_ids).last_hidden_state
+
+    def onnxruntime():
+        return ort.run(None, {"ids": ids.astype(np.int64)})[0]
+
+    diff = np.abs(ours() - pytorch().numpy()).max()
+    print(f"  (check: max-abs ours vs torch {diff:.2e})")
+    return {"ours": ours, "torch": pytorch, "onnxruntime": onnxruntime}
+
+
+def main():
+    import transformers
+    torch_threads()
+    folder = hub.resolve("all-MiniLM-L6-v2").path
+    cfg, weights = bert.load(folder)
+    print_table("MiniLM-L6 (all-MiniLM-L6-v2), batch 1, seq 128",
+                compare(contenders(cfg, weights, transformers.BertModel.from_pretrained(str(folder)).eval())))
+
+    base = bert.Config()  # bert-base shape, random weights
+    hf = transformers.BertModel(transformers.BertConfig(**asdict(base)), add_pooling_layer=False).eval()
+    weights = {k: v.detach().numpy() for k, v in hf.state_dict().items() if k in bert.param_shapes(base)}
+    print_table("BERT-base shape (random weights), batch 1, seq 128", compare(contenders(base, weights, hf)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""Side-by-side timing for bench/ scripts: every contender runs in interleaved ~1 s blocks inside one
+process, so machine noise (shared vCPUs) hits all of them alike; ratios are what we report.
+
+    from harness import threads, compare, onnx_session
+    threads(2)                       # before the heavy imports
+    stats = compare({"ours": f, "torch": g, "onnxruntime": h})
+    print_table("MiniLM-L6 seq 128", stats)
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+THREADS = 2
+
+
+def threads(n: int = 2) -> None:
+    """Pin every runtime to n threads. Call before importing numpy/torch (OpenBLAS reads env at load)."""
+    global THREADS
+    THREADS = n
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(n)
+
+
+def torch_threads():
+    import torch
+    torch.set_num_threads(THREADS)
+    return torch
+
+
+def onnx_session(path: str):
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = THREADS, 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def compare(cases: dict[str, Callable[[], object]], *, warmup: int = 2, block_s: float = 1.0,
+            min_blocks: int = 5, max_s: float = 90.0) -> dict[str, list[float]]:
+    """Interleaved blocks until each case has >= min_blocks blocks (or max_s passes). Returns seconds per call."""
+    for fn in cases.values():
+        for _ in range(warmup):
+            fn()
+    samples = {name: [] for name in cases}
+    start, blocks = time.perf_counter(), 0
+    while blocks < min_blocks or (time.perf_counter() - start < 10 and blocks < 2 * min_blocks):
+        for name, fn in cases.items():
+            t_block = time.perf_counter()
+            while time.perf_counter() - t_block < block_s or not samples[name]:
+                t = time.perf_counter()
+                fn()
+                samples[name].append(time.perf_counter() - t)
+            time.sleep(0.2)  # let the other runtime's spinning threads go idle
+        blocks += 1
+        if time.perf_counter() - start > max_s:
+            break
+    return samples
+
+
+def print_table(title: str, samples: dict[str, list[float]], *, ours: str = "ours", unit: float = 1e3,
+                unit_name: str = "ms") -> dict[str, float]:
+    med = {k: statistics.median(v) for k, v in samples.items()}
+    print(f"\n{title}  ({THREADS} threads; median of interleaved samples)")
+    for name, m in med.items():
+        p10 = sorted(samples[name])[len(samples[name]) // 10]
+        print(f"  {name:<14} {m * unit:9.2f} {unit_name}   (p10 {p10 * unit:.2f}, n={len(samples[name])})")
+    for name, m in med.items():
+        if name != ours:
+            print(f"  ratio {ours}/{name}: {med[ours] / m:.2f}")
+    return med
