@@ -1,0 +1,358 @@
+"""Speech recognition with Whisper: files and arrays -> a Transcript with timed segments.
+
+    from sdk import Transcriber
+    t = Transcriber()                              # whisper-tiny.en, device auto
+    print(t.transcribe("talk.wav").text)
+
+Decoding follows OpenAI's reference `transcribe`: 30 s windows with seek (the next window starts at the last
+complete segment's end timestamp), greedy decoding with Whisper's logit rules (suppress_tokens, blank
+suppression at the start, timestamp pairing, non-decreasing timestamps, initial timestamp <= 1 s, a
+timestamp is taken when the timestamps' summed probability beats every text token), the no-speech skip,
+and temperature fallback (seeded sampling) when the compression ratio or average log-prob says a window
+went wrong. Windows are decoded independently (no previous-text prompt), as transformers does by default.
+
+Greedy steps run `decode_greedy` (filters and argmax on the device, a few scalars back); the first step of
+each window and sampled steps read full logits from `decode_step` (see sdk/models/whisper.py).
+One Transcriber holds one session (weights resident) and one decoding state; it serialises its callers.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from pipelines import audio
+from sdk import hub
+from sdk.errors import UsageError, WeightError
+from sdk.models import whisper
+from sdk.ops import NEG_INF
+from sdk.session import Session
+from sdk.weights import read_config
+
+TIME_PRECISION = 0.02          # seconds per timestamp token
+FRAME_SECONDS = audio.WHISPER_HOP / audio.SAMPLE_RATE  # 10 ms mel frames
+
+
+class Segment(NamedTuple):
+    start: float  # seconds
+    end: float
+    text: str
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    language: str | None = None       # e.g. "en", "de"; None detects it (multilingual models); .en models: English
+    task: str = "transcribe"          # or "translate" (into English; multilingual models only)
+    timestamps: bool = True           # segment timestamps (needed for seek over long audio)
+    temperatures: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)  # fallback schedule, greedy first
+    compression_ratio_threshold: float | None = 2.4  # above: too repetitive, retry hotter
+    logprob_threshold: float | None = -1.0            # average log-prob below: retry hotter
+    no_speech_threshold: float | None = 0.6           # no-speech prob above (and log-prob low): skip window
+    suppress_blank: bool = True       # no blank / end-of-text as the first sampled token
+    suppress_tokens: tuple[int, ...] | None = None    # None: the model's own list (non-speech symbols)
+    max_initial_timestamp: float = 1.0
+    seed: int = 0                     # for sampling at temperature > 0
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    segments: list[Segment]
+    language: str
+    duration: float                   # seconds of audio
+    device_requested: str
+    device_effective: str
+    source: str = ""                  # the file name, when transcribing a file
+    report: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass
+class _Result:
+    tokens: list[int]                 # sampled tokens, end-of-text removed
+    avg_logprob: float
+    no_speech_prob: float
+    temperature: float
+    text: str
+
+    @property
+    def compression_ratio(self) -> float:
+        raw = self.text.encode()
+        return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+
+
+class WhisperTokenizer:
+    """tokenizer.json through `tokenizers`, plus Whisper's special ids (timestamps from vocabulary.txt)."""
+
+    def __init__(self, folder: Path, vocab_size: int):
+        from tokenizers import Tokenizer
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise WeightError(f"no tokenizer.json in {folder}", fix="use a complete Whisper model folder")
+        self.tok = Tokenizer.from_file(str(path))
+        special = self.tok.token_to_id
+        self.eot, self.sot = special("<|endoftext|>"), special("<|startoftranscript|>")
+        self.translate, self.transcribe = special("<|translate|>"), special("<|transcribe|>")
+        self.no_timestamps = special("<|notimestamps|>")
+        if None in (self.eot, self.sot, self.translate, self.transcribe, self.no_timestamps):
+            raise WeightError(f"{path} lacks Whisper's special tokens", fix="use the model's own tokenizer.json")
+        self.no_speech = self.no_timestamps - 1  # <|nospeech|> (<|nocaptions|> in older vocabularies)
+        self.sot_prev, self.sot_lm = special("<|startofprev|>"), special("<|startoflm|>")
+        self.timestamp_begin = self.no_timestamps + 1
+        vocabulary = folder / "vocabulary.txt"
+        if vocabulary.is_file():  # CTranslate2 folders: the timestamps live here, not in tokenizer.json
+            lines = vocabulary.read_text(encoding="utf-8").split("\n")
+            if len(lines) <= self.timestamp_begin or lines[self.timestamp_begin] != "<|0.00|>":
+                raise WeightError(f"{vocabulary} does not have <|0.00|> at id {self.timestamp_begin}",
+                                  fix="use the vocabulary.txt that came with the model")
+        self.vocab_size = vocab_size
+        self.multilingual = vocab_size >= 51865
+        # language tokens sit between <|startoftranscript|> and <|translate|>
+        self.languages = {self.tok.id_to_token(i)[2:-2]: i for i in range(self.sot + 1, self.translate)}
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tok.decode([t for t in tokens if t < self.eot])
+
+
+class Transcriber:
+    def __init__(self, model: str = "whisper-tiny.en", device: str | None = None,
+                 options: TranscribeOptions = TranscribeOptions()):
+        self.options = options
+        self.source = hub.resolve(model)
+        folder = self.source.path
+        self.cfg, weights = whisper.load(folder)
+        self.tokenizer = tok = WhisperTokenizer(folder, self.cfg.vocab_size)
+        self.english_only = not tok.multilingual
+        if options.task not in ("transcribe", "translate"):
+            raise UsageError(f"unknown task {options.task!r}", fix="use transcribe or translate")
+        if options.language and options.language not in tok.languages:
+            raise UsageError(f"unknown language {options.language!r}",
+                             fix=f"use one of {', '.join(sorted(tok.languages))}")
+        if self.english_only and options.language not in (None, "en"):
+            raise UsageError(f"{self.source.name} is an English-only model; it cannot transcribe {options.language!r}",
+                             fix="use a multilingual model (e.g. whisper-tiny) or --language en")
+        self.session = Session(whisper.graphs(self.cfg, timestamp_begin=tok.timestamp_begin), weights, device=device)
+        self.state = self.session.new_state()
+        self.session.run("set_suppress", self.state, bias=self._suppress_table(folder))
+        self._lock = threading.Lock()
+
+    # -- public API
+
+    def transcribe(self, source: str | Path | np.ndarray, sample_rate: int | None = None) -> Transcript:
+        """Transcribe a file or an array (mono or [frames, channels]; `sample_rate` defaults to 16 kHz)."""
+        samples = audio.load_audio(source, sample_rate)
+        total_frames = len(samples) // audio.WHISPER_HOP
+        segments, seek, language = [], 0, None
+        with self._lock:
+            while seek < total_frames:
+                window = samples[seek * audio.WHISPER_HOP: seek * audio.WHISPER_HOP + audio.WHISPER_CHUNK]
+                size = min(self.cfg.n_frames, total_frames - seek)
+                found, advance, language = self._window(window, size, seek * FRAME_SECONDS, language)
+                segments += found
+                seek += max(advance, 1)
+        report = self.session.report()
+        return Transcript(" ".join(s.text for s in segments), segments, language or "en",
+                          round(len(samples) / audio.SAMPLE_RATE, 3), report["device_requested"],
+                          report["device_effective"], str(source) if isinstance(source, (str, Path)) else "",
+                          report)
+
+    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0) -> list[Segment]:
+        """Segments of ONE window of at most 30 s of mono 16 kHz float audio, with times in seconds from
+        `offset` (no seek loop: text after the last timestamp is kept as a segment ending at the window's
+        end). Silence gives []. Stable API for live dictation, which calls it on a growing buffer."""
+        samples = np.asarray(samples_16k, dtype=np.float32)
+        if samples.ndim != 1 or len(samples) > audio.WHISPER_CHUNK:
+            raise UsageError(f"decode_window takes mono audio of at most 30 s, got shape {samples.shape}",
+                             fix="use transcribe() for longer audio")
+        if len(samples) < audio.WHISPER_HOP:
+            return []
+        size = len(samples) // audio.WHISPER_HOP
+        with self._lock:
+            found, _, _ = self._window(samples, size, offset, None, keep_tail=True)
+        return found
+
+    def close(self):
+        self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- one window
+
+    def _window(self, samples: np.ndarray, size: int, offset: float, language: str | None,
+                keep_tail: bool = False) -> tuple[list[Segment], int, str]:
+        """Decode one window: (segments, mel frames to advance, language)."""
+        o = self.options
+        mel = audio.whisper_log_mel(samples, self.cfg.num_mel_bins, n_samples=self.cfg.n_frames * audio.WHISPER_HOP)
+        self.session.run("encode", self.state, mel=mel[None])
+        language = language or o.language or ("en" if self.english_only else self._detect_language())
+        prompt = [self.tokenizer.sot]
+        if not self.english_only:
+            prompt += [self.tokenizer.languages[language],
+                       self.tokenizer.transcribe if o.task == "transcribe" else self.tokenizer.translate]
+        if not o.timestamps:
+            prompt.append(self.tokenizer.no_timestamps)
+        result = None
+        for temperature in o.temperatures:
+            result = self._decode(prompt, temperature)
+            retry = ((o.compression_ratio_threshold is not None
+                      and result.compression_ratio > o.compression_ratio_threshold)
+                     or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold))
+            if o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold:
+                retry = False  # silence: the skip below decides
+            if not retry:
+                break
+        if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
+                and not (o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold)):
+            return [], size, language
+        segments, advance = self._segments(result.tokens, size, offset, keep_tail)
+        return segments, advance, language
+
+    def _detect_language(self) -> str:
+        logits = self.session.run("decode_step", self.state, tokens=np.array([[self.tokenizer.sot]], np.int32),
+                                  pos=0)["logits"][0, 0]
+        ids = np.array(list(self.tokenizer.languages.values()))
+        return list(self.tokenizer.languages)[int(np.argmax(logits[ids]))]
+
+    def _decode(self, prompt: list[int], temperature: float) -> _Result:
+        """Sample one window's tokens at `temperature` (0 = greedy) after `prompt`; cross K/V are in state."""
+        tok, rng = self.tokenizer, np.random.default_rng(self.options.seed)
+        no_speech_prob = 0.0
+
+        def logits_at(token: int, pos: int) -> np.ndarray:
+            nonlocal no_speech_prob
+            logits = self.session.run("decode_step", self.state, tokens=np.array([[token]], np.int32),
+                                      pos=pos)["logits"][0, 0]
+            if pos == 0:  # Whisper reads the no-speech probability at <|startoftranscript|>
+                p = np.exp(logits - logits.max())
+                no_speech_prob = float(p[tok.no_speech] / p.sum())
+            return logits
+
+        for pos, t in enumerate(prompt[:-1]):
+            logits_at(t, pos)
+        tokens, sum_logprob = list(prompt), 0.0
+        limit = min(self.cfg.max_target_positions // 2, self.cfg.max_target_positions - len(prompt))
+        for _ in range(limit):
+            pos, sampled = len(tokens) - 1, tokens[len(prompt):]
+            first = int(not sampled)
+            ranges = self._ranges(sampled)
+            if sampled and temperature == 0:   # the common case: filters + argmax on the device
+                out = self.session.run("decode_greedy", self.state, tokens=np.array([[tokens[-1]]], np.int32),
+                                       pos=pos, first=first, lo1=ranges[0], hi1=ranges[1], lo2=ranges[2],
+                                       hi2=ranges[3])
+                token, logprob = int(out["token"][0]), float(out["logprob"][0])
+                if self.options.timestamps and (token >= tok.timestamp_begin or float(out["ts_total"][0]) > logprob):
+                    token, logprob = tok.timestamp_begin + int(out["ts_token"][0]), float(out["ts_logprob"][0])
+            else:
+                token, logprob = self._choose(logits_at(tokens[-1], pos), first, ranges, temperature, rng)
+            sum_logprob += logprob
+            if token == tok.eot:
+                break
+            tokens.append(token)
+        sampled = tokens[len(prompt):]
+        return _Result(sampled, sum_logprob / (len(sampled) + 1), no_speech_prob, temperature, tok.decode(sampled))
+
+    # -- Whisper's logit rules
+
+    def _ranges(self, sampled: list[int]) -> tuple[int, int, int, int]:
+        """The allowed token ranges [lo1, hi1) (text, below timestamp_begin) and [lo2, hi2) (timestamps)."""
+        tb, V = self.tokenizer.timestamp_begin, self.cfg.vocab_size
+        if not self.options.timestamps:
+            return 0, tb, 0, 0
+        if not sampled:  # the first token is a timestamp, at most max_initial_timestamp
+            return 0, 0, tb, min(V, tb + round(self.options.max_initial_timestamp / TIME_PRECISION) + 1)
+        last = sampled[-1] >= tb
+        penultimate = len(sampled) < 2 or sampled[-2] >= tb
+        lo1, hi1, lo2, hi2 = 0, tb, tb, V
+        if last and penultimate:     # a pair closed a segment: text must follow
+            lo2 = hi2 = 0
+        elif last:                   # a segment's end timestamp: text cannot follow (another timestamp or EOT)
+            lo1 = self.tokenizer.eot
+        stamps = [t for t in sampled if t >= tb]
+        if stamps and hi2 > lo2:     # timestamps never decrease, and segments have nonzero length
+            lo2 = min(V, stamps[-1] if last and not penultimate else stamps[-1] + 1)
+        return lo1, hi1, lo2, hi2
+
+    def _choose(self, logits, first: int, ranges, temperature: float, rng) -> tuple[int, float]:
+        """The host twin of decode_greedy's filter (full logits): pick or sample a token, with its log-prob."""
+        tb, (lo1, hi1, lo2, hi2) = self.tokenizer.timestamp_begin, ranges
+        allowed = np.zeros(len(logits), bool)
+        allowed[lo1:hi1] = True
+        allowed[lo2:hi2] = True
+        z = np.where(allowed, logits + self._table[first], -np.inf)
+        logprobs = z - np.logaddexp.reduce(z)
+        if self.options.timestamps and np.logaddexp.reduce(logprobs[tb:]) > logprobs[:tb].max():
+            z[:tb] = -np.inf
+            logprobs = z - np.logaddexp.reduce(z)
+        if temperature == 0:
+            token = int(np.argmax(logprobs))
+        else:
+            p = np.exp((z - z.max()) / temperature)
+            token = int(rng.choice(len(p), p=p / p.sum()))
+        return token, float(logprobs[token])
+
+    def _suppress_table(self, folder: Path) -> np.ndarray:
+        """Row 0: the model's suppress_tokens (+ Whisper's special tokens); row 1: also blank and EOT."""
+        tok = self.tokenizer
+        config = read_config(folder)  # CTranslate2: suppress_ids(_begin); transformers: (begin_)suppress_tokens
+        generation = folder / "generation_config.json"
+        if generation.is_file():
+            config |= _read_json(generation)
+        suppress = self.options.suppress_tokens
+        if suppress is None:
+            suppress = config.get("suppress_ids", config.get("suppress_tokens")) or []
+        begin = (config.get("suppress_ids_begin", config.get("begin_suppress_tokens"))
+                 or [*tok.tok.encode(" ", add_special_tokens=False).ids, tok.eot])
+        specials = [tok.transcribe, tok.translate, tok.sot, tok.sot_prev, tok.sot_lm, tok.no_speech]
+        table = np.zeros((2, self.cfg.vocab_size), np.float32)
+        table[:, [t for t in [*suppress, *specials] if t is not None and t < self.cfg.vocab_size]] = NEG_INF
+        if self.options.suppress_blank:
+            table[1, [t for t in begin if t < self.cfg.vocab_size]] = NEG_INF
+        self._table = table
+        return table
+
+    def _segments(self, tokens: list[int], size: int, offset: float, keep_tail: bool) -> tuple[list[Segment], int]:
+        """Cut sampled tokens into timed segments at timestamp pairs; returns (segments, frames to advance)."""
+        tb, tok = self.tokenizer.timestamp_begin, self.tokenizer
+        window_seconds = size * FRAME_SECONDS
+        if not self.options.timestamps:
+            return _nonempty([Segment(offset, offset + window_seconds, tok.decode(tokens))]), size
+        is_ts = [t >= tb for t in tokens]
+        single_ending = is_ts[-2:] == [False, True]
+        cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
+        segments: list[Segment] = []
+        if cuts:
+            if (single_ending or keep_tail) and cuts[-1] < len(tokens):
+                cuts.append(len(tokens))
+            last = 0
+            for cut in cuts:
+                piece = tokens[last:cut]
+                start = (piece[0] - tb) * TIME_PRECISION if piece and piece[0] >= tb else 0.0
+                end = (piece[-1] - tb) * TIME_PRECISION if piece[-1] >= tb else window_seconds
+                segments.append(Segment(round(offset + start, 3), round(offset + end, 3), tok.decode(piece)))
+                last = cut
+            advance = size if single_ending or keep_tail else (tokens[last - 1] - tb) * 2  # 2 mel frames per token
+        else:
+            stamps = [t for t in tokens if t >= tb]
+            end = (stamps[-1] - tb) * TIME_PRECISION if stamps and stamps[-1] != tb else window_seconds
+            segments.append(Segment(round(offset, 3), round(offset + end, 3), tok.decode(tokens)))
+            advance = size
+        return _nonempty(segments), advance
+
+
+def _nonempty(segments: list[Segment]) -> list[Segment]:
+    return [Segment(s.start, s.end, s.text.strip()) for s in segments if s.text.strip() and s.end > s.start]
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise WeightError(f"cannot read {path}: {e}", fix="restore the file from the model's source") from None
