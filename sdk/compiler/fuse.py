@@ -85,19 +85,22 @@ def fuse(graph: Graph, target: Target) -> Fused:
         value = alias.get(value, value)
         return views.get(value, Ref(value))
 
-    kernels: list[Kernel] = []
-    absorbed: set[int] = set()
-    for i, node in enumerate(graph.nodes):
-        if i in absorbed:
-            continue
+    for node in graph.nodes:  # first every view and alias, so that epilogues can read values defined later
         if node.op in VIEW_OPS:
             base = ref(node.inputs[0])
             views[node.output] = Ref(base.value, base.views + (_view(node),))
+        elif node.op in STATE_WRITES:
+            alias[node.output] = ref(node.inputs[0]).value
+
+    kernels: list[Kernel] = []
+    absorbed: set[int] = set()
+    for i, node in enumerate(graph.nodes):
+        if i in absorbed or node.op in VIEW_OPS:
             continue
         k = _start(graph, node, i, ref)
         if node.op in STATE_WRITES:
-            alias[node.output] = ref(node.inputs[0]).value
             k.outputs = [alias[node.output]]
+            k.inputs[0] = Ref(alias[node.output])  # the kernel writes the state buffer itself
         kernels.append(k)
         # absorb the elementwise consumers of the running result into the epilogue
         while k.kind in EPILOGUE_KINDS and len(k.outputs) == 1:
@@ -106,6 +109,8 @@ def fuse(graph: Graph, target: Target) -> Fused:
             if out in outputs or len(users) != 1 or graph.values[out].dtype != "float32":
                 break
             j = users[0]
+            if j in absorbed:
+                break  # already the epilogue of the kernel that produced its other operand
             c = graph.nodes[j]
             if any(k.position < p < j for p in inplace_at):
                 break  # never move a read across a state write
@@ -113,6 +118,10 @@ def fuse(graph: Graph, target: Target) -> Fused:
             if step is None or catalog.program_bytes(k.kind, len(k.chain) + 1) > target.program_bytes:
                 break
             operand, entry = step
+            extra = sum(1 for e in k.chain if e["operand"] is not None) + (operand is not None)
+            head_inputs = sum(1 for r in k.inputs if r is not None) - extra + (operand is not None)
+            if catalog.input_streams(k.kind, head_inputs, extra) > 2 * target.core_channels:
+                break  # a core has two input channels, each can alternate between two streams
             if operand is not None:
                 k.inputs.append(operand)
             k.chain.append(entry)
@@ -152,7 +161,7 @@ def _start(graph: Graph, node: Node, i: int, ref) -> Kernel:
         b = inputs[1]
         transpose_b = node.op == "linear" or node.attrs.get("transpose_b", False)
         if graph.values[b.value].kind in ("weight", "const") and len(_shape_after(graph, b)) == 2:
-            bias = inputs[2] if node.op == "linear" else None
+            bias = inputs[2] if node.op == "linear" and len(inputs) > 2 else None
             return Kernel("gemm", node, [inputs[0], b, bias], [node.output], i, nodes=[node],
                           attrs={"weights": [b], "biases": [bias], "transpose_b": transpose_b})
         return Kernel("bmm", node, inputs, [node.output], i, nodes=[node], attrs={"transpose_b": transpose_b})

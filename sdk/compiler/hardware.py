@@ -31,7 +31,8 @@ class Target:
     memtile_dims: int = 4
     shim_dims: int = 3
     clock_hz: float = 1.6e9
-    bf16_macs: int = 128         # bf16 MACs per cycle per core on the path our GEMM uses
+    bf16_macs: int = 128         # native bf16 MACs per cycle per core
+    bfp16_macs: int = 0          # bfp16 (block floating point) MACs per cycle per core; 0 = not available
     mac_shape: tuple[int, int, int] = (4, 8, 4)  # (m, k, n) of one MAC instruction: tiles are multiples
     dram_bytes_per_s: float = 52.7e9
     full_elf: bool = False       # whole program as one ELF dispatch (npu2) or one xclbin per step (npu1)
@@ -44,7 +45,7 @@ class Target:
 TARGETS = {
     # Phoenix / Hawk Point (AIE-ML): 4 usable columns; bf16 4x8x4 MAC; no full-ELF dispatch.
     # DRAM bandwidth seen by the NPU is not published for npu1; the npu2 figure is used (say so in reports).
-    "npu1": Target("npu1", columns=4, clock_hz=1.6e9, bf16_macs=128, mac_shape=(4, 8, 4)),
-    # Strix / Krackan / Halo (AIE2P): 8 columns; bf16 matmul runs through bfp16 at 512 MACs/cycle (8x8x8).
-    "npu2": Target("npu2", columns=8, clock_hz=1.8e9, bf16_macs=512, mac_shape=(8, 8, 8), full_elf=True),
+    "npu1": Target("npu1", columns=4, clock_hz=1.6e9, mac_shape=(4, 8, 4)),
+    # Strix / Krackan / Halo (AIE2P): 8 columns; bf16 at ~128 MACs/cycle, or through bfp16 at 512 (8x8x8).
+    "npu2": Target("npu2", columns=8, clock_hz=1.8e9, bfp16_macs=512, mac_shape=(8, 8, 8), full_elf=True),
 }

@@ -207,9 +207,11 @@ _PACKERS = {"plain": _plain, "gemm_b": _gemm_b, "bias": _bias}
 def weights_image(program: Program, weights: Mapping[str, np.ndarray]) -> np.ndarray:
     """The bytes of the weights arena: every WEIGHTS buffer packed and placed at its offset."""
     recipes = program.meta["layout"]
-    sources = {**weights, **program.constants}
-    needed = {s[0]: s for r in recipes.values() for s in r["sources"] if s is not None}
     shapes = program.meta["source_shapes"]
+    # constants come back from disk as stored; a 0-d constant may come back as [1]
+    constants = {n: np.reshape(a, shapes[n]) if n in shapes else a for n, a in program.constants.items()}
+    sources = {**weights, **constants}
+    needed = {s[0]: s for r in recipes.values() for s in r["sources"] if s is not None}
     missing = [n for n in needed if n not in sources]
     misshaped = [f"{n} {tuple(np.shape(sources[n]))} != {tuple(shapes[n])}" for n in needed
                  if n in sources and tuple(np.shape(sources[n])) != tuple(shapes[n])]

@@ -6,8 +6,8 @@ arenas through their access patterns and storing its result back, the packed wei
 the kernel's DMA reads them, and the NPU's numerics:
 - bf16 storage of every floating-point activation, weight and state value, rounded to nearest even;
 - fp32 accumulation and fp32 epilogues (bias, activation, residual) before the one bf16 store per kernel;
-- on npu2, bf16 matmul operands go through bfp16 (blocks of 8 sharing an exponent, 8-bit mantissas,
-  round to nearest even), as AIE2P's bf16 matmul does;
+- GEMMs whose tiling asks for "bfp16" precision (AIE2P only) round both operands to bfp16 (blocks of 8
+  sharing an exponent, 8-bit signed mantissas, round to nearest even);
 - exp as 2^(x log2 e) with a degree-6 polynomial for the fraction, and GELU / SiLU / sigmoid / tanh /
   softmax built on it: the approximations the kernels in kernels/ implement.
 It counts what crosses between host and device per run (dispatches, syncs, bytes each way, weight bytes)
@@ -242,20 +242,19 @@ class EmuExecutable:
     def weight_matrix(self, name: str) -> np.ndarray:
         """A packed GEMM weight as the kernel reads it: tiles from the arena back to [Kp, Np] (decoded once)."""
         if name not in self._unpacked:
-            m = layout.untile(self._load(name))
-            self._unpacked[name] = bfp16(m, axis=0) if self.target.name == "npu2" else m
+            self._unpacked[name] = layout.untile(self._load(name))
         return self._unpacked[name]
 
 
-def _matmul_operand(exe: EmuExecutable, x, axis):
-    return bfp16(x, axis) if exe.target.name == "npu2" else x
+def _operand(k: Step, x, axis):
+    return bfp16(x, axis) if k.attrs["tiling"].get("precision") == "bfp16" else x
 
 
 def _gemm(exe, k, head):
     x, _, bias = head
     t = k.attrs["tiling"]
-    b = exe.weight_matrix(k.inputs[1])
-    xp = np.pad(_matmul_operand(exe, x, -1), [(0, 0)] * (x.ndim - 1) + [(0, t["Kp"] - t["K"])])
+    b = _operand(k, exe.weight_matrix(k.inputs[1]), 0)
+    xp = np.pad(_operand(k, x, -1), [(0, 0)] * (x.ndim - 1) + [(0, t["Kp"] - t["K"])])
     y = (xp @ b)[..., :t["N"]]
     return y + bias[:t["N"]] if bias is not None else y
 
@@ -264,7 +263,7 @@ def _bmm(exe, k, head):
     a, b = head
     if k.attrs["head"]["attrs"].get("transpose_b", False) or k.attrs["head"]["op"] == "linear":
         b = np.swapaxes(b, -1, -2)
-    y = _matmul_operand(exe, a, -1) @ _matmul_operand(exe, b, -2)
+    y = _operand(k, a, -1) @ _operand(k, b, -2)
     if k.attrs["head"]["op"] == "linear" and len(head) > 2 and head[2] is not None:
         y = y + head[2]
     return y
@@ -273,12 +272,11 @@ def _bmm(exe, k, head):
 def _mha(exe, k, head):
     q, kk, v = head[:3]
     mask = head[3] if len(head) > 3 else None
-    s = (_matmul_operand(exe, q, -1) @ _matmul_operand(exe, np.swapaxes(kk, -1, -2), -2)) \
-        * np.float32(k.attrs["head"]["attrs"]["scale"])
+    s = (q @ np.swapaxes(kk, -1, -2)) * np.float32(k.attrs["head"]["attrs"]["scale"])
     if mask is not None:
         s = s + mask
     p = bf16(k_softmax(s))  # probabilities go back to bf16 for the second matmul
-    return p @ _matmul_operand(exe, v, -2)
+    return p @ v
 
 
 def _eltwise(exe, k, head):
@@ -315,9 +313,11 @@ def _conv(exe, k, head):
 
 def _gather(exe, k, head):
     table, ids = head
-    if ids.size and (ids.min() < 0 or ids.max() >= table.shape[0]):
-        raise InputError(f"token id {int(ids.max()) if ids.max() >= table.shape[0] else int(ids.min())} is outside "
-                         f"the table of {table.shape[0]} rows", fix="check the tokenizer matches the model")
+    bad = ids[(ids < 0) | (ids >= table.shape[0])]
+    if bad.size:
+        raise InputError(f"index {int(bad.flat[0])} (a token id or position) is outside a table of "
+                         f"{table.shape[0]} rows", fix="check the tokenizer matches the model, and that positions "
+                                                      "stay below the model's context")
     return table[ids]
 
 
