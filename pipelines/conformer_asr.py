@@ -1,0 +1,298 @@
+"""Speech recognition with conformer models (Parakeet CTC / TDT, GigaAM CTC / RNN-T): front end, encoder over
+static audio-length buckets, greedy decoding, and long audio through overlapping windows.
+
+    from pipelines.conformer_asr import ConformerRecognizer
+    with ConformerRecognizer("path/to/parakeet-tdt") as rec:
+        for start, end, text in rec.transcribe(samples_16k):
+            print(f"{start:6.2f} {end:6.2f} {text}")
+
+Decoding runs on the host: CTC is an argmax over the encoder's log-probs; the transducers (TDT, RNN-T) loop over
+encoder frames and call two small graphs in the same session, the prediction-network step (`predict`, one LSTM
+step per emitted token; its state stays on the host and is only replaced when a token is emitted) and the joint
+(`joint`, per decoding step). The loops follow transformers' ParakeetTDTGenerationMixin (TDT) and gigaam's
+RNNTGreedyDecoding (RNN-T), so their tokens are identical.
+
+Long audio: windows of `window_seconds` that overlap by `overlap_seconds` and start on encoder-frame boundaries.
+Each window owns the frames from the middle of its overlap with the previous window to the middle of its overlap
+with the next one; a token is kept by the window that owns the frame it was emitted at, so a token seen by two
+windows is kept once, and every frame belongs to exactly one window.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+from pipelines import audio
+from sdk import hub
+from sdk.errors import InputError, UsageError, WeightError
+from sdk.models import conformer
+from sdk.session import Session
+
+HOP = 160  # 10 ms feature frames at 16 kHz in both families
+
+
+class Segment(NamedTuple):
+    start: float  # seconds
+    end: float
+    text: str
+
+
+@dataclass(frozen=True)
+class ConformerOptions:
+    window_seconds: float = 20.0        # the longest window one encoder run sees (the largest bucket)
+    overlap_seconds: float = 4.0        # shared by consecutive windows of long audio; half goes to each side
+    buckets_seconds: tuple[float, ...] = (5.0, 10.0)  # smaller encoder shapes for short windows (+ the window)
+    pause_seconds: float = 0.8          # a silence between tokens this long starts a new segment
+
+
+# ---- vocabularies: tokenizer.json, SentencePiece .model (read without the sentencepiece package), char lists --
+
+class Vocabulary:
+    def __init__(self, pieces: list[str] | None = None, tokenizer=None):
+        self.pieces, self.tokenizer = pieces, tokenizer
+
+    @classmethod
+    def from_folder(cls, folder: Path, config: dict) -> "Vocabulary":
+        if (folder / "tokenizer.json").exists():
+            from tokenizers import Tokenizer
+            return cls(tokenizer=Tokenizer.from_file(str(folder / "tokenizer.json")))
+        for name in ("tokenizer.model", f"{config.get('model_name', '')}_tokenizer.model"):
+            if (folder / name).exists():
+                return cls(sentencepiece_pieces((folder / name).read_bytes()))
+        chars = config.get("decoding", {}).get("vocabulary")
+        if chars:
+            return cls(list(chars))
+        raise WeightError(f"no vocabulary in {folder}",
+                          fix="add tokenizer.json, a SentencePiece tokenizer.model, or decoding.vocabulary to config.json")
+
+    def decode(self, ids: list[int]) -> str:
+        if self.tokenizer is not None:
+            return self.tokenizer.decode(list(ids))
+        return "".join(self.pieces[i] for i in ids).replace("\u2581", " ").strip()
+
+
+def sentencepiece_pieces(data: bytes) -> list[str]:
+    """The piece strings of a SentencePiece ModelProto, in id order (field 1: repeated SentencePiece, whose
+    field 1 is the piece). A minimal protobuf walk: varints and length-delimited fields only matter here."""
+    def varint(buf, i):
+        shift = value = 0
+        while True:
+            b = buf[i]
+            value |= (b & 0x7F) << shift
+            i, shift = i + 1, shift + 7
+            if b < 0x80:
+                return value, i
+
+    def fields(buf):
+        i = 0
+        while i < len(buf):
+            key, i = varint(buf, i)
+            wire = key & 7
+            if wire == 0:
+                value, i = varint(buf, i)
+            elif wire == 2:
+                n, i = varint(buf, i)
+                value, i = buf[i:i + n], i + n
+            elif wire in (1, 5):
+                value, i = buf[i:i + (8 if wire == 1 else 4)], i + (8 if wire == 1 else 4)
+            else:
+                raise WeightError("unreadable SentencePiece model", fix="re-export the tokenizer .model file")
+            yield key >> 3, value
+
+    return [next(v for f, v in fields(piece) if f == 1).decode("utf-8") for f, piece in fields(data) if f == 1]
+
+
+# ---- greedy decoders over one window's encoder output -------------------------------------------------------
+
+def ctc_greedy(log_probs: np.ndarray, blank: int) -> list[tuple[int, int]]:
+    """(token, frame) at the first frame of each run of a non-blank label."""
+    labels = log_probs.argmax(-1)
+    return [(int(k), t) for t, k in enumerate(labels) if k != blank and (t == 0 or labels[t - 1] != k)]
+
+
+class TransducerDecoder:
+    """Greedy TDT / RNN-T decoding with the `predict` and `joint` graphs of a session."""
+
+    def __init__(self, session: Session, cfg: conformer.Config):
+        self.session, self.cfg = session, cfg
+
+    def _predict(self, token: int, h, c):
+        out = self.session.run("predict", token=np.array([token], np.int32), h=h, c=c)
+        return out["dec"], out["h"], out["c"]
+
+    def _joint(self, enc: np.ndarray, dec: np.ndarray) -> np.ndarray:
+        return self.session.run("joint", enc=enc[None], dec=dec)["logits"][0]
+
+    def __call__(self, projected: np.ndarray) -> list[tuple[int, int]]:
+        cfg = self.cfg
+        zeros = np.zeros((cfg.num_decoder_layers, 1, cfg.decoder_hidden_size), np.float32)
+        dec, h, c = self._predict(cfg.blank_id, zeros, zeros)  # the blank starts the prediction network
+        return self._tdt(projected, dec, h, c) if cfg.head == "tdt" else self._rnnt(projected, dec, h, c)
+
+    def _tdt(self, projected, dec, h, c):
+        """As transformers' TDT greedy search: the frame pointer moves by the predicted duration (a blank moves
+        at least one frame); at most max_symbols_per_step * frames decoding steps."""
+        cfg, tokens, t, steps = self.cfg, [], 0, 0
+        n, v = len(projected), cfg.vocab_size
+        while t < n and steps < cfg.max_symbols_per_step * n - 1:
+            logits = self._joint(projected[t], dec)
+            token, duration = int(logits[:v].argmax()), cfg.durations[int(logits[v:].argmax())]
+            if token == cfg.blank_id:
+                duration = max(duration, 1)
+            else:
+                tokens.append((token, t))
+                dec, h, c = self._predict(token, h, c)
+            t, steps = t + duration, steps + 1
+        return tokens
+
+    def _rnnt(self, projected, dec, h, c):
+        """As gigaam's RNNTGreedyDecoding: emit until blank, at most max_symbols_per_step per frame."""
+        tokens = []
+        for t in range(len(projected)):
+            for _ in range(self.cfg.max_symbols_per_step):
+                token = int(self._joint(projected[t], dec).argmax())
+                if token == self.cfg.blank_id:
+                    break
+                tokens.append((token, t))
+                dec, h, c = self._predict(token, h, c)
+        return tokens
+
+
+def join_windows(windows: list[tuple[int, list[tuple[int, int]]]], overlap_frames: int,
+                 window_frames: int) -> list[tuple[int, int]]:
+    """Merge per-window (start frame, [(token, frame in window)]) into one absolute-frame token list.
+    Window k keeps the tokens emitted in [cut(k-1), cut(k)), where cut(k) is the middle of the overlap
+    between windows k and k+1; the first window starts at 0 and the last one runs to the end."""
+    out = []
+    for k, (start, tokens) in enumerate(windows):
+        lo = 0 if k == 0 else start + overlap_frames // 2
+        hi = math.inf if k == len(windows) - 1 else windows[k + 1][0] + overlap_frames // 2
+        out += [(tok, start + f) for tok, f in tokens if lo <= start + f < hi]
+    return out
+
+
+# ---- the recogniser -----------------------------------------------------------------------------------------
+
+class ConformerRecognizer:
+    """A conformer ASR model on one session: `decode_window` for up to `window_seconds` of 16 kHz audio,
+    `transcribe` for any length."""
+
+    sample_rate = audio.SAMPLE_RATE
+
+    def __init__(self, model: str | Path, device: str | None = None, options: ConformerOptions = ConformerOptions()):
+        self.source = hub.resolve(str(model))
+        folder = Path(self.source.path)
+        self.cfg, weights = conformer.load(folder)
+        config = json.loads((folder / "config.json").read_text())
+        self.vocabulary = Vocabulary.from_folder(folder, config)
+        self.front_end = _front_end(self.cfg, folder)
+        if options.overlap_seconds >= options.window_seconds / 2:
+            raise UsageError("overlap_seconds must be less than half of window_seconds")
+        self.options = options
+        self.frame_samples = HOP * self.cfg.subsampling_factor  # audio per encoder frame
+        self.frame_seconds = self.frame_samples / self.sample_rate
+        self.buckets = sorted({self._frames_for(s) for s in options.buckets_seconds if s < options.window_seconds}
+                              | {self._frames_for(options.window_seconds)})
+        graphs = [conformer.encoder_graph(self.cfg, frames) for frames in self.buckets]
+        if self.cfg.head != "ctc":
+            graphs += conformer.decoder_graphs(self.cfg)
+        self.session = Session(graphs, weights, device=device)
+        self.transducer = TransducerDecoder(self.session, self.cfg) if self.cfg.head != "ctc" else None
+
+    @property
+    def window_seconds(self) -> float:
+        return self.options.window_seconds
+
+    def _frames_for(self, seconds: float) -> int:
+        return int(round(seconds * self.sample_rate)) // HOP + 1
+
+    def report(self) -> dict:
+        return {"model": self.source.name, "model_path": str(self.source.path), "architecture": self.cfg.model_type,
+                **self.session.report()}
+
+    # -- one window --
+    def window_tokens(self, samples: np.ndarray) -> list[tuple[int, int]]:
+        """Greedy (token id, encoder frame) pairs for one window of 16 kHz mono float audio."""
+        samples = np.asarray(samples, np.float32).reshape(-1)
+        if len(samples) > self.options.window_seconds * self.sample_rate:
+            raise InputError(f"a window holds at most {self.options.window_seconds:g} s, got "
+                             f"{len(samples) / self.sample_rate:.2f} s", fix="use transcribe() for long audio")
+        if len(samples) < 2 * HOP:
+            return []
+        features = self.front_end(samples)  # [frames, mels]
+        bucket = next(b for b in self.buckets if b >= len(features))
+        padded = np.zeros((1, bucket, self.cfg.num_mel_bins), np.float32)
+        padded[0, :len(features)] = features
+        lengths = self.cfg.output_length(len(features))
+        out = self.session.run(f"encode_t{bucket}", features=padded,
+                               **{f"length{i}": np.int32(n) for i, n in enumerate(lengths)})
+        n = lengths[-1]
+        if self.cfg.head == "ctc":
+            return ctc_greedy(out["log_probs"][0, :n], self.cfg.blank_id)
+        return self.transducer(out["projected"][0, :n])
+
+    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0) -> list[Segment]:
+        """Segments (start, end, text) of one window; times in seconds, shifted by `offset`."""
+        return self.segments(self.window_tokens(samples_16k), offset=offset)
+
+    # -- any length --
+    def transcribe_tokens(self, samples_16k: np.ndarray) -> list[tuple[int, int]]:
+        """(token, absolute encoder frame) over audio of any length, through overlapping windows."""
+        samples = np.asarray(samples_16k, np.float32).reshape(-1)
+        fs = self.frame_samples
+        window = int(self.options.window_seconds * self.sample_rate) // fs * fs
+        overlap = int(self.options.overlap_seconds * self.sample_rate) // fs * fs
+        if len(samples) <= window:
+            return self.window_tokens(samples)
+        starts = list(range(0, len(samples) - overlap, window - overlap))
+        windows = [(s // fs, self.window_tokens(samples[s:s + window])) for s in starts]
+        return join_windows(windows, overlap // fs, window // fs)
+
+    def transcribe(self, samples_16k: np.ndarray, *, offset: float = 0.0) -> list[Segment]:
+        return self.segments(self.transcribe_tokens(samples_16k), offset=offset)
+
+    def segments(self, tokens: list[tuple[int, int]], *, offset: float = 0.0) -> list[Segment]:
+        """Group (token, frame) pairs into segments, split at pauses of `pause_seconds` or more."""
+        groups, gap = [], self.options.pause_seconds / self.frame_seconds
+        for tok, frame in tokens:
+            if groups and frame - groups[-1][-1][1] < gap:
+                groups[-1].append((tok, frame))
+            else:
+                groups.append([(tok, frame)])
+        out = []
+        for g in groups:
+            text = self.vocabulary.decode([tok for tok, _ in g]).strip()
+            if text:
+                out.append(Segment(round(offset + g[0][1] * self.frame_seconds, 3),
+                                   round(offset + (g[-1][1] + 1) * self.frame_seconds, 3), text))
+        return out
+
+    def close(self):
+        self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _front_end(cfg: conformer.Config, folder: Path):
+    """The family's log-mel: GigaAM's, or NeMo's with the settings of preprocessor_config.json if present."""
+    if cfg.model_type == "gigaam":
+        return lambda samples: audio.gigaam_log_mel(samples, n_mels=cfg.num_mel_bins)
+    settings = {}
+    if (folder / "preprocessor_config.json").exists():
+        pre = json.loads((folder / "preprocessor_config.json").read_text())
+        pre = pre.get("feature_extractor", pre)
+        settings = {ours: pre[theirs] for ours, theirs in (("n_fft", "n_fft"), ("win_length", "win_length"),
+                                                           ("hop", "hop_length"), ("preemphasis", "preemphasis"))
+                    if theirs in pre}
+    if settings.get("hop", HOP) != HOP:
+        raise WeightError(f"{folder}: hop_length {settings['hop']} is not supported (10 ms frames expected)")
+    return lambda samples: audio.nemo_log_mel(samples, n_mels=cfg.num_mel_bins, **settings)

@@ -1,0 +1,219 @@
+"""Conformer ASR (Parakeet CTC/TDT, GigaAM CTC/RNN-T): encoder and head parity against committed transformers /
+gigaam goldens and live, front-end parity, greedy decoding, and long audio through overlapping windows."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from pipelines import audio
+from pipelines.conformer_asr import (ConformerOptions, ConformerRecognizer, Vocabulary, ctc_greedy, join_windows,
+                                     sentencepiece_pieces)
+from sdk.errors import InputError, WeightError
+from sdk.models import conformer, module_for
+from sdk.session import Session
+
+from .conftest import FIXTURES
+
+DIR = FIXTURES / "conformer"
+NAMES = ["parakeet_ctc", "parakeet_tdt", "gigaam_ctc", "gigaam_rnnt"]
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("make_conformer", FIXTURES / "make_conformer.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_encoder(cfg, weights, features, bucket):
+    """Our encoder on features [T, mels] padded to `bucket` frames; the valid frames of every output."""
+    padded = np.zeros((1, bucket, cfg.num_mel_bins), np.float32)
+    padded[0, :len(features)] = features
+    lengths = cfg.output_length(len(features))
+    with Session([conformer.encoder_graph(cfg, bucket)], weights, device="cpu") as s:
+        out = s.run(features=padded, **{f"length{i}": np.int32(n) for i, n in enumerate(lengths)})
+    return {k: v[:, :lengths[-1]] for k, v in out.items()}
+
+
+def _transducer_tokens(folder, projected):
+    rec = ConformerRecognizer(folder, device="cpu", options=ConformerOptions(window_seconds=2.0, overlap_seconds=0.5,
+                                                                             buckets_seconds=()))
+    return [t for t, _ in rec.transducer(projected)]
+
+
+def _collapse(log_probs, blank):
+    return [t for t, _ in ctc_greedy(log_probs, blank)]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_parity_with_committed_goldens(name, record_parity):
+    """Encoder output (rel-L2 <= 1e-5) and greedy tokens equal transformers' / gigaam's, at a padded bucket."""
+    folder = DIR / name
+    cfg, weights = conformer.load(folder)
+    assert module_for(cfg.model_type) is conformer
+    golden = np.load(folder / "golden.npz")
+    features = golden["features"][0]
+    features = features.T if cfg.model_type == "gigaam" else features  # gigaam takes [mels, T]
+    out = _run_encoder(cfg, weights, features, bucket=len(features) + 29)
+    _, rel = record_parity(f"{name}.encoder", out["hidden"], golden["ref_hidden"])
+    assert rel <= 1e-5
+    if cfg.head == "ctc":
+        _, rel = record_parity(f"{name}.log_probs", out["log_probs"], golden["ref_log_probs"])
+        assert rel <= 1e-5
+        ours, ref = _collapse(out["log_probs"][0], cfg.blank_id), _collapse(golden["ref_log_probs"][0], cfg.blank_id)
+    else:
+        ours, ref = _transducer_tokens(folder, out["projected"][0]), list(golden["ref_tokens"])
+    assert ours == ref and len(ref) > 0
+
+
+@pytest.mark.parametrize("name", ["parakeet_ctc", "parakeet_tdt"])
+def test_padding_is_masked_like_transformers(name, record_parity):
+    """Row 1 of a transformers batch has 97 valid frames and random padding; our bucketed run of just those
+    frames gives the same valid outputs."""
+    cfg, weights = conformer.load(DIR / name)
+    golden = np.load(DIR / name / "golden.npz")
+    n = int(golden["batch_mask"][1].sum())
+    out = _run_encoder(cfg, weights, golden["batch"][1, :n], bucket=160)
+    _, rel = record_parity(f"{name}.padded", out["hidden"][0], golden["batch_hidden"][1, :out["hidden"].shape[1]])
+    assert rel <= 1e-5
+
+
+def test_front_ends_match_references(record_parity):
+    golden = np.load(DIR / "frontends.npz")
+    max_abs, _ = record_parity("nemo_log_mel", audio.nemo_log_mel(golden["samples"]), golden["nemo"])
+    assert max_abs <= 1e-4
+    max_abs, _ = record_parity("gigaam_log_mel", audio.gigaam_log_mel(golden["samples"]), golden["gigaam"])
+    assert max_abs <= 1e-4
+
+
+def test_join_windows_keeps_each_token_once():
+    """Synthetic windows over a known token timeline: each window sees the truth in its interior and garbage
+    near its edges (as a real encoder does without context); the join returns the truth exactly."""
+    rng = np.random.default_rng(0)
+    truth = sorted({(int(f), int(rng.integers(1, 30))) for f in rng.choice(1000, 180, replace=False)})
+    truth = [(tok, f) for f, tok in truth]
+    window, overlap, edge = 200, 50, 20  # edge garbage stays inside the half overlap
+    starts = list(range(0, 1000 - overlap, window - overlap))
+    windows = []
+    for s in starts:
+        first, last = s == starts[0], s == starts[-1]
+        seen = [(tok, f - s) for tok, f in truth
+                if (s + edge <= f or first) and (f < s + window - edge or last) and s <= f < s + window]
+        seen += [(99, 1), (99, 3)] * (not first) + [(99, window - 2)] * (not last)  # edge garbage
+        windows.append((s, sorted(seen, key=lambda p: p[1])))
+    assert join_windows(windows, overlap, window) == truth
+
+
+def test_chunked_windows_equal_one_pass_when_encoder_is_local(tmp_path):
+    """With attention outputs zeroed, GigaAM's encoder only sees +-0.25 s; windowed decoding of 10 s must then
+    give exactly the tokens (and frames) of one pass over the whole clip: none duplicated, none lost."""
+    from safetensors.numpy import save_file
+    src = DIR / "gigaam_ctc"
+    ckpt = {k: v.copy() for k, v in conformer.read_safetensors(src / "model.safetensors").items()}
+    for k in ckpt:
+        if ".self_attn.linear_out." in k:
+            ckpt[k][:] = 0
+    save_file(ckpt, str(tmp_path / "model.safetensors"))
+    shutil.copy(src / "config.json", tmp_path / "config.json")
+    t = np.arange(10 * 16000) / 16000
+    rng = np.random.default_rng(3)
+    samples = (0.3 * np.sin(2 * np.pi * (300 + 200 * np.sin(t)) * t) * (rng.random(len(t)) > 0.3)).astype(np.float32)
+    whole = ConformerRecognizer(tmp_path, device="cpu", options=ConformerOptions(window_seconds=10.5, buckets_seconds=()))
+    chunked = ConformerRecognizer(tmp_path, device="cpu",
+                                  options=ConformerOptions(window_seconds=3.0, overlap_seconds=1.0, buckets_seconds=(1.5,)))
+    reference = whole.window_tokens(samples)
+    joined = chunked.transcribe_tokens(samples)
+    assert len(reference) > 20
+    assert joined == reference
+    # and the windows really disagree near their edges, so the join had work to do
+    first = chunked.window_tokens(samples[:3 * 16000])
+    assert first != [p for p in reference if p[1] < 75]
+
+
+def test_recognizer_segments_and_limits():
+    rec = ConformerRecognizer(DIR / "parakeet_ctc", device="cpu",
+                              options=ConformerOptions(window_seconds=3.0, overlap_seconds=1.0, buckets_seconds=(1.0,)))
+    samples = (np.random.default_rng(0).standard_normal(32000) * 0.1).astype(np.float32)
+    segments = rec.decode_window(samples, offset=5.0)
+    assert segments and all(5.0 <= s.start < s.end <= 7.1 and s.text for s in segments)
+    tokens = rec.window_tokens(samples)
+    assert " ".join(s.text for s in segments).replace(" ", "") == \
+        rec.vocabulary.decode([t for t, _ in tokens]).replace(" ", "")
+    with pytest.raises(InputError):
+        rec.decode_window(np.zeros(4 * 16000, np.float32))
+    assert rec.decode_window(np.zeros(100, np.float32)) == []
+    assert rec.report()["device_effective"] == "cpu"
+
+
+def test_vocabularies(tmp_path):
+    # a SentencePiece ModelProto with three pieces, encoded by hand: field 1 (pieces) { field 1: piece, 2: score }
+    def piece(s):
+        body = b"\x0a" + bytes([len(s.encode())]) + s.encode() + b"\x15\x00\x00\x80\xbf"
+        return b"\x0a" + bytes([len(body)]) + body
+    data = piece("<unk>") + piece("\u2581hello") + piece("\u2581wor") + piece("ld") + b"\x12\x02\x08\x01"
+    assert sentencepiece_pieces(data) == ["<unk>", "\u2581hello", "\u2581wor", "ld"]
+    (tmp_path / "tokenizer.model").write_bytes(data)
+    assert Vocabulary.from_folder(tmp_path, {}).decode([1, 2, 3]) == "hello world"
+    chars = Vocabulary.from_folder(DIR / "gigaam_ctc", json.loads((DIR / "gigaam_ctc" / "config.json").read_text()))
+    assert chars.decode([1, 0, 2]) == "а б"
+    assert Vocabulary.from_folder(DIR / "parakeet_ctc", {}).decode([27, 0, 1, 2]) == "' ab"
+    with pytest.raises(WeightError):
+        Vocabulary.from_folder(tmp_path / "missing", {})
+
+
+# ---- live references (need torch + transformers / gigaam) ---------------------------------------------------
+
+@pytest.mark.reference
+@pytest.mark.parametrize("kind", ["ctc", "tdt"])
+def test_parakeet_live(kind, tmp_path, record_parity):
+    gen = _generator()
+    model = gen.parakeet_model(kind, seed=7)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    cfg, weights = conformer.load(tmp_path)
+    features = np.random.default_rng(7).standard_normal((1, 211, 80)).astype(np.float32)
+    ref = gen.parakeet_outputs(model, features)
+    out = _run_encoder(cfg, weights, features[0], bucket=256)
+    _, rel = record_parity(f"parakeet_{kind}.live.encoder", out["hidden"], ref["hidden"])
+    assert rel <= 1e-5
+    if kind == "ctc":
+        assert _collapse(out["log_probs"][0], cfg.blank_id) == _collapse(ref["log_probs"][0], cfg.blank_id)
+    else:
+        gen._tokenizer_json(tmp_path)
+        assert _transducer_tokens(tmp_path, out["projected"][0]) == list(ref["tokens"])
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("head", ["ctc", "rnnt"])
+@pytest.mark.parametrize("attention", ["rotary", "rel_pos"])
+def test_gigaam_live(head, attention, tmp_path, record_parity):
+    from safetensors.torch import save_file
+    gen = _generator()
+    cfg_dict, model = gen.gigaam_model(head, attention, seed=11)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(cfg_dict))
+    cfg, weights = conformer.load(tmp_path)
+    features = (np.random.default_rng(11).standard_normal((1, 64, 190)) * 2 - 8).astype(np.float32)
+    ref = gen.gigaam_outputs(cfg_dict, model, features)
+    out = _run_encoder(cfg, weights, features[0].T, bucket=230)
+    _, rel = record_parity(f"gigaam_{head}_{attention}.live.encoder", out["hidden"], ref["hidden"])
+    assert rel <= 1e-5
+    if head == "ctc":
+        _, rel = record_parity(f"gigaam_{head}_{attention}.live.log_probs", out["log_probs"], ref["log_probs"])
+        assert rel <= 1e-5
+    else:
+        assert _transducer_tokens(tmp_path, out["projected"][0]) == list(ref["tokens"])
+
+
+@pytest.mark.reference
+def test_front_ends_live(record_parity):
+    gen = _generator()
+    samples = (np.random.default_rng(5).standard_normal(16000 * 3 + 77) * 0.2).astype(np.float32)
+    max_abs, _ = record_parity("nemo_log_mel.live", audio.nemo_log_mel(samples), gen.nemo_reference(samples))
+    assert max_abs <= 1e-4
+    max_abs, _ = record_parity("gigaam_log_mel.live", audio.gigaam_log_mel(samples, n_mels=64),
+                               gen.gigaam_reference(samples))
+    assert max_abs <= 1e-4
