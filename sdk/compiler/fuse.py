@@ -193,7 +193,7 @@ def _merge_projections(kernels: list[Kernel]) -> list[Kernel]:
     groups: dict[tuple, list[Kernel]] = {}
     for k in kernels:
         if k.kind == "gemm" and not k.chain:
-            groups.setdefault((k.inputs[0], k.attrs["transpose_b"], k.inputs[2] is None), []).append(k)
+            groups.setdefault((k.inputs[0], k.attrs["transpose_b"]), []).append(k)
     merged_away = set()
     for group in groups.values():
         if len(group) < 2:
