@@ -56,3 +56,23 @@ class ProgramError(SdkError):
 class DeviceIOError(SdkError):
     """A microphone, camera or typing tool is missing, busy or failed."""
     exit_code = 5
+
+
+class ArtifactMissing(DeviceUnavailable):
+    """No compiled NPU artifact (xclbin + instructions, or full ELF) for this program on this target."""
+
+
+class ContextLimit(DeviceUnavailable):
+    """The NPU has no free hardware context (6 on npu1, 16 on npu2, shared by every process)."""
+
+
+class MemlockTooLow(DeviceUnavailable):
+    """The locked-memory limit (RLIMIT_MEMLOCK) is below what the session's pinned device buffers need."""
+
+
+class DeviceBusy(DeviceUnavailable):
+    """Another program holds the NPU (it is single-tenant)."""
+
+
+class DispatchTimeout(DeviceUnavailable):
+    """A dispatch did not complete: the driver's watchdog stopped it, or the device reported an error."""
