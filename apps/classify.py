@@ -1,0 +1,235 @@
+"""`aie-apps classify`: top-k labels for camera frames, videos, images and folders.
+
+    aie-apps classify --camera                 # camera 0, overlay window when there is a display
+    aie-apps classify --camera 2 --headless --jsonl
+    aie-apps classify clip.mp4 photos/ cat.jpg --top-k 3
+    aie-apps classify --model openai/clip-vit-base-patch32 --labels "cat,dog,coffee mug" --camera
+
+Results go to stdout (one line per frame; `--jsonl` makes them JSON), notes and the end-of-run timing per
+stage (capture, preprocess, infer, postprocess, display) to stderr. The window shows the top label, its
+score, inference ms and a smoothed FPS; `q` or Esc closes it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import typer
+
+from sdk.errors import InputError, UsageError
+
+from .cli import DeviceOpt, app, command, err
+
+WINDOW = "aie-apps classify"
+IMAGE_SECONDS = 1.0  # how long the window shows each still image
+STAGES = ("capture", "preprocess", "infer", "postprocess", "display")
+
+
+def gui_available() -> tuple[bool, str]:
+    """(usable, why not): OpenCV needs a GUI build and an X11/Wayland display (Qt aborts without one)."""
+    import cv2
+    gui = next((line.split(":", 1)[1].strip() for line in cv2.getBuildInformation().splitlines()
+                if line.strip().startswith("GUI:")), "NONE")
+    if gui.upper() == "NONE":
+        return False, "this OpenCV has no GUI (opencv-python-headless?); install opencv-python for the window"
+    # the display is the desktop session's, not a setting of ours, so it is read here where it is used
+    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+        return False, "no display (DISPLAY is not set)"
+    return True, ""
+
+
+class Stats:
+    """Per-stage milliseconds over the run, and a smoothed FPS over the last 30 frames."""
+
+    def __init__(self):
+        self.ms = {s: [] for s in STAGES}
+        self.stamps: deque[float] = deque(maxlen=30)
+        self.started = time.perf_counter()
+        self.frames = 0
+
+    def tick(self) -> float:
+        self.stamps.append(time.perf_counter())
+        if len(self.stamps) < 2:
+            return 0.0
+        return (len(self.stamps) - 1) / (self.stamps[-1] - self.stamps[0])
+
+    def summary(self) -> str:
+        frames, wall = self.frames, time.perf_counter() - self.started
+        lines = [f"{frames} frames in {wall:.2f} s ({frames / wall if wall else 0:.1f} FPS overall)"]
+        for stage in STAGES:
+            v = np.asarray(self.ms[stage])
+            if v.size:
+                lines.append(f"  {stage:<12} mean {v.mean():8.2f} ms   p50 {np.median(v):8.2f}   "
+                             f"p90 {np.percentile(v, 90):8.2f}   total {v.sum() / 1e3:7.2f} s")
+        return "\n".join(lines)
+
+
+def draw_overlay(rgb: np.ndarray, predictions, infer_ms: float, fps: float, device: str) -> np.ndarray:
+    """The frame (BGR, for imshow) with a banner: top label and score, inference ms, smoothed FPS."""
+    import cv2
+    bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR)
+    if bgr.shape[1] < 480:  # small frames: scale up so the text stays legible
+        f = 480 / bgr.shape[1]
+        bgr = cv2.resize(bgr, (480, int(round(bgr.shape[0] * f))), interpolation=cv2.INTER_NEAREST)
+    top = predictions[0]
+    lines = [f"{top.label}: {100 * top.score:.1f}%",
+             f"infer {infer_ms:.1f} ms   FPS {fps:.1f}   {device}"]
+    height = 14 + 28 * len(lines)
+    banner = bgr[:height].copy()
+    banner[:] = (20, 20, 20)
+    bgr[:height] = cv2.addWeighted(bgr[:height], 0.3, banner, 0.7, 0)
+    for i, text in enumerate(lines):
+        cv2.putText(bgr, text, (10, 30 + 28 * i), cv2.FONT_HERSHEY_SIMPLEX, 0.75, (255, 255, 255), 2, cv2.LINE_AA)
+    return bgr
+
+
+def _parse_labels(labels: str | None) -> list[str] | None:
+    if not labels:
+        return None
+    if labels.startswith("@"):
+        try:
+            lines = Path(labels[1:]).read_text(encoding="utf-8").splitlines()
+        except OSError as e:
+            raise InputError(f"cannot read labels file {labels[1:]}: {e.strerror}", fix="one label per line") from None
+        return [line.strip() for line in lines if line.strip()]
+    return [part.strip() for part in labels.split(",") if part.strip()]
+
+
+@app.command("classify")
+@command
+def classify(
+    sources: Annotated[Optional[list[str]], typer.Argument(
+        help="camera index or /dev/videoN, video file, image, or folder of images")] = None,
+    camera: Annotated[bool, typer.Option("--camera", help="read a camera: --camera (0) or --camera IDX")] = False,
+    top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="labels per frame")] = 5,
+    labels: Annotated[Optional[str], typer.Option(
+        "--labels", help="CLIP zero-shot labels: comma-separated, or @file with one per line")] = None,
+    jsonl: Annotated[bool, typer.Option("--jsonl", help="one JSON object per frame on stdout")] = False,
+    headless: Annotated[bool, typer.Option("--headless", help="no window, even when a display is available")] = False,
+    list_cameras: Annotated[bool, typer.Option("--list-cameras", help="list video capture devices and exit")] = False,
+    max_frames: Annotated[Optional[int], typer.Option(
+        "--max-frames", min=1, help="stop after this many frames (cameras otherwise run until q / Ctrl-C)")] = None,
+    model: Annotated[str, typer.Option("--model", help="model name or folder (ViT, ResNet, or CLIP with --labels)")]
+    = "google/vit-base-patch16-224",
+    device: DeviceOpt = None,
+):
+    """Classify camera frames, videos, images and folders; overlay window or JSON lines."""
+    from pipelines import vision
+
+    if list_cameras:
+        _print_cameras(vision.list_cameras(), jsonl)
+        return
+    specs = list(sources or [])
+    if camera and not any(s.isdigit() or s.startswith("/dev/video") for s in specs):
+        specs.append("0")  # bare --camera; `--camera 2` arrives as the SOURCE "2"
+    if not specs:
+        raise UsageError("nothing to classify", fix="pass a SOURCE (image, folder, video, camera index) or --camera")
+    show = False
+    if not headless:
+        show, why = gui_available()
+        if not show:
+            err(f"note: {why}; running headless")
+        else:
+            import cv2
+            cv2.namedWindow(WINDOW, cv2.WINDOW_AUTOSIZE | cv2.WINDOW_GUI_NORMAL)  # no toolbar over the frame
+            cv2.moveWindow(WINDOW, 0, 0)
+
+    failures = []
+
+    def on_error(e: InputError):
+        failures.append(e)
+        err(f"error: {e.message}")
+
+    clf = vision.ImageClassifier(model, labels=_parse_labels(labels), device=device,
+                                 options=vision.VisionOptions(top_k=top_k))
+    stats = Stats()
+    device_name = clf.session.device_effective
+    try:
+        with clf:
+            for spec in specs:
+                source = vision.open_source(spec, on_error)
+                try:
+                    stop = _run(source, clf, stats, max_frames, top_k, show, jsonl, device_name)
+                finally:
+                    source.close()
+                    notes = [f"{getattr(source, 'dropped', 0)} stale camera frames dropped"] if source.kind == "camera" \
+                        else [f"{source.skipped} unreadable frames skipped"] if getattr(source, "skipped", 0) else []
+                    for note in notes:
+                        err(f"note: {source.name}: {note}")
+                if stop:
+                    break
+    finally:
+        if show:
+            import cv2
+            cv2.destroyAllWindows()
+        err(stats.summary())
+    if failures:
+        raise typer.Exit(1)
+
+
+def _run(source, clf, stats: Stats, max_frames, top_k, show, jsonl, device_name) -> bool:
+    """Classify every frame of one source; returns whether to stop (q / Esc / window closed / --max-frames)."""
+    import cv2
+    pace = show and source.kind == "video" and getattr(source, "fps", 0) > 0  # play files at their own rate
+    start = time.perf_counter()
+    for frame in source:
+        stats.ms["capture"].append(frame.capture_ms)
+        t0 = time.perf_counter()
+        pixels = clf.preprocess(frame.image)[None]
+        t1 = time.perf_counter()
+        probs = clf.infer(pixels)
+        t2 = time.perf_counter()
+        predictions = clf.top_k(probs, top_k)[0]
+        t3 = time.perf_counter()
+        infer_ms = (t2 - t1) * 1e3
+        for stage, ms in (("preprocess", t1 - t0), ("infer", t2 - t1), ("postprocess", t3 - t2)):
+            stats.ms[stage].append(ms * 1e3)
+        fps = stats.tick()
+        _emit(frame, predictions, (t3 - t0) * 1e3, infer_ms, device_name, jsonl)
+        stats.frames += 1
+        if show:
+            cv2.imshow(WINDOW, draw_overlay(frame.image, predictions, infer_ms, fps, device_name))
+            wait_ms = 1
+            if source.kind == "images":
+                wait_ms = int(IMAGE_SECONDS * 1e3)
+            elif pace:
+                wait_ms = max(1, int((start + frame.index / source.fps - time.perf_counter()) * 1e3))
+            key = cv2.waitKey(wait_ms) & 0xFF
+            stats.ms["display"].append((time.perf_counter() - t3) * 1e3)
+            if key in (ord("q"), 27) or cv2.getWindowProperty(WINDOW, cv2.WND_PROP_VISIBLE) < 1:
+                return True
+        if max_frames and stats.frames >= max_frames:
+            return True
+    return False
+
+
+def _emit(frame, predictions, latency_ms: float, infer_ms: float, device: str, jsonl: bool):
+    if jsonl:
+        print(json.dumps({"source": frame.source, "frame": frame.index, "time": round(frame.time, 4),
+                          "top_k": [{"label": p.label, "score": round(p.score, 6), "index": p.index}
+                                    for p in predictions],
+                          "latency_ms": round(latency_ms, 3), "infer_ms": round(infer_ms, 3), "device": device}),
+              flush=True)
+    else:
+        best = "  ".join(f"{p.label} {p.score:.3f}" for p in predictions)
+        print(f"{frame.source} #{frame.index}: {best}  ({latency_ms:.1f} ms)", flush=True)
+
+
+def _print_cameras(cameras: list[dict], jsonl: bool):
+    if not cameras:
+        err("no cameras found (no /dev/video* capture devices)")
+        return
+    for c in cameras:
+        if jsonl:
+            print(json.dumps(c))
+        else:
+            size = "x".join(map(str, c.get("size", []))) or "-"
+            state = "ok" if c.get("usable") else "not readable (busy, or a metadata node)"
+            print(f"{c['index']}\t{c['path']}\t{c['name']}\t{size}\t{state}")
+    sys.stdout.flush()
