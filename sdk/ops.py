@@ -299,7 +299,7 @@ def concat(xs, *, axis: int):
     return np.concatenate(xs, axis=axis)
 
 
-@_op(lambda x, *, pads: tuple(n + a + b for n, (a, b) in zip(x, pads)))
+@_op(lambda x, *, pads, value=0.0: tuple(n + a + b for n, (a, b) in zip(x, pads)))
 def pad(x, *, pads, value: float = 0.0):
     """Constant padding; pads = ((before, after), ...) per axis."""
     return np.pad(x, pads, constant_values=value)
