@@ -33,6 +33,7 @@ PROGRAM_BYTES = {"gemm": 6 * KB, "bmm": 6 * KB, "conv": 7 * KB, "mha": 10 * KB, 
                  "softmax": 3 * KB, "norm": 3 * KB, "reduce": 2 * KB, "argmax": 2 * KB, "rope": 3 * KB,
                  "pool": 3 * KB, "gather": 0, "maskgen": 1 * KB, "state_write": 0, "concat": 0, "pad": 0, "copy": 0}
 EPILOGUE_OP_BYTES = 512
+PROLOGUE_BYTES = 1536  # a norm run on the A rows inside the GEMM
 DMA_ONLY = {"gather", "state_write", "concat", "pad", "copy"}
 MATMUL_KINDS = {"gemm", "bmm", "conv"}
 
@@ -52,7 +53,8 @@ def supports(kernel, dtype_of, shape_of) -> str:
     node = kernel.head
     if kernel.kind == "host":
         return f"no NPU kernel for {node.op}"
-    float_in = [dtype_of(r) == "float32" for r in kernel.inputs if r is not None]
+    n_head = 3 if kernel.kind == "gemm" else len(node.inputs)  # runtime parameters may follow
+    float_in = [dtype_of(r) == "float32" for r in kernel.inputs[:n_head] if r is not None]
     if kernel.kind in ("eltwise", "gemm", "bmm", "softmax", "norm", "reduce", "rope", "argmax", "pool", "mha") \
             and not all(float_in):
         return f"{node.op} on integers runs on the host"
@@ -92,6 +94,8 @@ def tiling(kernel, shape_of, target: Target) -> dict:
             t = {"M": M, "K": K, "N": N, "m": min(m, _up(M, mm)), "k": min(k, _up(K, mk)), "n": min(n, _up(N, mn)),
                  "epilogue_operands": extra, "precision": MATMUL_PRECISION[target.name]}
             t |= {"Kp": _up(K, t["k"]), "Np": _up(N, t["n"])}
+            if "prologue" in kernel.attrs:
+                t["prologue_k"] = K  # the norm needs whole A rows: their statistics, gamma and beta
             t["cores"] = min(target.cores, math.ceil(M / t["m"]) * (t["Np"] // t["n"]))
             if fits(kind, t, target):
                 return t
@@ -164,6 +168,9 @@ def footprint(kind: str, t: dict, target: Target) -> Footprint:
               + e * 2 * m * n * 2)   # epilogue operands (residuals)
         memtile = 2 * (target.rows * k * n * 2 + m * k * 2)  # B tiles for the column's cores, shared A tile
         ins = input_streams(kind, 2, e)
+        if "prologue_k" in t:  # norm prologue: gamma and beta rows, per-row mean and 1/std
+            l1 += 2 * t["prologue_k"] * 2 + m * 8
+            ins += 1
     elif kind == "mha":
         tq, tk, d = t["tq"], t["tk"], t["d"]
         l1 = (2 * tq * d * 2 + 2 * 2 * tk * d * 2   # q tile, k and v blocks (double-buffered)
@@ -208,7 +215,7 @@ def problems(kind: str, t: dict, target: Target, *, n_epilogue: int, dims: int =
     if dims > target.memtile_dims:
         found.append(f"an operand's access pattern needs {dims} dimensions; a memtile buffer descriptor has "
                      f"{target.memtile_dims}")
-    code = program_bytes(kind, n_epilogue)
+    code = program_bytes(kind, n_epilogue) + (PROLOGUE_BYTES if "prologue_k" in t else 0)
     if code > target.program_bytes:
         found.append(f"needs {code} bytes of program memory; the limit is {target.program_bytes // KB} KB")
     return found

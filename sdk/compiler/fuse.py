@@ -7,7 +7,11 @@ Three things happen here, in one walk over the graph in order:
   consume its output alone (bias, activation, residual add, scale) as an epilogue computed on the fp32
   accumulator before the single bf16 store, as long as the kernel's code still fits program memory;
 - GEMMs that read the same activation with no epilogue (Q, K and V projections) merge into one GEMM whose
-  packed weight is their concatenation.
+  packed weight is their concatenation;
+- a layer/RMS norm read only by one GEMM becomes that GEMM's prologue (pre-LN transformers: the norm before
+  Q/K/V and before FC1 costs no kernel of its own);
+- a cache_write of a GEMM output that nothing else reads becomes that GEMM's output access pattern: K and V
+  land in the cache at the runtime position straight from the projection.
 In-place state writes (cache_write, assign) alias their output to the state tensor they write.
 """
 from __future__ import annotations
@@ -45,6 +49,8 @@ class Ref:
 @dataclass
 class Kernel:
     kind: str                      # catalog kind (gemm, mha, norm, ...) or "host"
+    # inputs: the head's operands first (a GEMM: A, B, bias), then extra operands referenced by index from
+    # `chain`, attrs["prologue"] and attrs["state_writes"]
     head: Node                     # the node the kernel is built around
     inputs: list                   # Ref or None, head operands first, then epilogue operands
     outputs: list[str]             # values the kernel stores
@@ -143,7 +149,10 @@ def fuse(graph: Graph, target: Target) -> Fused:
             kernels.append(Kernel("copy", copy, [resolved], [copy.output], len(graph.nodes), nodes=[]))
     positions = {n.output: i for i, n in enumerate(graph.nodes)}
     n_views = sum(1 for n in graph.nodes if n.op in VIEW_OPS)
-    return Fused(graph.name, _merge_projections(kernels), alias, out_values, values, views, positions, n_views)
+    kernels = _merge_projections(kernels)
+    kernels = _norm_prologues(kernels, set(out_values.values()), target)
+    kernels = _fold_cache_writes(kernels, set(out_values.values()))
+    return Fused(graph.name, kernels, alias, out_values, values, views, positions, n_views)
 
 
 def _view(node: Node) -> tuple:
@@ -206,3 +215,65 @@ def _merge_projections(kernels: list[Kernel]) -> list[Kernel]:
             first.nodes += other.nodes
             merged_away.add(id(other))
     return [k for k in kernels if id(k) not in merged_away]
+
+
+def _readers(kernels: list[Kernel]) -> dict[str, list[Kernel]]:
+    readers: dict[str, list[Kernel]] = {}
+    for k in kernels:
+        for r in k.inputs:
+            if r is not None and not any(x is k for x in readers.get(r.value, [])):
+                readers.setdefault(r.value, []).append(k)
+    return readers
+
+
+def _norm_prologues(kernels: list[Kernel], outputs: set[str], target: Target) -> list[Kernel]:
+    """A norm whose only reader is one GEMM (as its A operand, no view) runs inside that GEMM."""
+    readers = _readers(kernels)
+    producer = {v: k for k in kernels for v in k.outputs}
+    gone = set()
+    for g in kernels:
+        a = g.inputs[0] if g.kind == "gemm" else None
+        n = producer.get(a.value) if a is not None and not a.views else None
+        if n is None or n.kind != "norm" or n.chain or len(n.outputs) != 1 or a.value in outputs:
+            continue
+        if [id(k) for k in readers.get(a.value, [])] != [id(g)]:
+            continue
+        extra = sum(1 for c in g.chain if c["operand"] is not None)
+        if catalog.input_streams("gemm", 2, extra + 1) > 2 * target.core_channels or \
+                catalog.program_bytes("gemm", len(g.chain)) + catalog.PROLOGUE_BYTES > target.program_bytes:
+            continue
+        first = len(g.inputs)
+        g.inputs += n.inputs[1:]
+        g.inputs[0] = n.inputs[0]
+        g.attrs["prologue"] = {"op": n.head.op, "attrs": dict(n.head.attrs),
+                               "operands": list(range(first, first + len(n.inputs) - 1))}
+        g.nodes = n.nodes + g.nodes
+        gone.add(id(n))
+    return [k for k in kernels if id(k) not in gone]
+
+
+def _fold_cache_writes(kernels: list[Kernel], outputs: set[str]) -> list[Kernel]:
+    """cache_write(cache, gemm output, pos) -> the GEMM stores that output into the cache at pos."""
+    readers = _readers(kernels)
+    producer = {v: k for k in kernels for v in k.outputs}
+    gone = set()
+    for s in kernels:
+        if s.kind != "state_write" or s.head.op != "cache_write":
+            continue
+        value, cache = s.inputs[1], s.outputs[0]
+        g = producer.get(value.value)
+        if g is None or g.kind != "gemm" or g.chain or value.value in outputs \
+                or [id(k) for k in readers.get(value.value, [])] != [id(s)]:
+            continue
+        between = [k for k in kernels if g.position < k.position < s.position]
+        if any(r is not None and r.value == cache for k in between for r in k.inputs) or \
+                any(cache in k.outputs for k in between):
+            continue  # something reads or writes the cache between the projection and the write
+        i = g.outputs.index(value.value)
+        g.inputs.append(s.inputs[2])
+        g.attrs.setdefault("state_writes", []).append({"output": i, "axis": s.head.attrs["axis"],
+                                                       "views": list(value.views), "pos": len(g.inputs) - 1})
+        g.outputs[i] = cache
+        g.nodes += s.nodes
+        gone.add(id(s))
+    return [k for k in kernels if id(k) not in gone]

@@ -52,8 +52,12 @@ def _kernel_attrs(f: Fused, k: Kernel, views, buffers) -> dict:
              "views": views, "tiling": k.attrs["tiling"], "flops": sum(node_flops(f.values, n) for n in k.nodes)}
     attrs["dims"] = [access_dims(f.values[r.value].shape, r.views) if r is not None and r.value in f.values else 1
                      for r in k.inputs]
+    attrs["n_head"] = 3 if k.kind == "gemm" else len(k.head.inputs)
     if k.kind == "gemm":
         attrs["n_splits"] = list(k.attrs["n_splits"])
+        for key in ("prologue", "state_writes"):
+            if key in k.attrs:
+                attrs[key] = k.attrs[key]
     # bytes the kernel moves: what the cost model charges to DRAM bandwidth
     weight_bytes = sum(buffers[r.value].nbytes for r in k.inputs if r is not None and r.value in buffers
                        and buffers[r.value].arena == "weights")

@@ -203,17 +203,22 @@ class EmuExecutable:
 
     def _kernel(self, k: Step) -> None:
         a = k.attrs
-        n_extra = sum(1 for c in a["chain"] if c["operand"] is not None)
         args = [self._load(n, v) if n is not None and (k.op, i) not in NOT_STREAMED else None
                 for i, (n, v) in enumerate(zip(k.inputs, a["views"]))]
-        head = args[:len(args) - n_extra]
+        head = args[:a["n_head"]]
         if k.op == "state_write":
             return self._state_write(k, head)
-        y = KERNELS.get(k.op, _reference)(self, k, head)
-        if k.op == "gemm" and len(k.outputs) > 1:  # merged projections: one result per output
+        y = KERNELS.get(k.op, _reference)(self, k, head, args)
+        if k.op == "gemm" and (len(k.outputs) > 1 or "state_writes" in a):
+            # merged projections: one result per output; K/V may go straight into their cache
             parts = np.split(y, np.cumsum(a["n_splits"])[:-1], axis=-1)
-            for name, part in zip(k.outputs, parts):
-                self._store(name, part)
+            writes = {w["output"]: w for w in a.get("state_writes", ())}
+            for i, (name, part) in enumerate(zip(k.outputs, parts)):
+                if i in writes:
+                    w = writes[i]
+                    self._write_cache(name, layout.apply_views(part, w["views"]), int(args[w["pos"]]), w["axis"])
+                else:
+                    self._store(name, part)
             return
         for c in a["chain"]:
             if c["operand"] is None:
@@ -224,13 +229,14 @@ class EmuExecutable:
         self._store(k.outputs[0], y)
 
     def _state_write(self, k: Step, head) -> None:
-        target = self._raw(k.outputs[0])
-        value = head[1]
         if k.attrs["head"]["op"] == "assign":
-            target[...] = np.broadcast_to(value, target.shape).astype(target.dtype)
+            target = self._raw(k.outputs[0])
+            target[...] = np.broadcast_to(head[1], target.shape).astype(target.dtype)
             return
-        axis = k.attrs["head"]["attrs"]["axis"]
-        pos = int(head[2])
+        self._write_cache(k.outputs[0], head[1], int(head[2]), k.attrs["head"]["attrs"]["axis"])
+
+    def _write_cache(self, name: str, value, pos: int, axis: int) -> None:
+        target = self._raw(name)
         n = value.shape[axis]
         if not 0 <= pos <= target.shape[axis] - n:
             raise InputError(f"cache_write at position {pos} of {n} entries does not fit a cache of "
@@ -250,16 +256,19 @@ def _operand(k: Step, x, axis):
     return bfp16(x, axis) if k.attrs["tiling"].get("precision") == "bfp16" else x
 
 
-def _gemm(exe, k, head):
+def _gemm(exe, k, head, args):
     x, _, bias = head
     t = k.attrs["tiling"]
+    if "prologue" in k.attrs:  # the norm of the A rows, in fp32, stored to bf16 as the MACs read it
+        p = k.attrs["prologue"]
+        x = bf16(_normalise(p["op"], p["attrs"]["eps"], x, *[args[i] for i in p["operands"]]))
     b = _operand(k, exe.weight_matrix(k.inputs[1]), 0)
     xp = np.pad(_operand(k, x, -1), [(0, 0)] * (x.ndim - 1) + [(0, t["Kp"] - t["K"])])
     y = (xp @ b)[..., :t["N"]]
     return y + bias[:t["N"]] if bias is not None else y
 
 
-def _bmm(exe, k, head):
+def _bmm(exe, k, head, args):
     a, b = head
     if k.attrs["head"]["attrs"].get("transpose_b", False) or k.attrs["head"]["op"] == "linear":
         b = np.swapaxes(b, -1, -2)
@@ -269,7 +278,7 @@ def _bmm(exe, k, head):
     return y
 
 
-def _mha(exe, k, head):
+def _mha(exe, k, head, args):
     q, kk, v = head[:3]
     mask = head[3] if len(head) > 3 else None
     s = (q @ np.swapaxes(kk, -1, -2)) * np.float32(k.attrs["head"]["attrs"]["scale"])
@@ -279,7 +288,7 @@ def _mha(exe, k, head):
     return p @ v
 
 
-def _eltwise(exe, k, head):
+def _eltwise(exe, k, head, args):
     op, attrs = k.attrs["head"]["op"], k.attrs["head"]["attrs"]
     if op in UNARY:
         return UNARY[op](head[0], **attrs)
@@ -289,29 +298,31 @@ def _eltwise(exe, k, head):
     return a * k_sigmoid(b)
 
 
-def _softmax(exe, k, head):
+def _softmax(exe, k, head, args):
     fn = k_softmax if k.attrs["head"]["op"] == "softmax" else k_log_softmax
     return fn(head[0], axis=k.attrs["head"]["attrs"].get("axis", -1))
 
 
-def _norm(exe, k, head):
-    op, eps = k.attrs["head"]["op"], np.float32(k.attrs["head"]["attrs"]["eps"])
-    x = head[0]
+def _norm(exe, k, head, args):
+    return _normalise(k.attrs["head"]["op"], k.attrs["head"]["attrs"]["eps"], *head)
+
+
+def _normalise(op, eps, x, w, b=None):
+    eps = np.float32(eps)
     if op == "rms_norm":
-        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * head[1]
-    mu = x.mean(axis=-1, keepdims=True)
-    xc = x - mu
-    y = xc / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps) * head[1]
-    return y + head[2] if len(head) > 2 and head[2] is not None else y
+        return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+    xc = x - x.mean(axis=-1, keepdims=True)
+    y = xc / np.sqrt(np.mean(xc * xc, axis=-1, keepdims=True) + eps) * w
+    return y + b if b is not None else y
 
 
-def _conv(exe, k, head):
+def _conv(exe, k, head, args):
     x, w = head[0], head[1]
     b = head[2] if len(head) > 2 else None
     return OPS[k.attrs["head"]["op"]].ref(x, w, b, **k.attrs["head"]["attrs"])
 
 
-def _gather(exe, k, head):
+def _gather(exe, k, head, args):
     table, ids = head
     bad = ids[(ids < 0) | (ids >= table.shape[0])]
     if bad.size:
@@ -321,7 +332,7 @@ def _gather(exe, k, head):
     return table[ids]
 
 
-def _reference(exe, k, head):
+def _reference(exe, k, head, args):
     """Data movement and the ops whose NPU result equals the reference (copy, concat, pad, masks, pooling,
     rotary, mean, argmax): the op's own numpy reference on the bf16 operands."""
     op = k.attrs["head"]["op"]
