@@ -12,6 +12,7 @@ The same module applies view chains (reshape / transpose / slice), the access pa
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections import OrderedDict
@@ -20,7 +21,7 @@ from typing import Mapping
 import ml_dtypes
 import numpy as np
 
-from ..errors import WeightError
+from ..errors import UsageError, WeightError
 from ..program import Buffer, Program, Usage
 from .fuse import Fused, Ref
 from .hardware import Target
@@ -66,6 +67,11 @@ def access_dims(shape: tuple, views) -> int:
     """Dimensions of the DMA access pattern that reads `shape` through `views` (contiguous runs merged)."""
     if not views:
         return 1
+    return _access_dims(tuple(shape), tuple(tuple(v) for v in views))
+
+
+@functools.lru_cache(maxsize=4096)  # every layer repeats the same patterns
+def _access_dims(shape: tuple, views: tuple) -> int:
     size = int(np.prod(shape))
     if size > 1 << 22:  # large operands: bound it by the dimensions the views mention
         return max(len(apply_views_shape(shape, views)), 1)
@@ -132,7 +138,8 @@ def _pack_gemm(f: Fused, k, buffers, recipes):
 
 def _add(buffers, recipes, name, shape, recipe):
     if name in recipes and recipes[name] != recipe:
-        raise AssertionError(f"two different packings named {name}")
+        raise UsageError(f"weight {name.split('@')[0]} is read with two different shapes by the graphs of one "
+                         f"program", fix="compile graphs of one model together, and different models apart")
     buffers[name] = Buffer(name, tuple(shape), "bfloat16", Usage.WEIGHTS)
     recipes[name] = recipe
 
