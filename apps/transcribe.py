@@ -1,0 +1,76 @@
+"""`aie-apps transcribe FILE...`: speech to text with Whisper; txt, srt, vtt, json or jsonl on stdout or in -o DIR."""
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sdk.errors import UsageError
+
+from .cli import DeviceOpt, app, command, err
+
+
+class Format(str, Enum):
+    txt = "txt"
+    srt = "srt"
+    vtt = "vtt"
+    json = "json"
+    jsonl = "jsonl"
+
+
+def _clock(seconds: float, sep: str) -> str:
+    ms = int(round(seconds * 1000))
+    return f"{ms // 3600000:02d}:{ms // 60000 % 60:02d}:{ms // 1000 % 60:02d}{sep}{ms % 1000:03d}"
+
+
+def render(t, fmt: Format) -> str:
+    """One transcript in one format (text ends with a newline)."""
+    if fmt is Format.txt:
+        return t.text + "\n"
+    if fmt is Format.srt:
+        return "".join(f"{i}\n{_clock(s.start, ',')} --> {_clock(s.end, ',')}\n{s.text}\n\n"
+                       for i, s in enumerate(t.segments, 1))
+    if fmt is Format.vtt:
+        return "WEBVTT\n\n" + "".join(f"{_clock(s.start, '.')} --> {_clock(s.end, '.')}\n{s.text}\n\n"
+                                      for s in t.segments)
+    doc = {"file": t.source, "text": t.text, "language": t.language, "duration": t.duration,
+           "segments": [{"start": s.start, "end": s.end, "text": s.text} for s in t.segments],
+           "device_requested": t.device_requested, "device_effective": t.device_effective}
+    return json.dumps(doc, ensure_ascii=False, indent=None if fmt is Format.jsonl else 1) + "\n"
+
+
+def _load(model: str, device: str | None, options):
+    from pipelines.asr import Transcriber
+    return Transcriber(model, device=device, options=options)
+
+
+@app.command("transcribe")
+@command
+def transcribe(
+    files: Annotated[list[Path], typer.Argument(help="audio files (wav, flac, ogg; mp3 where libsndfile can)")],
+    model: Annotated[str, typer.Option("--model", help="model name, HF repo id or folder")] = "whisper-tiny.en",
+    fmt: Annotated[Format, typer.Option("--format", "-f", help="output format")] = Format.txt,
+    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o",
+                                                       help="write FILE.<format> here instead of stdout")] = None,
+    language: Annotated[Optional[str], typer.Option("--language", help="e.g. en, de; default: detect")] = None,
+    task: Annotated[str, typer.Option("--task", help="transcribe or translate (to English)")] = "transcribe",
+    device: DeviceOpt = None,
+):
+    """Transcribe audio files with Whisper (default: tiny.en, offline)."""
+    from pipelines.asr import TranscribeOptions
+
+    if output_dir is not None and not output_dir.is_dir():
+        raise UsageError(f"output directory {output_dir} does not exist", fix="create it first")
+    transcriber = _load(model, device, TranscribeOptions(language=language, task=task))
+    for path in files:
+        result = transcriber.transcribe(path)
+        text = render(result, fmt)
+        if output_dir is None:
+            print(text, end="", flush=True)
+        else:
+            target = output_dir / f"{path.stem}.{fmt.value}"
+            target.write_text(text, encoding="utf-8")
+            err(f"wrote {target} ({result.duration:.1f} s of audio, device {result.device_effective})")
