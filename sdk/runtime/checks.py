@@ -15,6 +15,8 @@ from pathlib import Path
 NPU_PCI_IDS = {0x1502: "npu1", 0x17F0: "npu2"}
 AMD = 0x1022
 MIN_MEMLOCK = 1 << 30  # every BO is pinned; model arenas need a large memlock budget
+SYSFS_PCI = Path("/sys/bus/pci/devices")
+DEVICE_NODES = "/dev/accel/accel*"
 
 
 @dataclass(frozen=True)
@@ -33,9 +35,9 @@ class NpuPci:
     target: str
 
 
-def find_npu_pci(sysfs: Path = Path("/sys/bus/pci/devices")) -> list[NpuPci]:
+def find_npu_pci(sysfs: Path | None = None) -> list[NpuPci]:
     found = []
-    for dev in sorted(sysfs.glob("*")):
+    for dev in sorted((sysfs or SYSFS_PCI).glob("*")):
         try:
             vendor = int((dev / "vendor").read_text(), 16)
             device = int((dev / "device").read_text(), 16)
@@ -70,7 +72,7 @@ def run_checks() -> list[Check]:
         checks.append(Check("amdxdna driver", "fail", "the amdxdna kernel module is not loaded",
                             "use Linux >= 6.14 (amdxdna is in mainline) and run `sudo modprobe amdxdna`"))
 
-    nodes = sorted(glob.glob("/dev/accel/accel*"))
+    nodes = sorted(glob.glob(DEVICE_NODES))
     if not nodes:
         checks.append(Check("device node", "fail", "no /dev/accel/accel* node",
                             "load the driver (above); the node appears when amdxdna binds the NPU"))
@@ -107,7 +109,36 @@ def run_checks() -> list[Check]:
     else:
         checks.append(Check("mlir-aie toolchain", "warn", "mlir_aie is not installed (needed only to build kernels; "
                             "prebuilt artifacts run without it)", "see kernels/README.md for the pinned wheels"))
+
+    checks += npu_runtime_checks(checks)
     return checks
+
+
+def npu_runtime_checks(before: list[Check]) -> list[Check]:
+    """The last layer: prebuilt artifacts for this target, then one real dispatch (this one opens the device)."""
+    from ..errors import SdkError
+    from . import npu
+    blocking = [c.name for c in before if c.status == "fail" and c.name in ("device node", "XRT (pyxrt)")]
+    try:
+        target = npu.detect_target()
+    except SdkError as e:
+        return [Check("NPU artifacts", "fail", f"not checked: {e.message}", e.fix)]
+    keys = npu.artifact_keys(target)
+    if keys:
+        out = [Check("NPU artifacts", "ok", f"{len(keys)} prebuilt {target} artifact(s)")]
+    else:
+        out = [Check("NPU artifacts", "fail", f"no prebuilt {target} artifacts in "
+                     + " or ".join(str(d / "manifest.json") for d in npu.prebuilt_dirs()),
+                     npu.BUILD_FIX.format(target=target))]
+    if blocking or not keys:
+        reason = ", ".join(blocking) if blocking else "NPU artifacts"
+        return out + [Check("smoke dispatch", "fail", f"not run: {reason} failed",
+                            "fix the failing checks above, then run `aie-apps doctor` again")]
+    try:
+        detail = npu.smoke_dispatch(target)
+    except SdkError as e:
+        return out + [Check("smoke dispatch", "fail", e.message, e.fix)]
+    return out + [Check("smoke dispatch", "ok", detail)]
 
 
 def npu_usable(checks: list[Check]) -> bool:
