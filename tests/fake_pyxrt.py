@@ -1,0 +1,442 @@
+"""A fake `pyxrt` for tests: the names the npu backend uses, behaving like XRT on an amdxdna NPU, limits and
+all, and executing every dispatch with the emulator's semantics (sdk/runtime/emu.py) so that outputs are real.
+
+What it enforces (a ContractViolation is a bug in the caller; device faults are what XRT would report):
+- a BO has host memory and device memory: a kernel sees only what was synced to the device, and the host
+  sees a kernel's results only after a from-device sync; reading without one returns stale data. Device
+  memory starts as garbage (0xA5), so a missing to-device sync shows up in the outputs too;
+- an xclbin kernel is called as kernel(3, instruction BO, instruction count in 32-bit words, *data BOs): the
+  opcode must be 3, the instruction BO `cacheable` on group_id(1) and synced, the count its stream's length
+  in words; data BOs are `host_only` on the group_id of their argument and at least their arena's size;
+- at most 5 host data BOs per kernel call (more crashed XRT or skipped a DMA, mlir-aie#3248);
+- hardware contexts: 6 (npu1) / 16 (npu2) alive at once, counted over the whole "machine" (FAKE.contexts
+  includes those of other processes, FAKE.other_contexts); the legacy device.load_xclbin fails;
+- memlock: pinned bytes (whole pages) stay within FAKE.memlock, else BO allocation fails like XRT's;
+- watchdog: a dispatch whose device time (the cost model's estimate: a fake has no clock) exceeds
+  FAKE.watchdog_s ends in ERT_CMD_STATE_TIMEOUT and writes nothing.
+Faults to inject through FAKE.faults: "device" (no device), "context" (context creation fails), "busy"
+(EBUSY), "alloc" (BO allocation fails), "timeout" / "error" (the next runs end in TIMEOUT / ERROR).
+
+Artifacts for it are written by `write_artifacts(program, root)`: a program saved next to a JSON "xclbin"
+or "ELF" naming its dispatches, instruction streams that identify their dispatch, and a manifest entry with
+sha256, exactly where the npu backend looks for real ones.
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import itertools
+import json
+import types
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from sdk.program import Program
+from sdk.runtime import npu
+from sdk.runtime.backend import Counters
+from sdk.runtime.emu import ARENAS, EmuExecutable
+
+PAGE = 4096
+STREAM_MAGIC = 0x46414B45  # "FAKE": first word of every fake instruction stream
+GARBAGE = 0xA5
+DEVICE_NAMES = {"npu1": "RyzenAI-npu1", "npu2": "RyzenAI-npu4"}
+
+
+class ContractViolation(AssertionError):
+    """The caller broke XRT's contract (what real hardware answers with garbage, a hang or a crash)."""
+
+
+@dataclass
+class World:
+    """The fake machine: its NPU generation, limits, faults and a log of what crossed."""
+    target: str = "npu2"
+    memlock: float = float("inf")
+    watchdog_s: float = npu.WATCHDOG_S
+    faults: set = field(default_factory=set)
+    contexts: int = 0
+    other_contexts: int = 0     # held by other processes
+    pinned: int = 0
+    dispatches: list = field(default_factory=list)
+    timeouts: int = 0
+
+
+FAKE = World()
+_generation = [0]  # objects of a machine before reset() no longer count against the new one
+
+
+def reset(**kw) -> World:
+    FAKE.__init__(**kw)
+    _generation[0] += 1
+    return FAKE
+
+
+# ---- enums, named as pyxrt names them ----------------------------------------------------------------
+
+class xclBOSyncDirection(enum.IntEnum):
+    XCL_BO_SYNC_BO_TO_DEVICE = 0
+    XCL_BO_SYNC_BO_FROM_DEVICE = 1
+    XCL_BO_SYNC_BO_GMIO_TO_AIE = 2
+    XCL_BO_SYNC_BO_AIE_TO_GMIO = 3
+
+
+class ert_cmd_state(enum.IntEnum):
+    ERT_CMD_STATE_NEW = 1
+    ERT_CMD_STATE_QUEUED = 2
+    ERT_CMD_STATE_COMPLETED = 4
+    ERT_CMD_STATE_ERROR = 5
+    ERT_CMD_STATE_ABORT = 6
+    ERT_CMD_STATE_SUBMITTED = 7
+    ERT_CMD_STATE_TIMEOUT = 8
+    ERT_CMD_STATE_NORESPONSE = 9
+
+
+class xrt_info_device(enum.IntEnum):
+    bdf = 0
+    name = 5
+
+
+TO_DEVICE = xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
+FROM_DEVICE = xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE
+COMPLETED = ert_cmd_state.ERT_CMD_STATE_COMPLETED
+
+
+class uuid:
+    def __init__(self, text: str):
+        self.text = text
+
+    def to_string(self) -> str:
+        return self.text
+
+
+# ---- device, artifacts, contexts ---------------------------------------------------------------------
+
+class device:
+    def __init__(self, index=0):
+        if "device" in FAKE.faults or index != 0:
+            raise RuntimeError(f"No devices found (index {index})")
+        self.registered: dict[str, "xclbin"] = {}
+
+    def get_info(self, key):
+        return DEVICE_NAMES[FAKE.target] if key == xrt_info_device.name else "0000:c4:00.1"
+
+    def register_xclbin(self, xb: "xclbin") -> uuid:
+        self.registered[xb.uuid.text] = xb
+        return xb.uuid
+
+    def load_xclbin(self, *_):
+        raise RuntimeError("load_xclbin is not supported by the amdxdna shim: register_xclbin + hw_context")
+
+
+class _Design:
+    """What a fake artifact file holds: the device program and the dispatches it runs."""
+
+    def __init__(self, path: str, kind: str):
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise RuntimeError(f"{path}: not a valid {kind}: {e}") from None
+        if doc.get("fake_pyxrt") != kind:
+            raise RuntimeError(f"{path}: not a {kind}")
+        self.doc = doc
+        self.program = Program.load(path.parent / doc["program"])
+        self.steps = {s.op: s for e in self.program.entries.values() for s in e.steps if s.kind == "dispatch"}
+        self.executor = _DeviceExecutor(self.program)
+
+
+class xclbin:
+    class xclbinkernel:
+        def __init__(self, name):
+            self.name = name
+
+        def get_name(self):
+            return self.name
+
+    def __init__(self, path: str):
+        self.design = _Design(path, "xclbin")
+        self.uuid = uuid(self.design.doc["uuid"])
+
+    def get_uuid(self) -> uuid:
+        return self.uuid
+
+    def get_kernels(self):
+        return [xclbin.xclbinkernel(n) for n in self.design.doc["kernels"]]
+
+
+class elf:
+    def __init__(self, path: str):
+        self.design = _Design(path, "elf")
+
+
+class hw_context:
+    def __init__(self, dev: device, what):
+        if "context" in FAKE.faults:
+            raise RuntimeError("DRM_IOCTL_AMDXDNA_CREATE_HWCTX IOCTL failed (err=-22): Invalid argument")
+        if "busy" in FAKE.faults:
+            raise RuntimeError("DRM_IOCTL_AMDXDNA_CREATE_HWCTX IOCTL failed (err=-16): Device or resource busy")
+        if FAKE.contexts + FAKE.other_contexts >= npu.CONTEXT_LIMIT[FAKE.target]:
+            raise RuntimeError("DRM_IOCTL_AMDXDNA_CREATE_HWCTX IOCTL failed (err=-28): No space left on device")
+        if isinstance(what, uuid):
+            if what.text not in dev.registered:
+                raise RuntimeError(f"xclbin {what.text} is not registered with the device")
+            self.design, self.kind = dev.registered[what.text].design, "xclbin"
+        elif isinstance(what, elf):
+            self.design, self.kind = what.design, "elf"
+        else:
+            raise TypeError(f"hw_context(device, {type(what).__name__}) is not a pyxrt overload")
+        FAKE.contexts += 1
+        weakref.finalize(self, _context_gone, _generation[0])
+
+
+def _context_gone(generation):
+    if generation == _generation[0]:
+        FAKE.contexts -= 1
+
+
+# ---- buffers -----------------------------------------------------------------------------------------
+
+class bo:
+    class flags(enum.IntEnum):
+        normal = 0
+        cacheable = 1
+        device_only = 2
+        host_only = 3
+        p2p = 4
+        svm = 5
+
+    normal, cacheable, device_only, host_only, p2p, svm = flags
+
+    _ids = itertools.count()
+
+    def __init__(self, owner, size, flags_or_offset, group=None):
+        self.id = next(bo._ids)
+        self.syncs: list[tuple] = []
+        if isinstance(owner, bo):  # sub-buffer: a window of its parent's memory
+            offset = int(flags_or_offset)
+            if offset + size > owner.size():
+                raise RuntimeError("sub-buffer exceeds its parent")
+            self.host, self.device = owner.host[offset:offset + size], owner.device[offset:offset + size]
+            self.flag, self.group = owner.flag, owner.group
+            return
+        if not isinstance(owner, (device, hw_context)):
+            raise TypeError("bo(device | hw_context, size, flags, group)")
+        if "alloc" in FAKE.faults:
+            raise RuntimeError("failed to allocate buffer object: Cannot allocate memory")
+        pinned = -(-int(size) // PAGE) * PAGE
+        if FAKE.pinned + pinned > FAKE.memlock:
+            raise RuntimeError(f"failed to pin {pinned} bytes: Cannot allocate memory (RLIMIT_MEMLOCK)")
+        FAKE.pinned += pinned
+        weakref.finalize(self, _unpin, pinned, _generation[0])
+        self.flag, self.group = bo.flags(flags_or_offset), int(group)
+        self.host = np.zeros(int(size), np.uint8)
+        self.device = np.full(int(size), GARBAGE, np.uint8)
+
+    def size(self) -> int:
+        return self.host.nbytes
+
+    def address(self) -> int:
+        return 0x4000_0000 + self.id * PAGE
+
+    def map(self) -> memoryview:
+        return memoryview(self.host)
+
+    def write(self, data, seek: int) -> None:
+        raw = np.frombuffer(memoryview(data).cast("B"), np.uint8)
+        self._check(seek, raw.nbytes)
+        self.host[seek:seek + raw.nbytes] = raw
+
+    def read(self, size: int, skip: int) -> np.ndarray:
+        self._check(skip, size)
+        return self.host[skip:skip + size].view(np.int8).copy()
+
+    def sync(self, direction, size=None, offset=0) -> None:
+        direction = xclBOSyncDirection(direction)
+        size = self.size() - offset if size is None else int(size)
+        self._check(offset, size)
+        if direction == TO_DEVICE:
+            self.device[offset:offset + size] = self.host[offset:offset + size]
+        elif direction == FROM_DEVICE:
+            self.host[offset:offset + size] = self.device[offset:offset + size]
+        else:
+            raise ContractViolation(f"{direction.name} is for GMIO, not NPU buffers")
+        self.syncs.append((direction, offset, size))
+
+    def _check(self, offset, size):
+        if offset < 0 or size < 0 or offset + size > self.size():
+            raise RuntimeError(f"range [{offset}, {offset + size}) outside a BO of {self.size()} bytes")
+
+
+def _unpin(n, generation):
+    if generation == _generation[0]:
+        FAKE.pinned -= n
+
+
+# ---- kernels and runs --------------------------------------------------------------------------------
+
+class run:
+    def __init__(self, k=None, state=ert_cmd_state.ERT_CMD_STATE_NEW):
+        self.kernel, self._state, self.args = k, state, {}
+
+    def set_arg(self, index: int, value) -> None:
+        self.args[index] = value
+
+    def start(self) -> None:
+        self._state = self.kernel._execute([self.args[i] for i in sorted(self.args)])._state
+
+    def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
+        return self._state
+
+    def wait2(self, timeout_ms: int | None = None):
+        if self._state != COMPLETED:
+            raise RuntimeError(f"command failed: {self._state.name}")
+        return self._state
+
+    def state(self) -> ert_cmd_state:
+        return self._state
+
+
+class kernel:
+    """An xclbin kernel: (opcode, instructions, word count, *data BOs)."""
+    FIRST_DATA = npu.FIRST_ARENA_ARG["npu1"]
+
+    def __init__(self, ctx: hw_context, name: str):
+        if ctx.kind != "xclbin" or name not in ctx.design.doc["kernels"]:
+            raise RuntimeError(f"No such kernel {name!r} in the context's xclbin")
+        self.ctx = ctx
+
+    def group_id(self, index: int) -> int:
+        return int(index)  # one memory group per argument, so a BO on the wrong argument is caught
+
+    def __call__(self, *args) -> run:
+        return self._execute(list(args))
+
+    def _execute(self, args) -> run:
+        if len(args) < 3:
+            raise ContractViolation("an xclbin kernel takes (opcode, instruction BO, word count, *data BOs)")
+        opcode, insts, words, data = args[0], args[1], args[2], args[3:]
+        if opcode != 3:
+            raise ContractViolation(f"opcode {opcode}: NPU instruction streams run with opcode 3")
+        if not isinstance(insts, bo) or insts.flag != bo.cacheable or insts.group != self.group_id(1):
+            raise ContractViolation("the instruction BO must be a cacheable BO on kernel.group_id(1)")
+        stream = insts.device.view(np.uint32)
+        if stream[0] != STREAM_MAGIC:
+            raise ContractViolation("the instruction stream on the device is not one the xclbin made: "
+                                    "was the instruction BO synced to the device?")
+        if words != stream[1]:
+            unit = "bytes" if words == 4 * stream[1] else "a wrong count"
+            raise ContractViolation(f"instruction count {words} is {unit}; the stream has {stream[1]} 32-bit words")
+        dispatch = self.ctx.design.doc["streams"][int(stream[2])]
+        return _dispatch(self.ctx.design, dispatch, data, self.group_id, self.FIRST_DATA)
+
+
+class _ext:
+    class kernel(kernel):
+        """A full-ELF kernel (one runtime sequence of the ELF): its arguments are the data BOs only."""
+        FIRST_DATA = npu.FIRST_ARENA_ARG["npu2"]
+
+        def __init__(self, ctx: hw_context, name: str):
+            if ctx.kind != "elf" or name not in ctx.design.doc["sequences"]:
+                raise RuntimeError(f"No kernel {name!r} in the context's ELF")
+            self.ctx, self.dispatch = ctx, ctx.design.doc["sequences"][name]
+
+        def _execute(self, args) -> run:
+            return _dispatch(self.ctx.design, self.dispatch, args, self.group_id, self.FIRST_DATA)
+
+
+ext = types.SimpleNamespace(kernel=_ext.kernel)
+
+
+class runlist:
+    def __init__(self, ctx: hw_context | None = None):
+        self.runs = []
+
+    def add(self, r: run) -> None:
+        self.runs.append(r)
+
+    def execute(self) -> None:
+        for r in self.runs:
+            r.start()
+            if r.state() != COMPLETED:
+                break
+
+    def wait(self, timeout_ms: int | None = None):
+        states = [r.state() for r in self.runs]
+        return next((s for s in states if s != COMPLETED), COMPLETED)
+
+
+def _dispatch(design: _Design, name: str, data: list, group_id, first: int) -> run:
+    if len(data) > npu.MAX_HOST_BUFFERS:
+        raise ContractViolation(f"{len(data)} host BOs in one kernel call; more than {npu.MAX_HOST_BUFFERS} "
+                                "crashed XRT or skipped a DMA (mlir-aie#3248)")
+    if len(data) != len(ARENAS):
+        raise ContractViolation(f"the runtime sequence takes {len(ARENAS)} arenas {ARENAS}, got {len(data)} BOs")
+    sizes = design.program.meta["arenas"]
+    for i, (arena, b) in enumerate(zip(ARENAS, data)):
+        if not isinstance(b, bo) or b.flag != bo.host_only or b.group != group_id(first + i):
+            raise ContractViolation(f"argument {first + i} ({arena}) must be a host_only BO on group_id({first + i})")
+        if b.size() < sizes[arena]:
+            raise ContractViolation(f"the {arena} BO has {b.size()} bytes; the program's {arena} arena needs "
+                                    f"{sizes[arena]}")
+    for fault, state in (("timeout", ert_cmd_state.ERT_CMD_STATE_TIMEOUT), ("error", ert_cmd_state.ERT_CMD_STATE_ERROR)):
+        if fault in FAKE.faults:
+            return run(state=state)
+    step = design.steps[name]
+    if npu.dispatch_seconds(design.program, step) > FAKE.watchdog_s:
+        FAKE.timeouts += 1
+        return run(state=ert_cmd_state.ERT_CMD_STATE_TIMEOUT)
+    design.executor.dispatch(step, {a: b.device for a, b in zip(ARENAS, data)})
+    FAKE.dispatches.append(name)
+    return run(state=COMPLETED)
+
+
+class _DeviceExecutor(EmuExecutable):
+    """The emulator's kernels, reading and writing the BOs' device memory instead of its own arenas."""
+
+    def __init__(self, program: Program):  # no upload: the device memory is the BOs'
+        self.program, self.counters, self._unpacked = program, Counters(), {}
+        self.arenas, self._state = {}, None
+
+    def dispatch(self, step, memory: dict[str, np.ndarray]) -> None:
+        self.arenas = {a: memory[a] for a in ("weights", "io", "scratch")}
+        self._state = types.SimpleNamespace(arena=memory["state"])
+        self._unpacked = {}  # weights are read from the device as they are now
+        for k in step.body:
+            self._kernel(k)
+
+
+# ---- fake artifacts, where the backend looks for real ones ---------------------------------------------
+
+def write_artifacts(program: Program, root: Path, budget_s: float | None = None) -> str:
+    """Build `program`'s artifact for its target into root (a prebuilt/ folder) and list it in
+    root/manifest.json; returns the content key."""
+    dp = npu.device_program(program, budget_s)
+    key, target = program.meta["content_key"], program.target
+    folder = Path(root) / target / key
+    dp.save(folder / "program")
+    dispatches = [s for e in dp.entries.values() for s in e.steps if s.kind == "dispatch"]
+    files = {}
+    if target == "npu1":
+        doc = {"fake_pyxrt": "xclbin", "uuid": key, "kernels": [npu.XCLBIN_KERNEL], "program": "program",
+               "streams": [s.op for s in dispatches]}
+        (folder / "design.xclbin").write_text(json.dumps(doc))
+        files["xclbin"] = folder / "design.xclbin"
+        for i, s in enumerate(dispatches):
+            words = np.zeros(16 + 8 * len(s.body), np.uint32)  # a stream's length follows its kernels
+            words[:3] = (STREAM_MAGIC, len(words), i)
+            path = folder / f"insts_{i}.bin"
+            words.tofile(path)
+            files[f"insts/{s.op}"] = path
+    else:
+        doc = {"fake_pyxrt": "elf", "program": "program", "sequences": {f"main:{s.op}": s.op for s in dispatches}}
+        (folder / "design.elf").write_text(json.dumps(doc))
+        files["elf"] = folder / "design.elf"
+    manifest_path = Path(root) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"format": 1, "artifacts": {}}
+    manifest["artifacts"][key] = {"target": target, "files": {
+        role: {"path": str(p.relative_to(root)), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+        for role, p in files.items()}}
+    manifest_path.write_text(json.dumps(manifest, indent=1))
+    return key
