@@ -33,13 +33,15 @@ class DeviceChoice:
 
 def npu_problem() -> str:
     """Why the NPU backend cannot be used on this machine, or "" when it can (no hardware is opened)."""
-    if not glob.glob("/dev/accel/accel*"):
+    from . import checks
+    if not glob.glob(checks.DEVICE_NODES):
         return "no NPU device node (/dev/accel/accel*): no Ryzen AI NPU, or the amdxdna driver is not loaded"
     if importlib.util.find_spec("pyxrt") is None:
         return "pyxrt is not importable: install XRT with the amdxdna plugin and source its setup.sh"
     if importlib.util.find_spec("sdk.runtime.npu") is None:
         return "this build of aie-apps has no npu backend"
-    return ""
+    from .npu import artifacts_problem  # the target from its PCI id, and artifacts built for it
+    return artifacts_problem()
 
 
 _warned = False
