@@ -108,6 +108,34 @@ def test_checkpoint_problems_are_named(tmp_path):
         esm.load(folder)
 
 
+def test_loads_the_layout_of_the_published_checkpoints(tmp_path):
+    """facebook/esm2_* safetensors: LayerNorm.weight names, per-layer rotary inv_freq, an unused learned position
+    table (1026 + 2 rows), position_ids, lm_head with its decoder, contact head. All but the encoder is ignored."""
+    from safetensors.numpy import load_file, save_file
+    cfg, ours = esm.load(FIXTURE)
+    tensors = {k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias"): v
+               for k, v in load_file(FIXTURE / "model.safetensors").items() if "rotary" not in k}
+    inv_freq = esm.inverse_frequencies(cfg)
+    tensors |= {f"esm.encoder.layer.{i}.attention.self.rotary_embeddings.inv_freq": inv_freq
+                for i in range(cfg.num_hidden_layers)}
+    tensors |= {"esm.embeddings.position_embeddings.weight": np.zeros((1028, cfg.hidden_size), np.float32),
+                "esm.embeddings.position_ids": np.arange(1026, dtype=np.int64)[None],
+                "lm_head.decoder.weight": tensors["esm.embeddings.word_embeddings.weight"]}
+    save_file(tensors, tmp_path / "model.safetensors")
+    shutil.copy(FIXTURE / "config.json", tmp_path / "config.json")
+    _, weights = esm.load(tmp_path)
+    assert weights.keys() == ours.keys() and all(np.array_equal(weights[k], ours[k]) for k in ours)
+
+
+def test_eager_numpy_forward_equals_the_compiled_graph():
+    cfg, weights = esm.load(FIXTURE)
+    golden = np.load(FIXTURE / "golden.npz")
+    eager = esm.forward(weights, golden["ids"], golden["mask"], cfg=cfg, layers=(1, 3))
+    graphed = _run(cfg, weights, golden["ids"], golden["mask"], (1, 3))
+    for k in ("layer_1", "layer_3"):
+        np.testing.assert_allclose(eager[k], graphed[k], atol=1e-6, rtol=0)
+
+
 @pytest.mark.reference
 def test_live_against_transformers(tmp_path, record_parity):
     """A fresh random EsmModel (no `esm.` prefix, plain weight/bias names) against transformers, live."""

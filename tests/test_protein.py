@@ -176,6 +176,11 @@ def test_long_and_empty_sequences(embedder):
         ProteinOptions(pooling="max")
 
 
+def test_the_sdk_facade_exports_the_embedder():
+    import sdk
+    assert sdk.ProteinEmbedder is ProteinEmbedder
+
+
 @pytest.mark.parametrize("name", ["esm2_t6_8M_UR50D", "facebook/esm2_t6_8M_UR50D"])
 def test_missing_real_weights_are_a_typed_error_with_the_fix(name):
     with pytest.raises(ModelNotFound) as info:

@@ -131,13 +131,16 @@ def inverse_frequencies(cfg: Config) -> np.ndarray:
     return (1.0 / cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.float32) / np.float32(d))).astype(np.float32)
 
 
+def _constant(like, array: np.ndarray):
+    """`array` as a constant of the graph being traced, or as itself when the model runs eagerly on numpy."""
+    return like.graph.constant(array) if getattr(like, "symbolic", False) else array
+
+
 def forward(w, ids, mask, *, cfg: Config, layers: tuple[int, ...]):
     """ids: int32 [B, T] (<cls> residues <eos> <pad>...); mask: float32 [B, T], 1 for real tokens.
     Returns {"layer_k": [B, T, hidden]} for each k in `layers` (already resolved, 0..N)."""
     B, T = ids.shape
     H, D, N = cfg.num_attention_heads, cfg.head_dim, cfg.num_hidden_layers
-    g = ids.graph if hasattr(ids, "graph") else None
-    const = g.constant if g is not None else np.asarray
     token_mask = mask.reshape(B, T, 1)
 
     x = ops.embedding(w["embeddings.word_embeddings.weight"], ids)
@@ -145,10 +148,10 @@ def forward(w, ids, mask, *, cfg: Config, layers: tuple[int, ...]):
         # <mask> embeddings are zeroed, and the rest scaled by (1 - train ratio) / (1 - observed ratio).
         is_mask = np.zeros((cfg.vocab_size, 1), np.float32)
         is_mask[cfg.mask_token_id] = 1.0
-        masked = ops.embedding(const(is_mask), ids)  # [B, T, 1]
+        masked = ops.embedding(_constant(ids, is_mask), ids)  # [B, T, 1]
         x = x * (1.0 - masked)
         observed = ops.div(ops.mean(masked, axis=1, keepdims=True), ops.mean(token_mask, axis=1, keepdims=True))
-        x = x * ops.div(const(np.float32(1 - MASK_RATIO_TRAIN)), 1.0 - observed)
+        x = x * ops.div(_constant(ids, np.float32(1 - MASK_RATIO_TRAIN)), 1.0 - observed)
     if cfg.emb_layer_norm_before:
         x = ops.layer_norm(x, w["embeddings.layer_norm.weight"], w["embeddings.layer_norm.bias"],
                            eps=cfg.layer_norm_eps)
@@ -156,7 +159,7 @@ def forward(w, ids, mask, *, cfg: Config, layers: tuple[int, ...]):
     outputs = {"layer_0": x} if 0 in layers else {}
 
     bias = ((1.0 - mask) * float(ops.NEG_INF)).reshape(B, 1, 1, T)  # padding is never attended
-    cos, sin = (const(t) for t in rotary_tables(cfg, T))
+    cos, sin = (_constant(ids, t) for t in rotary_tables(cfg, T))
 
     def heads(t):
         return t.reshape(B, T, H, D).transpose(0, 2, 1, 3)
