@@ -1,7 +1,8 @@
 """`aie-apps embed`: protein embeddings from a FASTA file (or stdin) with ESM-2.
 
-Results are written in input order: an .npz (`ids`, `headers`, `lengths`, `layers`, `embeddings`) or JSON
-lines. Work is saved batch by batch next to the output (`OUT.parts/`, each part written atomically), so an
+Results are written in input order: an .npz (`ids`, `headers`, `lengths`, `layers`, `pooling`, `model` and
+`embeddings`: [n, hidden], [n, n_layers, hidden] for several layers, or per-residue rows with `offsets`) or
+JSON lines. Work is saved batch by batch next to the output (`OUT.parts/`, each part written atomically), so an
 interrupted run continues with `--resume` and only embeds what is missing; the folder goes once OUT is whole.
 """
 from __future__ import annotations
@@ -174,7 +175,7 @@ def _write_atomic(output: Path, fmt: str, records, vectors, run: dict):
         if fmt == "npz":
             meta = dict(ids=np.array([r.id for r in records]), headers=np.array([r.header for r in records]),
                         lengths=np.array([len(r.sequence) for r in records]), layers=np.array(run["layers"]),
-                        pooling=np.array(run["pooling"]))
+                        pooling=np.array(run["pooling"]), model=np.array(run["model"]))
             if run["pooling"] == "per-residue":  # ragged: rows of sequence i are offsets[i]:offsets[i+1]
                 np.savez(f, **meta, embeddings=np.concatenate(vectors),
                          offsets=np.concatenate([[0], np.cumsum([len(v) for v in vectors])]))
