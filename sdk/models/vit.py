@@ -252,10 +252,10 @@ def graph(cfg: Config, batch: int, size: int | None = None) -> Graph:
                  inputs={"pixels": ((batch, cfg.num_channels, size, size), "float32")})
 
 
-def load(folder: str | Path, checkpoint: dict | None = None) -> tuple[Config, dict[str, np.ndarray]]:
+def load(folder: str | Path) -> tuple[Config, dict[str, np.ndarray]]:
     folder = Path(folder)
     cfg = Config.from_dict(read_config(folder))
-    ckpt = checkpoint if checkpoint is not None else read_safetensors(folder / "model.safetensors")
+    ckpt = read_safetensors(folder / "model.safetensors")
     table = WEIGHT_MAP[cfg.variant]
     if cfg.variant == "vit" and not any(k.startswith("vit.") for k in ckpt):  # a bare ViTModel checkpoint
         table = [(ours, theirs.removeprefix("vit.")) for ours, theirs in table]
