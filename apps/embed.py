@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -57,6 +58,8 @@ def embed(
         raise UsageError(f"--layers must be comma-separated integers, got {layers!r}", fix="e.g. --layers -1 or 0,6,-1") from None
     options = ProteinOptions(pooling=pooling, layers=layer_list, toks_per_batch=toks_per_batch, max_len=max_len)
 
+    if fasta == "-" and sys.stdin.isatty():
+        raise UsageError("FASTA '-' means stdin, but stdin is a terminal", fix="pipe a FASTA file in, or pass its path")
     records = read_fasta(sys.stdin if fasta == "-" else Path(fasta))
     check_unique_ids(records)
     records = _apply_policies(records, max_len, on_long)
@@ -119,7 +122,7 @@ def _apply_policies(records, max_len: int, on_long: str):
                 err(f"warning: skipping {r.id}: {len(r.sequence)} residues > --max-len {max_len}")
                 continue
             err(f"warning: truncating {r.id} from {len(r.sequence)} to {max_len} residues")
-            kept.append(type(r)(r.id, r.header, r.sequence[:max_len], r.line))
+            kept.append(replace(r, sequence=r.sequence[:max_len]))
         else:
             kept.append(r)
     return kept
