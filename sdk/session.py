@@ -14,7 +14,8 @@ import numpy as np
 
 from . import compiler
 from .graph import Graph
-from .runtime import DeviceChoice, choose_device, open_backend
+from .errors import DeviceUnavailable
+from .runtime import DeviceChoice, choose_device, fall_back, open_backend
 from .runtime.backend import Counters, State
 
 
@@ -22,6 +23,15 @@ class Session:
     def __init__(self, graphs: Sequence[Graph], weights: Mapping[str, np.ndarray], *, device: str | None = None,
                  target: str | None = None):
         self.choice: DeviceChoice = choose_device(device)
+        try:
+            self._open(graphs, weights, target)
+        except DeviceUnavailable as e:  # auto chose the NPU but it failed to open (no artifact for this model, ...)
+            if (self.choice.requested, self.choice.effective) != ("auto", "npu"):
+                raise
+            self.choice = fall_back(e.message)
+            self._open(graphs, weights, None)
+
+    def _open(self, graphs, weights, target):
         self.backend = open_backend(self.choice.effective)
         self.program = compiler.compile(list(graphs), target or self.backend.target)
         self._exe = self.backend.load(self.program, weights)

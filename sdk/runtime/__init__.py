@@ -66,11 +66,17 @@ def choose_device(requested: str | None = None) -> DeviceChoice:
         return DeviceChoice("npu", "npu")
     if not problem:
         return DeviceChoice("auto", "npu")
+    return fall_back(problem)
+
+
+def fall_back(reason: str) -> DeviceChoice:
+    """device="auto" cannot use the NPU (found here, or when the session opened it): the CPU, with ONE
+    warning per process saying why."""
     global _warned
     if not _warned:
         _warned = True
-        warnings.warn(f"running on the CPU: {problem}", DeviceFallbackWarning, stacklevel=3)
-    return DeviceChoice("auto", "cpu", problem)
+        warnings.warn(f"running on the CPU: {reason}", DeviceFallbackWarning, stacklevel=3)
+    return DeviceChoice("auto", "cpu", reason)
 
 
 def open_backend(effective: str, **options):
