@@ -549,7 +549,8 @@ class NpuExecutable:
     def _fetch(self, name: str, views=()) -> np.ndarray:
         """A buffer's value from the device: sync its bytes back, then read them (bf16 widened to float32)."""
         buf = self.program.buffers[name]
-        self._sync(buf.arena, self.pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, [(buf.offset, buf.nbytes)])
+        if buf.arena != "weights":  # weights are read-only: the host copy is what was uploaded
+            self._sync(buf.arena, self.pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, [(buf.offset, buf.nbytes)])
         a = np.array(layout.apply_views(self._raw(name), views))
         return a.astype(np.float32) if a.dtype == BF16 else a
 
