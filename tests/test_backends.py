@@ -17,6 +17,7 @@ BACKENDS = [
     pytest.param("cpu", None, id="cpu"),
     pytest.param("emu", "npu1", id="emu-npu1"),
     pytest.param("emu", "npu2", id="emu-npu2"),
+    pytest.param("npu", None, id="npu", marks=pytest.mark.npu),  # real hardware; tests/test_backends_npu.py: fake pyxrt
 ]
 
 F, I = "float32", "int32"
