@@ -459,15 +459,14 @@ class VideoFile:
         while True:
             t0 = time.perf_counter()
             ok, image = self.cap.read()
-            if not ok or image is None:
-                if self.frame_count and index + self.skipped >= self.frame_count or bad >= self.max_bad:
+            if not ok or image is None:  # the end, or a frame the decoder could not read (already consumed)
+                if self.frame_count and index + self.skipped + bad >= self.frame_count or bad + 1 >= self.max_bad:
+                    if self.frame_count > index + self.skipped:  # the file promised frames it did not deliver
+                        self.skipped += min(bad + 1, self.frame_count - index - self.skipped)
                     return
                 bad += 1
-                self.skipped += 1
-                if not self.cap.grab() and bad >= self.max_bad:
-                    return
                 continue
-            bad = 0
+            self.skipped, bad = self.skipped + bad, 0
             seconds = self.cap.get(cv2.CAP_PROP_POS_MSEC) / 1e3
             yield Frame(index, seconds, cv2.cvtColor(image, cv2.COLOR_BGR2RGB), self.name,
                         (time.perf_counter() - t0) * 1e3)

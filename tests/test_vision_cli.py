@@ -262,6 +262,21 @@ def test_classify_video_headless_jsonl_emits_one_line_per_frame(tmp_path):
     assert f"{n} frames in" in r.stderr
 
 
+def test_a_truncated_video_ends_cleanly_with_a_note(tmp_path):
+    video = tmp_path / "photos.avi"
+    assert make_video(video) == 12
+    data = video.read_bytes()
+    cut = tmp_path / "cut.avi"
+    cut.write_bytes(data[:len(data) * 2 // 3])  # the last frames are gone, the index still lists them
+    t0 = time.perf_counter()
+    r = runner.invoke(app, ["classify", str(cut), "--headless", "--jsonl", "--model", str(VISION / "vit"),
+                            "--device", "cpu"])
+    assert r.exit_code == 0, r.stderr
+    n = len(r.stdout.splitlines())
+    assert 0 < n < 12 and f"{12 - n} unreadable frames skipped" in r.stderr
+    assert time.perf_counter() - t0 < 30
+
+
 def test_classify_images_and_folders_with_a_bad_file(tmp_path):
     folder = tmp_path / "photos"
     folder.mkdir()

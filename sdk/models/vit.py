@@ -10,7 +10,8 @@ selects:
 
 References: transformers' modeling_vit.py (ViTModel / ViTForImageClassification), modeling_dinov2.py
 (Dinov2Model), modeling_dinov2_with_registers.py, modeling_clip.py (CLIPVisionTransformer). Our weight names
-are theirs, with ViT's `vit.` prefix dropped (CLIP keeps `vision_model.`: its text tower shares the weights). Input: pixels float32 [B, 3, S, S].
+are theirs, with ViT's `vit.` prefix dropped (CLIP keeps `vision_model.`: its text tower shares the weight
+set). Input: pixels float32 [B, 3, S, S], normalised by the preprocessor.
 """
 from __future__ import annotations
 
@@ -64,8 +65,6 @@ class Config:
         known["variant"] = VARIANTS[model_type]
         if known["variant"] == "dinov2":
             known["intermediate_size"] = int(d.get("hidden_size", 768) * d.get("mlp_ratio", 4))
-        if known["variant"] == "clip":
-            known["qkv_bias"] = True
         classifier = any(a.endswith("ForImageClassification") for a in d.get("architectures") or ())
         known["num_labels"] = len(d.get("id2label") or {}) if classifier and known["variant"] == "vit" else 0
         return cls(**known)
