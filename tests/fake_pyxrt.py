@@ -61,6 +61,7 @@ class World:
     pinned: int = 0
     dispatches: list = field(default_factory=list)
     timeouts: int = 0
+    runlists: int = 0
 
 
 FAKE = World()
@@ -357,6 +358,7 @@ class runlist:
         self.runs.append(r)
 
     def execute(self) -> None:
+        FAKE.runlists += 1
         for r in self.runs:
             r.start()
             if r.state() != COMPLETED:

@@ -133,23 +133,24 @@ def test_one_weight_upload_serves_many_runs_and_states(fake_npu):
 
 # ---- the watchdog ---------------------------------------------------------------------------------------
 
-def test_a_dispatch_over_the_watchdog_is_split_and_still_matches(fake_npu):
+@pytest.mark.parametrize("target", ["npu1", "npu2"])
+def test_a_dispatch_over_the_watchdog_is_split_and_still_matches(fake_npu, target):
     graphs, weights, runs = CASES["bert"]()
-    program = compiler.compile(graphs, "npu2")
+    program = compiler.compile(graphs, target)
     whole = npu.dispatch_seconds(program, program.entry(None).steps[0])
     budget = whole / 3
-    prebuilt = fake_npu("npu2", watchdog_s=budget * 1.001)  # the device stops anything over the budget
-    build(graphs, "npu2", prebuilt, budget_s=budget)
+    prebuilt = fake_npu(target, watchdog_s=budget * 1.001)  # the device stops anything over the budget
+    build(graphs, target, prebuilt, budget_s=budget)
     exe = npu.NpuBackend(budget_s=budget).load(program, weights)
     try:
         out = exe.run(None, runs[0][1])["hidden"]
         chunks = [s for s in exe.device.entry(None).steps if s.kind == "dispatch"]
         assert exe.counters.dispatches == len(chunks) >= 3
         assert all(npu.dispatch_seconds(program, c) <= budget for c in chunks)
-        assert fake_pyxrt.FAKE.timeouts == 0
+        assert (fake_pyxrt.FAKE.timeouts, fake_pyxrt.FAKE.runlists) == (0, 1)  # the chunks went as one batch
     finally:
         exe.close()
-    ref = EmuBackend("npu2").load(program, weights).run(None, runs[0][1])["hidden"]
+    ref = EmuBackend(target).load(program, weights).run(None, runs[0][1])["hidden"]
     assert np.array_equal(out, ref)
 
 
