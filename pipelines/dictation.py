@@ -11,7 +11,8 @@ How it works, in the order audio flows:
   source (Microphone, FileSource, or `feed()` from the app) -> resampled to 16 kHz -> RingBuffer
   -> worker thread: Recognizer = VAD (energy over an adaptive noise floor + a voicing check) that cuts
   utterances with pre-roll and hangover -> the utterance (<= one 30 s encoder window) is re-decoded every
-  `partial_every` seconds; words two consecutive decodes agree on are stable (LocalAgreement-2) ->
+  `partial_every` seconds (less often when decoding is slow); words two consecutive decodes agree on are
+  stable (LocalAgreement-2) ->
   at the utterance end one last decode becomes the `final`. Utterances longer than `commit_after` seconds
   are committed early at an agreed segment boundary and the window slides on, so long speech never
   overflows the encoder window.
@@ -60,8 +61,10 @@ class DictationOptions:
     min_voiced: float = 0.09          # s of voiced frames an utterance needs; less is noise, never decoded
     onset: float = 0.09               # s of consecutive loud frames that start an utterance
     preroll: float = 0.4              # s of audio kept from before the onset, so first words are not clipped
+    context: float = 3.0              # s of audio before that, decoded as left context; its text is dropped
     hangover: float = 0.6             # s of quiet that ends an utterance
-    partial_every: float = 1.0        # s of new audio between partial decodes of an open utterance
+    partial_every: float = 1.0        # s of new audio between partial decodes of an open utterance ...
+    partial_share: float = 0.5        # ... or longer, so partials use at most this share of real time
     commit_after: float = 15.0        # s of open utterance after which agreed segments become final early
     max_utterance: float = 28.0       # s; hard cut (never more than one encoder window)
     silence_timeout: float | None = None   # stop after this long without speech
@@ -73,7 +76,7 @@ class DictationOptions:
             raise UsageError(f"max_utterance must be in (0, {WINDOW_SECONDS}] s, got {self.max_utterance}")
         if self.commit_after >= self.max_utterance:
             raise UsageError("commit_after must be shorter than max_utterance")
-        for name in ("preroll", "hangover", "partial_every", "onset", "min_voiced"):
+        for name in ("preroll", "context", "hangover", "partial_every", "onset", "min_voiced"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{name} must be >= 0")
         if self.ring_seconds < 5:
@@ -220,6 +223,20 @@ class _Hypothesis:
     def text(self) -> str:
         return " ".join(self.words)
 
+    def without_prefix(self, n: int) -> "_Hypothesis":
+        if n == 0:
+            return self
+        keep = [i for i, end in enumerate(self.ends) if end > n]
+        return _Hypothesis([self.segments[i] for i in keep], self.words[n:], [self.ends[i] - n for i in keep])
+
+
+def _overlap(before: list[str], after: list[str], *, least: int = 2, most: int = 16) -> int:
+    """Length of the longest run (>= least words) that ends `before` and starts `after`."""
+    for n in range(min(most, len(before), len(after)), least - 1, -1):
+        if [_norm(w) for w in before[-n:]] == [_norm(w) for w in after[:n]]:
+            return n
+    return 0
+
 
 def _agreement(a: list[str], b: list[str]) -> int:
     n = 0
@@ -244,8 +261,12 @@ class Recognizer:
         self.position = 0                    # samples consumed
         self.last_speech = 0.0               # audio time speech was last heard
         self.decodes = 0
+        self.decode_seconds = 0.0            # running average of one decode's wall time
         self._rest = np.zeros(0, np.float32)  # samples short of a whole frame
-        self._preroll = deque(maxlen=max(1, round(options.preroll / FRAME_SECONDS)))
+        self._preroll_frames = round(options.preroll / FRAME_SECONDS)
+        self._context_frames = round(options.context / FRAME_SECONDS)
+        self._past = deque(maxlen=max(1, self._preroll_frames + self._context_frames))  # audio before the utterance
+        self._last_final: list[str] = []      # words of the last final, to drop them if the context repeats them
         self._onset_run: list[np.ndarray] = []
         self._onset_voiced = 0
         self._reset_utterance()
@@ -268,7 +289,10 @@ class Recognizer:
         events: list[Event] = []
         for frame, is_loud, is_voiced in zip(frames, loud, voiced):
             events += self._frame(frame, bool(is_loud), bool(is_voiced))
-        if self.in_utterance and self._since_decode >= self.options.partial_every and self._enough_voice():
+        # no partial while the talker seems to be stopping: the final is due soon and must not queue behind it
+        ending = self.options.vad and self._now() - self.last_speech > self.options.hangover / 3
+        every = max(self.options.partial_every, self.decode_seconds / max(self.options.partial_share, 1e-3))
+        if self.in_utterance and self._since_decode >= every and self._enough_voice() and not ending:
             events += self._partial()
         return events
 
@@ -289,9 +313,9 @@ class Recognizer:
         now = self._now()
         if not self.in_utterance:
             if not loud:
-                self._preroll.extend(self._onset_run)
+                self._past.extend(self._onset_run)
                 self._onset_run, self._onset_voiced = [], 0
-                self._preroll.append(frame)
+                self._past.append(frame)
                 return []
             self._onset_run.append(frame)
             self._onset_voiced += int(voiced)
@@ -314,11 +338,10 @@ class Recognizer:
         return events
 
     def _begin_utterance(self, speech_start: float):
-        pre = list(self._preroll)
+        pre = [self._past.pop() for _ in range(min(self._preroll_frames, len(self._past)))][::-1]
         self._chunks = pre + self._onset_run
         self._buffer_start = speech_start - len(pre) * FRAME_SECONDS
         self._speech_start = speech_start
-        self._preroll.clear()
         self._onset_run = []
         self._since_decode = len(self._chunks) * FRAME_SECONDS
 
@@ -343,11 +366,21 @@ class Recognizer:
     # -- decoding
 
     def _decode(self) -> _Hypothesis:
-        audio = np.concatenate(self._chunks) if self._chunks else np.zeros(FRAME, np.float32)
+        """Decode left context + the utterance buffer; keep the segments centred in the buffer, minus any
+        words that merely repeat the end of the last final (the context leaking into a merged segment)."""
+        room = int(WINDOW_SECONDS / FRAME_SECONDS) - len(self._chunks)
+        context = list(self._past)[-min(self._context_frames, room):] if self._context_frames and room > 0 else []
+        audio = np.concatenate(context + self._chunks) if self._chunks else np.zeros(FRAME, np.float32)
         self.decodes += 1
         self._since_decode = 0.0
-        segments = self.transcriber.decode_window(audio, offset=self._buffer_start)
-        return _Hypothesis.from_segments(segments, self._buffer_start + len(audio) / SAMPLE_RATE)
+        started = time.perf_counter()
+        segments = self.transcriber.decode_window(audio, offset=self._buffer_start - len(context) * FRAME_SECONDS)
+        took = time.perf_counter() - started
+        self.decode_seconds = took if not self.decode_seconds else 0.8 * self.decode_seconds + 0.2 * took
+        window_end = self._buffer_start + self._duration()
+        own = [seg for seg in segments if (seg.start + min(seg.end, window_end)) / 2 >= self._buffer_start]
+        hyp = _Hypothesis.from_segments(own, window_end)
+        return hyp.without_prefix(_overlap(self._last_final, hyp.words))
 
     def _partial(self) -> list[Event]:
         hyp = self._decode()
@@ -377,8 +410,9 @@ class Recognizer:
             return []
         seg_end = float(hyp.segments[cut].end)
         words = hyp.words[:hyp.ends[cut]]
-        final = Final(" ".join(words), self._speech_start, seg_end)
+        final = self._final(words, self._speech_start, seg_end)
         drop = int(round((seg_end - self._buffer_start) / FRAME_SECONDS))
+        self._past.extend(self._chunks[:drop])
         self._chunks = self._chunks[drop:]
         self._buffer_start += drop * FRAME_SECONDS
         self._speech_start = self._buffer_start
@@ -391,7 +425,8 @@ class Recognizer:
         """The window is full and nothing agreed: everything decoded so far becomes final."""
         hyp = self._decode() if self._enough_voice() else None
         end = self._now()
-        events = [Final(hyp.text, self._speech_start, end)] if hyp and hyp.words else []
+        events = [self._final(hyp.words, self._speech_start, end)] if hyp and hyp.words else []
+        self._past.extend(self._chunks)
         self._chunks, self._buffer_start, self._speech_start = [], end, end
         self._previous, self._agreed, self._voiced = None, 0, 0
         return events
@@ -402,9 +437,14 @@ class Recognizer:
             hyp = self._decode()
             end = min(self.last_speech, self._now()) if self.options.vad else self._now()
             if hyp.words:
-                events.append(Final(hyp.text, self._speech_start, max(end, self._speech_start)))
+                events.append(self._final(hyp.words, self._speech_start, max(end, self._speech_start)))
+        self._past.extend(self._chunks or [])
         self._reset_utterance()
         return events
+
+    def _final(self, words: list[str], start: float, end: float) -> Final:
+        self._last_final = list(words)
+        return Final(" ".join(words), start, end)
 
 
 # ----------------------------------------------------------------------------------------------- ring buffer
@@ -642,9 +682,9 @@ class FileSource:
 class Stream:
     """A live dictation session: capture thread (optional source) -> ring buffer -> worker thread.
 
-    transcriber: a loaded Transcriber, or a zero-argument callable returning one; with a callable, capture
-        starts first and the model loads meanwhile (states loading -> warming -> ready), so nothing said
-        during loading is lost.
+    transcriber: a loaded Transcriber (states ready -> listening -> stopped), or a zero-argument callable
+        returning one: then capture starts first and the model loads and warms up meanwhile (states loading
+        -> warming -> ready -> listening -> stopped), and nothing said during loading is lost.
     source: Microphone(...), FileSource(...), or None when the app calls feed().
     Callbacks on_partial(Partial), on_final(Final), on_state(str) run on the worker thread; events() yields
     the same events (and State changes) to one consumer.
@@ -804,8 +844,9 @@ class Stream:
 
     def _work(self):
         try:
-            transcriber = self._load()
+            transcriber, decode_seconds = self._load()
             self.recognizer = rec = Recognizer(transcriber, self.options)
+            rec.decode_seconds = decode_seconds
             self._set_state("listening")
             pace = getattr(self.source, "pace", None)
             simulated, fast = pace == "simulated", pace == "fast"
@@ -831,12 +872,12 @@ class Stream:
                 events = rec.accept(chunk)
                 if simulated:
                     self.sim_clock = max(self.sim_clock, self.processed / SAMPLE_RATE) + time.perf_counter() - started
-                self._emit(events, self.sim_clock if simulated else self.ring.written / SAMPLE_RATE)
+                self._emit(events, self._clock(pace))
                 if self._limits_reached(rec):
                     self._stop.set()
                     self.ring.close()
             if not self._cancel:
-                self._emit(rec.finish(), self.sim_clock if simulated else self.ring.written / SAMPLE_RATE)
+                self._emit(rec.finish(), self._clock(pace))
         except SdkError as e:
             self.error = self.error or e
         except Exception as e:
@@ -851,14 +892,29 @@ class Stream:
             self._set_state("stopped")
             self._events.put(None)
 
-    def _load(self):
+    def _clock(self, pace: str | None) -> float:
+        """Audio time "now", for stamping events: what a live source has captured so far; for a simulated
+        file the virtual clock; for a fast file what has been consumed (so latency = algorithmic latency)."""
+        if pace == "simulated":
+            return self.sim_clock
+        if pace == "fast":
+            return self.processed / SAMPLE_RATE
+        return self.ring.written / SAMPLE_RATE
+
+    def _load(self) -> tuple[object, float]:
+        """(transcriber, seconds one decode takes). A factory is called here (states loading, warming) and the
+        model warmed on one decode of silence; an instance the app passed is taken as loaded and warm."""
+        if not (isinstance(self._transcriber, type) or not hasattr(self._transcriber, "decode_window")):
+            self._set_state("ready")
+            return self._transcriber, 0.0
         self._set_state("loading")
-        factory = isinstance(self._transcriber, type) or not hasattr(self._transcriber, "decode_window")
-        transcriber = self._transcriber() if factory else self._transcriber
+        transcriber = self._transcriber()
         self._set_state("warming")
+        started = time.perf_counter()
         transcriber.decode_window(np.zeros(SAMPLE_RATE, np.float32))  # first-call costs are paid before "ready"
+        warm = time.perf_counter() - started
         self._set_state("ready")
-        return transcriber
+        return transcriber, warm
 
     def _limits_reached(self, rec: Recognizer) -> bool:
         now = self.processed / SAMPLE_RATE

@@ -1,0 +1,91 @@
+"""Shared by the dictation tests and the soak bench: the LibriVox session, WER, and process helpers."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+
+LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
+RATE = 16000
+PAUSE = 2.0
+
+
+def librivox_clips() -> list[tuple[Path, str]]:
+    """(wav, reference words) for the 5 clips, in order."""
+    refs = {}
+    for line in (LIBRIVOX / "transcription").read_text().splitlines():
+        m = re.match(r"<s>(.*)</s>\s*\((\S+)\)", line.strip())
+        if m:
+            refs[m.group(2)] = m.group(1).strip()
+    return [(LIBRIVOX / f"{fid}.wav", refs[fid]) for fid in (LIBRIVOX / "fileids").read_text().split()]
+
+
+def librivox_session() -> tuple[np.ndarray, str, list[tuple[float, float]]]:
+    """The clips joined with 2 s pauses (and 2 s at the end): (audio 16 kHz, reference text, clip spans s)."""
+    import soundfile
+
+    parts, spans, t = [], [], 0.0
+    for wav, _ in librivox_clips():
+        audio, rate = soundfile.read(str(wav), dtype="float32")
+        assert rate == RATE
+        parts += [audio, np.zeros(int(PAUSE * RATE), np.float32)]
+        spans.append((t, t + len(audio) / RATE))
+        t += len(audio) / RATE + PAUSE
+    return np.concatenate(parts), " ".join(ref for _, ref in librivox_clips()), spans
+
+
+ABBREVIATIONS = {"mr": "mister", "mrs": "missus", "dr": "doctor", "st": "saint"}
+
+
+def words(text: str) -> list[str]:
+    """Lowercase words without punctuation; hyphens split words; Mr./Mrs./Dr. spelled out (as Whisper's
+    English normaliser does), so that spelling conventions do not count as recognition errors."""
+    tokens = re.sub(r"[^a-z0-9' ]", " ", text.lower().replace("-", " ")).split()
+    return [ABBREVIATIONS.get(t, t) for t in tokens]
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    ref, hyp = words(reference), words(hypothesis)
+    d = np.arange(len(hyp) + 1)
+    for i, r in enumerate(ref, 1):
+        prev, d[0] = d.copy(), i
+        for j, h in enumerate(hyp, 1):
+            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r != h))
+    return float(d[len(hyp)]) / max(1, len(ref))
+
+
+def need(*binaries: str) -> str | None:
+    """The skip reason when a required binary is absent, else None."""
+    missing = [b for b in binaries if shutil.which(b) is None]
+    return f"needs {', '.join(missing)} on PATH (Debian: apt install {' '.join(missing)})" if missing else None
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:
+    """Terminate a process this test started (its own process group), then kill it if it lingers."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
