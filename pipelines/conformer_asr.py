@@ -151,12 +151,17 @@ class TransducerDecoder:
         return tokens
 
     def _rnnt(self, projected, dec, h, c):
-        """As gigaam's RNNTGreedyDecoding: emit until blank, at most max_symbols_per_step per frame."""
-        tokens = []
+        """As gigaam's RNNTGreedyDecoding and transformers' RNN-T greedy search: emit until blank, at most
+        max_symbols_per_step per frame. transformers also caps the whole search at max_symbols_per_step * frames - 1
+        steps (its generation max_length counts the start token), which only bites when every frame is full."""
+        cfg, tokens, steps = self.cfg, [], 0
+        limit = cfg.max_symbols_per_step * len(projected) - 1 if cfg.model_type.startswith("parakeet") else math.inf
         for t in range(len(projected)):
-            for _ in range(self.cfg.max_symbols_per_step):
-                token = int(self._joint(projected[t], dec).argmax())
-                if token == self.cfg.blank_id:
+            for _ in range(cfg.max_symbols_per_step):
+                if steps >= limit:
+                    return tokens
+                token, steps = int(self._joint(projected[t], dec).argmax()), steps + 1
+                if token == cfg.blank_id:
                     break
                 tokens.append((token, t))
                 dec, h, c = self._predict(token, h, c)

@@ -168,7 +168,7 @@ def test_vocabularies(tmp_path):
 # ---- live references (need torch + transformers / gigaam) ---------------------------------------------------
 
 @pytest.mark.reference
-@pytest.mark.parametrize("kind", ["ctc", "tdt"])
+@pytest.mark.parametrize("kind", ["ctc", "tdt", "rnnt"])
 def test_parakeet_live(kind, tmp_path, record_parity):
     gen = _generator()
     model = gen.parakeet_model(kind, seed=7)

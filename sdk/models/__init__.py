@@ -14,7 +14,8 @@ ARCHITECTURES: dict[str, str] = {
     "vit": "sdk.models.vit", "dinov2": "sdk.models.vit", "dinov2_with_registers": "sdk.models.vit",
     "clip": "sdk.models.clip", "resnet": "sdk.models.resnet",
     "esm": "sdk.models.esm",
-    "parakeet_ctc": "sdk.models.conformer", "parakeet_tdt": "sdk.models.conformer", "gigaam": "sdk.models.conformer",
+    "parakeet_ctc": "sdk.models.conformer", "parakeet_tdt": "sdk.models.conformer",
+    "parakeet_rnnt": "sdk.models.conformer", "gigaam": "sdk.models.conformer",
     "whisper": "sdk.models.whisper",
 }
 
