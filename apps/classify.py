@@ -169,6 +169,9 @@ def classify(
             import cv2
             cv2.destroyAllWindows()
         err(stats.summary())
+        r = clf.report()
+        err(f"  device: requested {r['device_requested']}, effective {r['device_effective']}"
+            + (f", NPU share {r['npu_fraction']:.0%}" if "npu_fraction" in r else ""))
     if failures:
         raise typer.Exit(1)
 

@@ -300,6 +300,10 @@ def test_classify_usage_errors_and_automatic_headless(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "nothing to classify" in r.stderr
     r = runner.invoke(app, ["classify", str(tmp_path / "nope.mp4"), "--model", str(VISION / "vit"), "--headless"])
     assert r.exit_code == 1 and "no such file" in r.stderr
+    r = runner.invoke(app, ["classify", str(tmp_path), "--model", "nobody/no-such-vit", "--headless"])
+    assert r.exit_code == 4 and "offline" in r.stderr and "fix:" in r.stderr
+    r = runner.invoke(app, ["classify", str(tmp_path), "--model", str(VISION / "dinov2"), "--headless"])
+    assert r.exit_code == 2 and "no classification head" in r.stderr
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     image = tmp_path / "cat.png"
