@@ -82,6 +82,35 @@ def test_padding_is_masked_like_transformers(name, record_parity):
     assert rel <= 1e-5
 
 
+def test_sharded_checkpoint_loads(tmp_path):
+    from safetensors.numpy import save_file
+    ckpt = conformer.read_safetensors(DIR / "parakeet_ctc" / "model.safetensors")
+    names = sorted(ckpt)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, keys in shards.items():
+        save_file({k: ckpt[k] for k in keys}, str(tmp_path / file))
+    index = {"weight_map": {k: file for file, keys in shards.items() for k in keys}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    shutil.copy(DIR / "parakeet_ctc" / "config.json", tmp_path / "config.json")
+    _, sharded = conformer.load(tmp_path)
+    _, single = conformer.load(DIR / "parakeet_ctc")
+    assert sharded.keys() == single.keys() and all(np.array_equal(sharded[k], single[k]) for k in single)
+
+
+@pytest.mark.parametrize("name", ["parakeet_ctc", "gigaam_rnnt"])
+def test_encoder_on_emulator(name, record_parity):
+    """The same encoder graph on the functional NPU emulator (emulated, bf16 numerics): all ops on the NPU."""
+    cfg, weights = conformer.load(DIR / name)
+    golden = np.load(DIR / name / "golden.npz")
+    features = golden["features"][0].T if cfg.model_type == "gigaam" else golden["features"][0]
+    lengths = cfg.output_length(len(features))
+    with Session([conformer.encoder_graph(cfg, len(features))], weights, device="emu") as s:
+        out = s.run(features=features[None], **{f"length{i}": np.int32(n) for i, n in enumerate(lengths)})
+        assert s.report()["npu_fraction"]["ops"] == 1.0
+    _, rel = record_parity(f"{name}.encoder.emu", out["hidden"], golden["ref_hidden"])
+    assert rel <= 2e-2
+
+
 def test_front_ends_match_references(record_parity):
     golden = np.load(DIR / "frontends.npz")
     max_abs, _ = record_parity("nemo_log_mel", audio.nemo_log_mel(golden["samples"]), golden["nemo"])

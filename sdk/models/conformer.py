@@ -16,6 +16,7 @@ encoder.py / decoder.py. Our weight names are transformers' Parakeet names; Giga
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -379,10 +380,21 @@ def decoder_graphs(cfg: Config) -> list[Graph]:
             trace(joint, name="joint", weights=param_shapes(cfg), cfg=cfg, inputs={"enc": jh, "dec": jh})]
 
 
+def read_checkpoint(folder: Path) -> dict[str, np.ndarray]:
+    """model.safetensors, or every shard listed by model.safetensors.index.json (large Parakeet checkpoints)."""
+    index = folder / "model.safetensors.index.json"
+    if (folder / "model.safetensors").exists() or not index.exists():
+        return read_safetensors(folder / "model.safetensors")
+    ckpt = {}
+    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        ckpt |= read_safetensors(folder / shard)
+    return ckpt
+
+
 def load(folder: str | Path) -> tuple[Config, dict[str, np.ndarray]]:
     folder = Path(folder)
     cfg = Config.from_dict(read_config(folder))
-    ckpt = read_safetensors(folder / "model.safetensors")
+    ckpt = read_checkpoint(folder)
     table = GIGAAM_WEIGHT_MAP if cfg.model_type == "gigaam" else WEIGHT_MAP
     mapped = map_weights(ckpt, table, checkpoint_shapes(cfg), ignore=IGNORED, source=str(folder))
     return cfg, convert(cfg, mapped)
