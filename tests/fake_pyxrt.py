@@ -382,9 +382,10 @@ def _dispatch(design: _Design, name: str, data: list, group_id, first: int) -> r
         if b.size() < sizes[arena]:
             raise ContractViolation(f"the {arena} BO has {b.size()} bytes; the program's {arena} arena needs "
                                     f"{sizes[arena]}")
-    for fault, state in (("timeout", ert_cmd_state.ERT_CMD_STATE_TIMEOUT), ("error", ert_cmd_state.ERT_CMD_STATE_ERROR)):
-        if fault in FAKE.faults:
-            return run(state=state)
+    if "timeout" in FAKE.faults:
+        return run(state=ert_cmd_state.ERT_CMD_STATE_TIMEOUT)
+    if "error" in FAKE.faults:
+        return run(state=ert_cmd_state.ERT_CMD_STATE_ERROR)
     step = design.steps[name]
     if npu.dispatch_seconds(design.program, step) > FAKE.watchdog_s:
         FAKE.timeouts += 1
@@ -432,7 +433,8 @@ def write_artifacts(program: Program, root: Path, budget_s: float | None = None)
             words.tofile(path)
             files[f"insts/{s.op}"] = path
     else:
-        doc = {"fake_pyxrt": "elf", "program": "program", "sequences": {f"main:{s.op}": s.op for s in dispatches}}
+        doc = {"fake_pyxrt": "elf", "program": "program",
+               "sequences": {npu.sequence_name(s.op): s.op for s in dispatches}}
         (folder / "design.elf").write_text(json.dumps(doc))
         files["elf"] = folder / "design.elf"
     manifest_path = Path(root) / "manifest.json"

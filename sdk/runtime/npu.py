@@ -25,7 +25,7 @@ The manifest (written by the build, read here):
         "sequences": {DISPATCH: KERNEL_NAME}}}}  # npu2: each dispatch's kernel in the ELF (optional)
 ROLE is "xclbin" and "insts/DISPATCH" for every dispatch step of device_program(program) on npu1, and
 "elf" on npu2. DISPATCH is a dispatch step's name (`Step.op`, e.g. "forward#0", or "forward#0.1" when
-split); an npu2 sequence defaults to "main:DISPATCH".
+split); an npu2 kernel name defaults to sequence_name(DISPATCH), e.g. "main:forward_0".
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import resource
 import tempfile
 import threading
@@ -100,7 +101,13 @@ class Artifact:
     sequences: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def sequence(self, dispatch: str) -> str:
-        return self.sequences.get(dispatch, f"main:{dispatch}")
+        return self.sequences.get(dispatch, sequence_name(dispatch))
+
+
+def sequence_name(dispatch: str) -> str:
+    """The default kernel name of a dispatch in a full ELF: device "main", runtime sequence named after the
+    dispatch in MLIR symbol characters ("forward#0.1" -> "main:forward_0_1")."""
+    return "main:" + re.sub(r"[^A-Za-z0-9_]", "_", dispatch)
 
 
 def prebuilt_dirs() -> list[Path]:
@@ -217,7 +224,7 @@ def device_program(program: Program, budget_s: float | None = None) -> Program:
                 t = kernel_seconds(program, k)
                 if fixed + t > budget:
                     raise ProgramError(f"kernel {k.op} ({k.attrs.get('name')}) of {s.op} is estimated at {t:.2f} s, "
-                                       f"over the {budget:.2f} s planned per dispatch (driver watchdog ~{WATCHDOG_S} s)",
+                                       f"over the {budget:.2f} s planned per dispatch (watchdog ~{WATCHDOG_S} s)",
                                        fix="use a smaller shape bucket, or raise amdxdna's tdr_timeout_ms")
                 if chunk and used + t > budget:
                     chunks.append(chunk)
@@ -290,7 +297,8 @@ def _take_lock_file() -> int:
         holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
         os.close(fd)
         raise DeviceBusy(f"the NPU is in use by another program (process {holder}, lock {LOCK_FILE})",
-                         fix="close the other aie-apps program using the NPU, or run this one with --device cpu") from None
+                         fix="close the other aie-apps program using the NPU, or run this one with --device cpu") \
+            from None
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -352,8 +360,9 @@ class NpuExecutable:
         x, sizes = self.pyxrt, self.program.meta["arenas"]
         streams = {s.op: np.fromfile(artifact.files[f"insts/{s.op}"], dtype=np.uint32) for s in self._dispatches()} \
             if self.target == "npu1" else {}
+        # weights, io, scratch, the no-state placeholder, one stream's state, the instruction streams
         need = sum(_pages(sizes[a]) for a in ("weights", "io", "scratch")) + PAGE \
-            + sum(_pages(w.nbytes) for w in streams.values())
+            + (_pages(sizes["state"]) if sizes["state"] else 0) + sum(_pages(w.nbytes) for w in streams.values())
         limit = memlock_limit()
         if self._dev.pinned + need > limit:
             raise MemlockTooLow(f"this session pins {need / 2**20:.1f} MiB of device buffers (this process already "
