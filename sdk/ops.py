@@ -15,7 +15,9 @@ from typing import Callable
 
 import numpy as np
 
-NEG_INF = np.float32(-1e30)  # additive mask value; finite so that a fully masked row stays finite
+NEG_INF = np.float32(-2.0 ** 100)  # additive mask value (~-1.27e30); finite so that a fully masked row stays
+# finite, and a power of two so that it is exact in bf16 too: masks keep cancelling exactly (NEG_INF - NEG_INF
+# == 0) after the NPU stores them in bf16
 
 
 @dataclass(frozen=True)
