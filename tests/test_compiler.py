@@ -87,7 +87,7 @@ def test_tile_major_packing_transposes_pads_and_round_trips():
 
 def test_packing_is_cached_by_content_not_by_name():
     w = np.ones((8, 8), np.float32)
-    recipe = {"kind": "plain", "sources": [["w", []]], "shape": [8, 8]}
+    recipe = {"kind": "plain", "sources": [["w", []]], "shape": [8, 8], "dtype": "bfloat16"}
     first = layout.pack(recipe, {"w": w})
     assert layout.pack(recipe, {"w": w.copy()}) is first
     assert layout.pack(recipe, {"w": w * 2}) is not first

@@ -171,7 +171,9 @@ def test_whisper_greedy_step_returns_a_few_bytes():
         c = emu.counters
         assert (c.dispatches, c.weight_bytes_to_device) == (1, 0)
         assert c.bytes_from_device <= 64 and c.bytes_to_device <= 64  # ids and scalars, never the logits
-        assert int(results[0]["token"][0]) == int(results[1]["token"][0])
+        # random TINY weights give near-flat logits: compare the best log-probs, not possibly tied indices
+        for key in ("logprob", "ts_logprob", "ts_total"):
+            assert abs(float(results[0][key][0]) - float(results[1][key][0])) < 2e-2, key
     print(f"\n  whisper greedy step: {c.bytes_to_device} B to device, {c.bytes_from_device} B from device")
 
 

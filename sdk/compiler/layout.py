@@ -3,8 +3,9 @@
 A GEMM's B operand is stored once in the layout its kernel reads: [K, N] (transposed from PyTorch's
 [out, in] when needed), the projections it merged concatenated along N, zero-padded to multiples of the
 tile (tk, tn) and laid out tile-major, [Kp/tk, Np/tn, tk, tn] in bf16, so that each DMA transfer of one
-tile is contiguous. Its bias is concatenated and padded the same way. Every other weight or constant is
-stored as it is, in bf16 (int32 stays int32); kernels read it through their access patterns.
+tile is contiguous. Its bias is concatenated and padded the same way, in fp32. Every other weight or constant
+is stored as it is: matrices and tables in bf16, vectors in fp32, int32 as int32; kernels read them through
+their access patterns.
 
 A packing is described by a recipe in the program (meta["layout"]) and done at load time, never per
 inference; results are cached in-process by the content hash of the recipe and its source bytes.
@@ -101,9 +102,9 @@ def plan(fused: list[Fused], target: Target, constants: Mapping[str, np.ndarray]
 
     def plain(name, value):
         if name not in buffers:
-            dtype = "bfloat16" if value.dtype == "float32" else value.dtype
+            dtype = stored_dtype(value.shape, value.dtype)
             buffers[name] = Buffer(name, value.shape, dtype, Usage.WEIGHTS)
-            recipes[name] = {"kind": "plain", "sources": [[name, []]], "shape": list(value.shape)}
+            recipes[name] = {"kind": "plain", "sources": [[name, []]], "shape": list(value.shape), "dtype": dtype}
 
     for f in fused:
         for k in f.kernels:
@@ -113,6 +114,14 @@ def plan(fused: list[Fused], target: Target, constants: Mapping[str, np.ndarray]
                 if r is not None and r.value in f.values and f.values[r.value].kind in ("weight", "const"):
                     plain(r.value, f.values[r.value])
     return buffers, recipes
+
+
+def stored_dtype(shape: tuple, dtype: str) -> str:
+    """Matrices and tables are bf16; vectors (biases, norm scales and shifts) and scalars stay fp32: a kernel
+    reads them once into registers, and rounding a LayerNorm scale to bf16 would bias every output it scales."""
+    if dtype != "float32":
+        return dtype
+    return "float32" if len(shape) <= 1 else "bfloat16"
 
 
 def _pack_gemm(f: Fused, k, buffers, recipes):
@@ -130,17 +139,17 @@ def _pack_gemm(f: Fused, k, buffers, recipes):
         bias_name = f"{tag}@bias{t['Np']}"
         recipe = {"kind": "bias", "sources": [[b.value, list(b.views)] if b is not None else None for b in biases],
                   "n": ns, "np": t["Np"]}
-        _add(buffers, recipes, bias_name, (t["Np"],), recipe)
+        _add(buffers, recipes, bias_name, (t["Np"],), recipe, "float32")
     k.attrs["n_splits"] = ns
     k.inputs[1] = Ref(name)
     k.inputs[2] = Ref(bias_name) if bias_name else None
 
 
-def _add(buffers, recipes, name, shape, recipe):
+def _add(buffers, recipes, name, shape, recipe, dtype="bfloat16"):
     if name in recipes and recipes[name] != recipe:
         raise UsageError(f"weight {name.split('@')[0]} is read with two different shapes by the graphs of one "
                          f"program", fix="compile graphs of one model together, and different models apart")
-    buffers[name] = Buffer(name, tuple(shape), "bfloat16", Usage.WEIGHTS)
+    buffers[name] = Buffer(name, tuple(shape), dtype, Usage.WEIGHTS)
     recipes[name] = recipe
 
 
@@ -170,8 +179,7 @@ def pack(recipe: dict, sources: Mapping[str, np.ndarray]) -> np.ndarray:
 
 
 def _plain(recipe, sources):
-    a = np.asarray(sources[recipe["sources"][0][0]])
-    return a.astype(BF16) if a.dtype.kind == "f" else a.astype(np.int32)
+    return np.asarray(sources[recipe["sources"][0][0]]).astype(recipe["dtype"])
 
 
 def _gemm_b(recipe, sources):
@@ -205,7 +213,7 @@ def _bias(recipe, sources):
     for src, n in zip(recipe["sources"], recipe["n"]):
         parts.append(np.zeros(n, np.float32) if src is None else apply_views(np.asarray(sources[src[0]]), src[1]))
     b = np.concatenate(parts).astype(np.float32)
-    return np.pad(b, (0, recipe["np"] - b.size)).astype(BF16)
+    return np.pad(b, (0, recipe["np"] - b.size)).astype(np.float32)
 
 
 _PACKERS = {"plain": _plain, "gemm_b": _gemm_b, "bias": _bias}

@@ -6,7 +6,8 @@
   scratch  activations; a buffer's bytes are reused once its last reader has run (liveness), and entries
            share the arena since they never run at the same time
 
-On the device, floating-point activations, weights and state are bf16; io keeps the host's dtypes.
+On the device, floating-point activations, weights and state are bf16, except the residual stream (fp32,
+see residual_stream) and weight vectors (layout.py); io keeps the host's dtypes.
 """
 from __future__ import annotations
 
@@ -58,6 +59,20 @@ def _device_dtype(dtype: str) -> str:
     return "bfloat16" if dtype == "float32" else dtype
 
 
+def residual_stream(f: Fused) -> set[str]:
+    """Activations kept in fp32: what norms read and what residual adds add back. The residual stream
+    carries each layer's small updates on top of large values; in bf16 those updates lose their low bits
+    at every layer, while everything else is bf16."""
+    wide = set()
+    for k in f.kernels:
+        if k.kind == "norm" or "prologue" in k.attrs:
+            wide.add(k.inputs[0].value)
+        for c in k.chain:
+            if c["op"] == "add" and c["operand"] is not None:
+                wide.add(k.inputs[c["operand"]].value)
+    return {v for v in wide if f.values[v].dtype == "float32"}
+
+
 def _plan_scratch(f: Fused, outputs: set[str], buffers: dict[str, Buffer]) -> int:
     """First-fit placement of the entry's activations by live range [first write, last read]."""
     first: dict[str, int] = {}
@@ -70,11 +85,13 @@ def _plan_scratch(f: Fused, outputs: set[str], buffers: dict[str, Buffer]) -> in
             if f.values[v].kind == "node" and v not in outputs:
                 first.setdefault(v, i)
                 last.setdefault(v, i)
+    wide = residual_stream(f)
     live: list[tuple[int, int, int]] = []  # (offset, end, last use)
     end_of_arena = 0
     for v in sorted(first, key=lambda v: first[v]):
         value = f.values[v]
-        buf = Buffer(buffer_name(f, v), value.shape, _device_dtype(value.dtype), Usage.SCRATCH)
+        dtype = value.dtype if v in wide else _device_dtype(value.dtype)
+        buf = Buffer(buffer_name(f, v), value.shape, dtype, Usage.SCRATCH)
         live = [(o, e, u) for o, e, u in live if u >= first[v]]  # free what is dead before this write
         offset = 0
         for o, e, _ in sorted(live):

@@ -253,7 +253,8 @@ class EmuExecutable:
 
 
 def _operand(k: Step, x, axis):
-    return bfp16(x, axis) if k.attrs["tiling"].get("precision") == "bfp16" else x
+    """A matmul operand as the MACs see it: bf16 (an fp32 residual is converted on load), or bfp16."""
+    return bfp16(x, axis) if k.attrs["tiling"].get("precision") == "bfp16" else bf16(x)
 
 
 def _gemm(exe, k, head, args):
@@ -262,7 +263,8 @@ def _gemm(exe, k, head, args):
     if "prologue" in k.attrs:  # the norm of the A rows, in fp32, stored to bf16 as the MACs read it
         p = k.attrs["prologue"]
         x = bf16(_normalise(p["op"], p["attrs"]["eps"], x, *[args[i] for i in p["operands"]]))
-    b = _operand(k, exe.weight_matrix(k.inputs[1]), 0)
+    b = exe.weight_matrix(k.inputs[1])
+    b = bfp16(b, 0) if k.attrs["tiling"].get("precision") == "bfp16" else b  # stored as bf16 already
     xp = np.pad(_operand(k, x, -1), [(0, 0)] * (x.ndim - 1) + [(0, t["Kp"] - t["K"])])
     y = (xp @ b)[..., :t["N"]]
     return y + bias[:t["N"]] if bias is not None else y
@@ -281,7 +283,8 @@ def _bmm(exe, k, head, args):
 def _mha(exe, k, head, args):
     q, kk, v = head[:3]
     mask = head[3] if len(head) > 3 else None
-    s = (q @ np.swapaxes(kk, -1, -2)) * np.float32(k.attrs["head"]["attrs"]["scale"])
+    q, kk, v = bf16(q), bf16(kk), bf16(v)
+    s = (q @ np.ascontiguousarray(np.swapaxes(kk, -1, -2))) * np.float32(k.attrs["head"]["attrs"]["scale"])
     if mask is not None:
         s = s + mask
     p = bf16(k_softmax(s))  # probabilities go back to bf16 for the second matmul
@@ -317,7 +320,7 @@ def _normalise(op, eps, x, w, b=None):
 
 
 def _conv(exe, k, head, args):
-    x, w = head[0], head[1]
+    x, w = bf16(head[0]), head[1]
     b = head[2] if len(head) > 2 else None
     return OPS[k.attrs["head"]["op"]].ref(x, w, b, **k.attrs["head"]["attrs"])
 
