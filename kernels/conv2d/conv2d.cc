@@ -1,0 +1,33 @@
+// conv2d (and non-depthwise conv1d as H = 1) for ResNet and patch embeddings, one output row at a time in
+// NCHW order (emu.py _conv -> ops.conv2d is the spec): the design streams the input band x [cin][kh][w] (the
+// KH input rows this output row reads, every channel; the design clamps rows outside the image to the edge
+// and the kernel skips them, knowing the output row from its counter `oy` in L1), the weight slice w [cout][cin/groups][kh][kw] (stored plain in the weights arena) and writes
+// y [cout][wo]: y = bias + sum over (ci, kh, kw) w . x, zero padding on the left and right, fp32
+// accumulation, then the fused epilogue and one bf16 store. A patch embedding is stride = kernel, pad = 0.
+#include "../include/npu_kernel.h"
+
+NPU_KERNEL void conv2d_row(const bf16 *x, const bf16 *w, const bf16 *bias, int32_t has_bias, bf16 *y, int32_t cin, int32_t width,
+                           int32_t cout, int32_t groups, int32_t kh, int32_t kw, int32_t stride, int32_t pad,
+                           int32_t wo, int32_t height, int32_t ho, int32_t *oy, const bf16 *op0, const bf16 *op1,
+                           const int32_t *chain, int32_t n_chain, const float *imm) {
+  NPU_ROUND_EVEN();
+  const bf16 *operands[2] = {op0, op1};
+  const int32_t cg = cin / groups, og = cout / groups, top = *oy * stride - pad;
+  const int32_t kh_lo = top < 0 ? -top : 0, kh_hi = top + kh > height ? height - top : kh;
+  *oy = *oy + 1 == ho ? 0 : *oy + 1;
+  for (int32_t o = 0; o < cout; ++o) {
+    const int32_t g = o / og;
+    for (int32_t ox = 0; ox < wo; ++ox) {
+      float sum = 0.0f;
+      for (int32_t c = 0; c < cg; ++c)
+        for (int32_t r = kh_lo; r < kh_hi; ++r)
+          for (int32_t s = 0; s < kw; ++s) {
+            const int32_t ix = ox * stride + s - pad;
+            if (ix < 0 || ix >= width) continue;
+            sum += to_f32(w[((o * cg + c) * kh + r) * kw + s]) * to_f32(x[((g * cg + c) * kh + r) * width + ix]);
+          }
+      if (has_bias) sum += to_f32(bias[o]);
+      y[o * wo + ox] = to_bf16(npu_epilogue(sum, o * wo + ox, chain, n_chain, imm, operands));
+    }
+  }
+}

@@ -1,0 +1,353 @@
+"""How the designs in kernels/ place kernels on tiles and move data, written against the IRON API of the pinned
+mlir-aie (`TOOLCHAIN_PIN` in sdk/compiler/npu.py; see kernels/README.md).
+
+Every design builds the program of ONE kernel step of a compiled sdk Program (its kind, tiling, epilogue chain
+and operand access patterns, as sdk/compiler emits them). Its runtime sequence takes one 1-D tensor per operand
+buffer (inputs in kernel order, then the output; bf16, or int32 for integer buffers). The fused design
+(kernels/fused/design.py) runs these sequences over typed views of the four arenas at each buffer's offset,
+so the access patterns here are relative to each buffer's start.
+
+Shared here, used by every design:
+- `iron()`: the IRON names, imported lazily (importing kernels/ never needs mlir-aie);
+- the epilogue chain encoding the kernels' `npu_epilogue` reads (kernels/include/npu_kernel.h);
+- operand access patterns: the element index of each operand (its view chain applied to an arange), merged
+  into (size, stride) dimensions and split into buffer-descriptor-sized TensorAccessPatterns;
+- `Columns`: which columns / rows a design uses, within the DMA channel budget of shim and memtile;
+- `streaming()`: the skeleton of the row-streaming kernels (eltwise, softmax, norm, rope, argmax, reduce,
+  maskgen): rows split over columns, a column's rows split over its cores through the memtile.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import ml_dtypes
+import numpy as np
+
+from sdk.compiler import layout
+from sdk.compiler.hardware import TARGETS, Target
+from sdk.errors import SdkError
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+STACK_BYTES = 0x400  # per core; the catalog reserves the same (hardware.Target.stack_bytes)
+
+
+class DesignError(SdkError):
+    """A kernel step that a design cannot express on the array (names the kernel and the reason)."""
+
+
+def iron() -> SimpleNamespace:
+    """The IRON API of the pinned mlir-aie. Imported on use, so that the rest of kernels/ (and the tests, with
+    tests/iron_standin.py installed) work without the toolchain."""
+    try:
+        from aie.helpers.taplib import TensorAccessPattern
+        from aie.iron import GlobalBuffer, Kernel, ObjectFifo, Program, Runtime, Worker
+        from aie.iron.controlflow import range_
+        from aie.iron.device import NPU1, NPU2, Tile
+        from aie.iron.placers import SequentialPlacer
+    except ImportError as e:
+        raise DesignError(f"the IRON python API (mlir-aie) is not importable: {e}",
+                          fix="install the pinned mlir_aie wheel (see kernels/README.md)") from None
+    return SimpleNamespace(TensorAccessPattern=TensorAccessPattern, GlobalBuffer=GlobalBuffer, Kernel=Kernel,
+                           ObjectFifo=ObjectFifo, Program=Program, Runtime=Runtime, Worker=Worker, range_=range_,
+                           NPU1=NPU1, NPU2=NPU2, Tile=Tile, SequentialPlacer=SequentialPlacer)
+
+
+def device(io: SimpleNamespace, target: str):
+    return io.NPU1() if target == "npu1" else io.NPU2()
+
+
+def tensor(n: int, dtype=BF16) -> type:
+    return np.ndarray[(int(n),), np.dtype[dtype]]
+
+
+# ---- the fused epilogue (kernels/include/npu_kernel.h: NpuEpilogueOp) -----------------------------------
+
+OPCODES = {"gelu": 1, "gelu_tanh": 2, "sigmoid": 3, "silu": 4, "relu": 5, "tanh": 6, "exp": 7, "scale": 8,
+           "add": 16, "sub": 17, "mul": 18, "div": 19}
+MAX_CHAIN = 8
+
+
+def encode_chain(chain, n_head_inputs: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int32 words, float32 immediates), MAX_CHAIN long; a word is opcode | slot << 8 | swap << 12, where slot
+    counts the epilogue operands (kernel input n_head_inputs + slot)."""
+    if len(chain) > MAX_CHAIN:
+        raise DesignError(f"an epilogue of {len(chain)} ops; the kernels take at most {MAX_CHAIN}")
+    words, imms = np.zeros(MAX_CHAIN, np.int32), np.zeros(MAX_CHAIN, np.float32)
+    for i, c in enumerate(chain):
+        slot = 0 if c["operand"] is None else c["operand"] - n_head_inputs
+        words[i] = OPCODES[c["op"]] | slot << 8 | int(bool(c["swap"])) << 12
+        imms[i] = c["attrs"].get("factor", 0.0)
+    return words, imms
+
+
+# ---- operands and their access patterns ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Operand:
+    """A kernel operand: the buffer it lives in and the element index (in elements of that buffer) of each
+    element of the logical operand, after its view chain."""
+    name: str
+    elements: int          # size of the buffer in elements (the runtime-sequence tensor)
+    index: np.ndarray      # logical shape, int64 offsets into the buffer
+    dtype: np.dtype = BF16
+
+    @property
+    def shape(self) -> tuple:
+        return self.index.shape
+
+    def rows(self, index: np.ndarray) -> "Operand":
+        return Operand(self.name, self.elements, np.ascontiguousarray(index), self.dtype)
+
+
+def operand(name: str, buffer, views=()) -> Operand:
+    """`buffer` is an sdk Program Buffer (shape, dtype): float buffers are bf16 on the device, int32 stay."""
+    n = math.prod(buffer.shape)
+    index = layout.apply_views(np.arange(n, dtype=np.int64).reshape(buffer.shape), views)
+    dtype = np.dtype(np.int32) if np.dtype(buffer.dtype).kind in "iu" else BF16
+    return Operand(name, n, np.ascontiguousarray(index), dtype)
+
+
+def dims_of(index: np.ndarray) -> tuple[int, list[tuple[int, int]]]:
+    """(offset, [(size, stride), ...] outermost first) of an affine index array, size-1 axes dropped and
+    contiguous axes merged: the shape of the buffer descriptor(s) that read it."""
+    idx = np.asarray(index)
+    if idx.size == 0:
+        raise DesignError("an empty transfer")
+    dims = []
+    for axis, n in enumerate(idx.shape):
+        if n > 1:
+            step = int(np.take(idx, 1, axis=axis).flat[0] - np.take(idx, 0, axis=axis).flat[0])
+            dims.append((n, step))
+    merged: list[tuple[int, int]] = []
+    for n, s in dims:
+        if merged and merged[-1][1] == n * s:
+            merged[-1] = (merged[-1][0] * n, s)
+        else:
+            merged.append((n, s))
+    offset = int(idx.flat[0])
+    rebuilt = offset + sum(np.arange(n).reshape([-1 if i == j else 1 for j in range(len(merged))]) * s
+                           for i, (n, s) in enumerate(merged)) if merged else np.array(offset)
+    if not np.array_equal(np.asarray(rebuilt).reshape(-1), idx.reshape(-1)):
+        raise DesignError("an operand view is not an affine access pattern")
+    return offset, merged or [(1, 1)]
+
+
+def taps(io, operand_: Operand, index: np.ndarray, max_dims: int = 4) -> list:
+    """TensorAccessPatterns over the operand's tensor that read `index` in order: one per buffer descriptor.
+    A pattern with more dimensions than a descriptor has, or that is not affine as a whole (a shifted last
+    tile), is split along its outermost dimension."""
+    try:
+        offset, dims = dims_of(index)
+    except DesignError:
+        if index.ndim < 2:
+            raise
+        return [t for i in range(index.shape[0]) for t in taps(io, operand_, index[i], max_dims)]
+    if dims[-1][1] != 1 and dims[-1][0] > 1:
+        raise DesignError(f"operand {operand_.name}: its innermost access stride is {dims[-1][1]} elements; the "
+                          f"DMAs move 32-bit words, so an element-granular transpose needs kernels/transpose")
+    if len(dims) <= max_dims:
+        sizes = [1] * (4 - len(dims)) + [n for n, _ in dims]
+        strides = [0] * (4 - len(dims)) + [s for _, s in dims]
+        return [io.TensorAccessPattern((operand_.elements,), offset, sizes, strides)]
+    return [t for i in range(index.shape[0]) for t in taps(io, operand_, index[i], max_dims)]
+
+
+# ---- the row-streaming skeleton ----------------------------------------------------------------------------
+
+@dataclass
+class Streaming:
+    """A row-streaming kernel step: operands and output as [rows, row] (per-row streams) or [row] (shared)."""
+    rows: int
+    row: int
+    piece: int                   # elements per object: the row, or a divisor of it when it exceeds the chunk
+    per_row: list[Operand]       # index arrays [rows, row]
+    shared: list[Operand]        # index arrays [row]
+    out: Operand                 # index array [rows, out_row]
+    passes: int = 1              # times each row streams through the core (phases of a long row)
+    out_row: int = 0             # output elements per row when they differ from the row (argmax, reduce)
+    out_dtype: np.dtype = BF16
+    state: dict = field(default_factory=dict)  # name -> (n, dtype, initial value or None): per-core L1 buffers
+
+
+def row_piece(row: int, chunk: int) -> int:
+    """Elements per transfer: the whole row when it fits the catalog's chunk, else the largest even divisor of
+    the row not above the chunk (objects have one size; the last transfer of a row must not spill)."""
+    if row <= chunk:
+        return row
+    for d in range(chunk - chunk % 2, 1, -2):
+        if row % d == 0:
+            return d
+    raise DesignError(f"a row of {row} elements has no even divisor below the chunk {chunk}: pad rows to even")
+
+
+def plan_streaming(target: Target, rows: int, n_per_row: int, n_shared: int, max_cores: int) -> tuple[int, int]:
+    """(columns, cores per column): the most cores, at most the catalog's, that divide the rows and fit the DMA
+    channels. Per core, its per-row streams are joined in its column's memtile into one object (one core input
+    channel), the shared streams are joined once and broadcast (the other); outputs are joined per column.
+    Every stream into the array takes one shim MM2S channel, on any column's shim."""
+    for cores in range(min(max_cores, target.cores, rows), 0, -1):
+        if rows % cores:
+            continue
+        for per_col in (4, 2, 1):
+            cols = cores // per_col
+            if cores % per_col or cols > target.columns:
+                continue
+            shared_here = n_shared if n_shared else 0
+            s2mm = per_col * n_per_row + per_col + shared_here
+            mm2s = per_col + 1 + (1 if n_shared else 0)
+            shim = cores * n_per_row + n_shared
+            if s2mm <= target.memtile_channels and mm2s <= target.memtile_channels \
+                    and shim <= target.shim_channels * target.columns:
+                return cols, per_col
+    raise DesignError(f"no placement for {n_per_row} per-row and {n_shared} shared streams within the channels")
+
+
+def shim_allotter(target: Target):
+    """Hands out shim tiles for the streams into the array: a column's own shim first, else any with a free
+    MM2S channel (the stream switches route across columns)."""
+    free = {c: target.shim_channels for c in range(target.columns)}
+
+    def take(home: int) -> int:
+        for c in [home] + sorted(free, key=lambda c: (-free[c], c)):
+            if free[c] > 0:
+                free[c] -= 1
+                return c
+        raise DesignError("out of shim MM2S channels")
+    return take
+
+
+def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body, max_cores: int, params: dict):
+    """Build the IRON program of a streaming step. `body(rows_in, shared_in, y_out, *state buffers, *kernels,
+    rows_per_core, npieces, passes)` is the core function of one worker (IRON traces it once per core);
+    shared_in is None without shared operands. Every input object is acquired in every pass of a row; the
+    output only in the last."""
+    io = iron()
+    target = TARGETS[target_name]
+    P, S = len(s.per_row), len(s.shared)
+    cols, per_col = plan_streaming(target, s.rows, P, S, max_cores if s.passes == 1 else 1)
+    cores = cols * per_col
+    rows_per_core = s.rows // cores
+    npieces = s.row // s.piece
+    out_row = s.out_row or s.row
+    out_piece = out_row if s.out_row else s.piece
+    out_ty = tensor(out_piece, s.out_dtype)
+    kernels = [io.Kernel(fn, f"{name}.o", types) for fn, types in kernel_fns.values()]
+    take = shim_allotter(target)
+
+    fills, workers, drains = [], [], []
+    shared_fifo = None
+    if S:
+        shared_fifo = io.ObjectFifo(tensor(S * s.piece), depth=2, name=f"{name}_shared")
+        parts = shared_fifo.prod().join([i * s.piece for i in range(S)], placement=io.Tile(0, 1),
+                                        obj_types=[tensor(s.piece)] * S, depths=[2] * S,
+                                        names=[f"{name}_shared{i}" for i in range(S)])
+        for i, f in enumerate(parts):
+            idx = np.broadcast_to(s.shared[i].index.reshape(npieces, s.piece),
+                                  (rows_per_core * s.passes, npieces, s.piece))
+            fills.append((f, len(s.per_row) + i, idx, take(0)))
+    for c in range(cols):
+        joined = io.ObjectFifo(tensor(per_col * out_piece, s.out_dtype), depth=2, name=f"{name}_out_c{c}")
+        outs = joined.prod().join([r * out_piece for r in range(per_col)], placement=io.Tile(c, 1),
+                                  obj_types=[out_ty] * per_col, depths=[2] * per_col,
+                                  names=[f"{name}_out_c{c}r{r}" for r in range(per_col)])
+        out_rows = []
+        for r in range(per_col):
+            q = c * per_col + r
+            lo, hi = q * rows_per_core, (q + 1) * rows_per_core
+            rows_fifo = io.ObjectFifo(tensor(P * s.piece), depth=2, name=f"{name}_rows_c{c}r{r}")
+            parts = rows_fifo.prod().join([i * s.piece for i in range(P)], placement=io.Tile(c, 1),
+                                          obj_types=[tensor(s.piece, o.dtype) for o in s.per_row], depths=[2] * P,
+                                          names=[f"{name}_in{i}_c{c}r{r}" for i in range(P)])
+            for i, f in enumerate(parts):
+                idx = s.per_row[i].index[lo:hi].reshape(rows_per_core, 1, npieces, s.piece)
+                fills.append((f, i, np.broadcast_to(idx, (rows_per_core, s.passes, npieces, s.piece)), take(c)))
+            out_rows.append(s.out.index[lo:hi].reshape(-1, out_piece))
+            bufs = [io.GlobalBuffer(tensor(n, dt), name=f"{name}_{k}_c{c}r{r}", initial_value=init)
+                    for k, (n, dt, init) in s.state.items()]
+            handles = [rows_fifo.cons(), shared_fifo.cons() if S else None, outs[r].prod()]
+            args = [h for h in handles if h is not None] if S else [handles[0], handles[2]]
+            workers.append(io.Worker(_with_shared(body, S), args + bufs + kernels + [rows_per_core, npieces, s.passes],
+                                     placement=io.Tile(c, 2 + r), stack_size=STACK_BYTES))
+        drains.append((joined, np.stack(out_rows, axis=1), c))   # [objects, core, out_piece]
+
+    operands = [*s.per_row, *s.shared, s.out]
+    rt = io.Runtime()
+    with rt.sequence(*[tensor(o.elements, o.dtype) for o in operands]) as args:
+        args = args if isinstance(args, tuple) else (args,)
+        rt.start(*workers)
+        for f, i, idx, shim_col in fills:
+            for tap in taps(io, operands[i], idx):
+                rt.fill(f.prod(), args[i], tap=tap, placement=io.Tile(shim_col, 0))
+        for joined, idx, c in drains:
+            for tap in taps(io, s.out, idx):
+                rt.drain(joined.cons(), args[-1], tap=tap, placement=io.Tile(c, 0), wait=True)
+    params.update({"cores": cores, "columns": cols, "rows_per_core": rows_per_core, "piece": s.piece,
+                   "passes": s.passes})
+    return io.Program(device(io, target_name), rt).resolve_program(io.SequentialPlacer())
+
+
+def _with_shared(body, n_shared: int):
+    """Without shared operands the kernel's `shared` argument is the rows object (never read)."""
+    if n_shared:
+        return body
+
+    def core(rows_in, y_out, *rest):
+        return body(rows_in, None, y_out, *rest)
+    return core
+
+
+def split_operands(step, buffers) -> tuple[int, int, list, list, np.ndarray, Operand]:
+    """(rows, row, per-row operands, shared operands, map, output) of a streaming step whose output has the
+    logical shape of its operands. map[i] = shared << 8 | position for the i-th present kernel input (the
+    head inputs, then the epilogue operands): kernels find their operands with npu_operand()."""
+    out = operand(step.outputs[0], buffers[step.outputs[0]])
+    shape = out.index.shape
+    row = shape[-1]
+    rows = math.prod(shape[:-1])
+    out = out.rows(out.index.reshape(rows, row))
+    per_row, shared, codes = [], [], []
+    for i, name in enumerate(step.inputs):
+        if name is None:
+            continue
+        o = operand(name, buffers[name], step.attrs["views"][i])
+        idx = np.broadcast_to(o.index, shape).reshape(rows, row)
+        if rows > 1 and (idx == idx[:1]).all():
+            codes.append(1 << 8 | len(shared))
+            shared.append(o.rows(idx[0]))
+        else:
+            codes.append(len(per_row))
+            per_row.append(o.rows(idx))
+    return rows, row, per_row, shared, np.array(codes + [0] * (MAX_CHAIN - len(codes)), np.int32), out
+
+
+def epilogue_state(step, n_head_inputs: int, operand_map: np.ndarray | None = None) -> dict:
+    words, imms = encode_chain(step.attrs["chain"], n_head_inputs)
+    state = {"chain": (MAX_CHAIN, np.int32, words), "imm": (MAX_CHAIN, np.float32, imms)}
+    if operand_map is not None:
+        state["map"] = (MAX_CHAIN, np.int32, operand_map)
+    return state
+
+
+def params_of(args: argparse.Namespace) -> dict:
+    return json.loads(open(args.step).read()) if args.step else {}
+
+
+def main(build_fn) -> None:
+    """The command line of every design.py: `python design.py --target npu2 --step step.json > design.mlir`,
+    where step.json is {"step": <kernel step of a compiled Program>, "buffers": {name: [shape, dtype]}}."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--target", choices=sorted(TARGETS), required=True)
+    ap.add_argument("--step", required=True, help="a kernel step and its buffers, as kernels/build.py writes them")
+    a = ap.parse_args()
+    from sdk.program import Buffer, Step, Usage
+    doc = params_of(a)
+    st = doc["step"]
+    step = Step(st["kind"], st["op"], tuple(st["inputs"]), tuple(st["outputs"]), st["attrs"])
+    buffers = {n: Buffer(n, tuple(shape), dtype, Usage.SCRATCH) for n, (shape, dtype) in doc["buffers"].items()}
+    print(build_fn(a.target, step, buffers, {}))
+    sys.stdout.flush()

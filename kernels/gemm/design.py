@@ -1,0 +1,238 @@
+"""bf16 GEMM design (catalog kinds `gemm` and `bmm`): C [M, N] = A [M, K] . B [K, N] (+ bias, epilogue), with
+the catalog's tile (m, k, n) and its core count.
+
+Cores form a grid of `cols` columns x `rows` rows. Core (c, r) computes the output tiles (i, j) with
+i = r mod rows and j = c mod cols, looping j, then i, then the K steps, so that
+- A's row tiles are broadcast along a row of cores (every core of row r reads the same A tiles in the same
+  order) and B's column tiles down a column (every core of column c reads the same B tiles);
+- B comes tile by tile from the weights arena, where sdk/compiler/layout.py packed it tile-major
+  [K/k, N/n, k, n] (so one tile is one contiguous read), or, for `bmm`, from the scratch arena through the
+  operand's access pattern;
+- the memtile blocks each A / B tile into the MAC shape (R x S x T: npu1 4x8x4, npu2 8x8x8) on its way to the
+  core (dims_to_stream), and un-blocks the C tiles it joins from the column's cores on the way out;
+- the bias rides with B: the memtile joins one block row (the tile's bias, S times) onto every B tile, so a
+  core reads two streams (A; B with its bias); gemm_store adds it and runs the chain on the fp32 accumulator
+  before the single bf16 store (kernels/gemm/gemm.cc). Epilogues that read an operand tile (residual adds)
+  would need a third input stream per core: the design refuses them (see kernels/README.md).
+Shim and memtile DMA channels are allotted explicitly (`_channels`), and the grid shrinks until they fit.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kernels import dataflow as df
+from sdk.compiler.hardware import TARGETS
+
+KINDS = ("gemm", "bmm")
+
+
+def blocking(rows: int, cols: int, r: int, c: int) -> list[tuple[int, int]]:
+    """dims_to_stream (size, stride) that reads a row-major [rows, cols] tile in the kernel's blocked order
+    [rows/r][cols/c][r][c]."""
+    return [(rows // r, r * cols), (cols // c, c), (r, cols), (c, 1)]
+
+
+def unblocking(n_tiles: int, rows: int, cols: int, r: int, c: int) -> list[tuple[int, int]]:
+    """dims_to_stream that reads n_tiles blocked [rows/r][cols/c][r][c] tiles back in row-major order."""
+    return [(n_tiles * rows // r, r * cols), (r, c), (cols // c, r * c), (c, 1)]
+
+
+def build(target: str, step, buffers: dict, params: dict):
+    io = df.iron()
+    hw = TARGETS[target]
+    t = step.attrs["tiling"]
+    M, K, N, m, k, n = t["M"], t["K"], t["N"], t["m"], t["k"], t["n"]
+    R, S, T = hw.mac_shape
+    if m % R or k % S or n % T:
+        raise df.DesignError(f"tile {m}x{k}x{n} is not a multiple of the {R}x{S}x{T} MAC shape")
+    if M < m:
+        raise df.DesignError(f"M = {M} is below the tile's m = {m}: needs a padded activation buffer")
+    if any(c["operand"] is not None for c in step.attrs["chain"]):
+        raise df.DesignError("a GEMM epilogue that reads an operand tile (a residual add) needs a third input "
+                             "stream per core; a core has two input DMA channels (A, and B with its bias)")
+    Mt, Kt, Nt = math.ceil(M / m), t["Kp"] // k, t["Np"] // n
+    head_inputs = len(step.inputs)
+
+    a = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
+    a_idx = a.index.reshape(-1, K)
+    if step.op == "gemm":
+        b = df.operand(step.inputs[1], buffers[step.inputs[1]])             # packed [Kt, Nt, k, n]
+        b_idx = b.index.reshape(Kt, Nt, k * n)
+        has_bias = step.inputs[2] is not None
+        bias = df.operand(step.inputs[2], buffers[step.inputs[2]]) if has_bias else None
+    else:
+        b = df.operand(step.inputs[1], buffers[step.inputs[1]], step.attrs["views"][1])
+        bk = b.index
+        if step.attrs["head"]["attrs"].get("transpose_b", False) or step.attrs["head"]["op"] == "linear":
+            bk = np.swapaxes(bk, -1, -2)
+        if bk.ndim > 2:
+            raise df.DesignError("bmm with a batched B: one design per batch slice is not expressed yet")
+        if K % k or N % n:
+            raise df.DesignError(f"bmm with K = {K}, N = {N} not multiples of the tile {k}x{n}")
+        b_idx = bk.reshape(Kt, k, Nt, n).transpose(0, 2, 1, 3).reshape(Kt, Nt, k * n)
+        has_bias, bias = False, None
+    outs = [df.operand(o, buffers[o]) for o in step.outputs]
+    splits = step.attrs.get("n_splits") or [N]
+    if any(x % n for x in splits):
+        raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}: the output buffer "
+                             f"needs padding to {t['Np']} columns")
+
+    grid = _grid(hw, Mt, Nt, t["cores"], has_bias)
+    cols, rows, shim = grid["cols"], grid["rows"], grid["shim"]
+    it, jt = Mt // rows, Nt // cols                                  # tiles per core along M and N
+    kb = k + (S if has_bias else 0)                                  # rows of a B object (bias block row)
+
+    a_ty, b_ty, c_ty = df.tensor(m * k), df.tensor(kb * n), df.tensor(m * n)
+    acc_ty = df.tensor(m * n, np.float32)
+    vec_i, vec_f, i32 = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32), np.int32
+    kzero = io.Kernel("gemm_zero", "gemm.o", [acc_ty, i32, i32])
+    kmac = io.Kernel("gemm_mac", "gemm.o", [a_ty, b_ty, acc_ty, i32, i32, i32])
+    kstore = io.Kernel("gemm_store", "gemm.o", [acc_ty, b_ty, i32, c_ty, i32, i32, i32, vec_i, i32, vec_f])
+    words, imms = df.encode_chain(step.attrs["chain"], head_inputs)
+    n_chain = len(step.attrs["chain"])
+
+    # A: one stream per core row, blocked in the memtile, broadcast along the row
+    a_l3 = [io.ObjectFifo(a_ty, depth=2, name=f"gemm_a{r}") for r in range(rows)]
+    a_l2 = [a_l3[r].cons().forward(placement=io.Tile(r % cols, 1), name=f"gemm_a{r}_l2", depth=2,
+                                   dims_to_stream=blocking(m, k, R, S)) for r in range(rows)]
+    # B (+ the bias block row): one stream per core column, joined / blocked in the memtile, down the column
+    b_l2, b_fill, bias_fill = [], [], []
+    for c in range(cols):
+        if has_bias:
+            whole = io.ObjectFifo(b_ty, depth=2, name=f"gemm_b{c}_l2", dims_to_stream=blocking(kb, n, S, T))
+            parts = whole.prod().join([0, k * n], placement=io.Tile(c, 1), obj_types=[df.tensor(k * n),
+                                                                                     df.tensor(S * n)],
+                                      depths=[2, 2], names=[f"gemm_b{c}", f"gemm_bias{c}"])
+            b_l2.append(whole)
+            b_fill.append(parts[0])
+            bias_fill.append(parts[1])
+        else:
+            l3 = io.ObjectFifo(b_ty, depth=2, name=f"gemm_b{c}")
+            b_l2.append(l3.cons().forward(placement=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
+                                          dims_to_stream=blocking(k, n, S, T)))
+            b_fill.append(l3)
+    # C: joined per column in the memtile, un-blocked on the way to the shim
+    c_l3 = [io.ObjectFifo(df.tensor(rows * m * n), depth=2, name=f"gemm_c{c}",
+                          dims_to_stream=unblocking(rows, m, n, R, T)) for c in range(cols)]
+    c_l2 = [c_l3[c].prod().join([r * m * n for r in range(rows)], placement=io.Tile(c, 1),
+                                obj_types=[c_ty] * rows, depths=[2] * rows,
+                                names=[f"gemm_c{c}r{r}" for r in range(rows)]) for c in range(cols)]
+
+    def body(a_in, b_in, c_out, acc, chain, imm, zero, mac, store, tiles, k_steps):
+        for _ in io.range_(tiles):
+            zero(acc, m, n)
+            for _ in io.range_(k_steps - 1):
+                at, bt = a_in.acquire(1), b_in.acquire(1)
+                mac(at, bt, acc, m, k, n)
+                a_in.release(1)
+                b_in.release(1)
+            at, bt = a_in.acquire(1), b_in.acquire(1)  # the last K step: its B object carries the bias
+            mac(at, bt, acc, m, k, n)
+            ct = c_out.acquire(1)
+            store(acc, bt, int(has_bias), ct, m, n, k, chain, n_chain, imm)
+            c_out.release(1)
+            a_in.release(1)
+            b_in.release(1)
+
+    workers = []
+    for c in range(cols):
+        for r in range(rows):
+            bufs = [io.GlobalBuffer(acc_ty, name=f"gemm_acc_c{c}r{r}"),
+                    io.GlobalBuffer(vec_i, initial_value=words, name=f"gemm_chain_c{c}r{r}"),
+                    io.GlobalBuffer(vec_f, initial_value=imms, name=f"gemm_imm_c{c}r{r}")]
+            workers.append(io.Worker(body, [a_l2[r].cons(), b_l2[c].cons(), c_l2[c][r].prod(), *bufs,
+                                            kzero, kmac, kstore, it * jt, Kt],
+                                     placement=io.Tile(c, 2 + r), stack_size=df.STACK_BYTES))
+
+    operands = [a, b] + ([bias] if has_bias else []) + outs
+    rt = io.Runtime()
+    with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
+        a_arg, b_arg = args[0], args[1]
+        bias_arg = args[2] if has_bias else None
+        out_args = args[2 + has_bias:]
+        rt.start(*workers)
+        for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
+            for tap in df.taps(io, a, a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt)):
+                rt.fill(a_l3[r].prod(), a_arg, tap=tap, placement=io.Tile(shim[("a", r)], 0))
+        for c in range(cols):
+            bt = np.broadcast_to(b_idx[:, c::cols].transpose(1, 0, 2)[:, None], (jt, it, Kt, k * n))
+            for tap in df.taps(io, b, bt):
+                rt.fill(b_fill[c].prod(), b_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
+            if has_bias:  # each B object's bias block row: the column tile's bias, S times
+                bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][:, None, None, None], (jt, it, Kt, S, n))
+                for tap in df.taps(io, bias, bi):
+                    rt.fill(bias_fill[c].prod(), bias_arg, tap=tap, placement=io.Tile(shim[("bias", c)], 0))
+            for jl in range(jt):  # the column's C objects, column tile by column tile, into their output
+                j = jl * cols + c
+                o = _owner(splits, j * n)
+                lo = sum(splits[:o])
+                oi = outs[o].index.reshape(-1, outs[o].shape[-1])
+                tiles = np.stack([oi[min(i * m, M - m):min(i * m, M - m) + m, j * n - lo:(j + 1) * n - lo]
+                                  for il in range(it) for i in [il * rows + r for r in range(rows)]])
+                for tap in df.taps(io, outs[o], tiles):
+                    rt.drain(c_l3[c].cons(), out_args[o], tap=tap, placement=io.Tile(c, 0), wait=True)
+    params.update({"m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
+                   "tiles_per_core": it * jt, "k_steps": Kt})
+    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+
+
+def a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt):
+    """A's stream for core row r: for each of its row tiles, the K steps, repeated for each column tile.
+    The last row tile is shifted up to end at M (rows recomputed, written twice with the same values)."""
+    M = a_idx.shape[0]
+    K = a_idx.shape[1]
+    starts = [min(i * m, M - m) for i in range(r, rows * it, rows)]
+    tiles = np.stack([a_idx[s:s + m] for s in starts])                                  # [it, m, K]
+    kp = Kt * k
+    if kp > K:  # the K padding reads zeros from B's padding rows; A repeats its last columns (times zero)
+        tiles = np.concatenate([tiles, np.repeat(tiles[:, :, -1:], kp - K, axis=2)], axis=2)
+    tiles = tiles.reshape(it, m, Kt, k).transpose(0, 2, 1, 3)                          # [it, Kt, m, k]
+    return np.broadcast_to(tiles[None], (jt, it, Kt, m, k))
+
+
+def _owner(splits, col: int) -> int:
+    """Which output (of merged projections) holds output column `col`."""
+    return int(np.searchsorted(np.cumsum(splits), col, side="right"))
+
+
+def _grid(hw, Mt, Nt, max_cores, has_bias):
+    """The largest grid (cols | Nt, rows | Mt) within the catalog's core count whose streams fit the DMA
+    channels: every stream into the array takes one shim MM2S channel (any column's shim); A row r passes
+    memtile r mod cols, B (and its bias) of column c memtile c, and memtile c joins its column's C tiles."""
+    for cores in range(min(max_cores, hw.cores), 0, -1):
+        for rows in (4, 3, 2, 1):
+            cols = cores // rows
+            if cores % rows or Mt % rows or cols > hw.columns or Nt % cols:
+                continue
+            shim = _allot(hw, cols, rows, has_bias)
+            fits = shim is not None
+            for c in range(cols):
+                a_here = sum(1 for r in range(rows) if r % cols == c)
+                s2mm = a_here + 1 + has_bias + rows
+                mm2s = a_here + 1 + 1
+                fits &= s2mm <= hw.memtile_channels and mm2s <= hw.memtile_channels
+            if fits:
+                return {"cols": cols, "rows": rows, "shim": shim}
+    raise df.DesignError("no grid of cores fits the DMA channels for this GEMM")
+
+
+def _allot(hw, cols, rows, has_bias):
+    """Shim column of every input stream (2 MM2S channels per shim), or None when they do not fit."""
+    free = {c: hw.shim_channels for c in range(hw.columns)}
+    shim = {}
+    wanted = [("b", c) for c in range(cols)] + [("a", r) for r in range(rows)] \
+        + ([("bias", c) for c in range(cols)] if has_bias else [])
+    for key in wanted:
+        home = key[1] % cols
+        spot = next((c for c in [home] + sorted(free, key=lambda c: (-free[c], c)) if free[c] > 0), None)
+        if spot is None:
+            return None
+        free[spot] -= 1
+        shim[key] = spot
+    return shim
+
+
+if __name__ == "__main__":
+    df.main(build)

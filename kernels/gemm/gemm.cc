@@ -1,0 +1,75 @@
+// bf16 GEMM tile kernel: C[m x n] (fp32, resident in L1) += A[m x k] . B[k x n], then one bf16 store with the
+// fused epilogue (bias, activation, residual, scale) applied to the fp32 accumulator.
+//
+// Tiles arrive blocked by the MAC shape (R x S x T; npu1 4x8x4, npu2 8x8x8), which the memtile DMA produces
+// from row-major tiles (kernels/gemm/design.py, dims_to_stream):
+//   A [m/R][k/S][R][S]   B [k/S (+1 bias block row)][n/T][S][T]   C and the output [m/R][n/T][R][T]
+// The design streams B from the weights arena (packed tile-major by sdk/compiler/layout.py) for `gemm`, or
+// from the scratch arena for `bmm` (activation x activation). emu.py's _gemm / _bmm are the numerics spec.
+#include "../include/npu_kernel.h"
+
+#ifndef MMUL_R
+#define MMUL_R 4
+#endif
+#ifndef MMUL_S
+#define MMUL_S 8
+#endif
+#ifndef MMUL_T
+#define MMUL_T 4
+#endif
+
+NPU_KERNEL void gemm_zero(float *acc, int32_t m, int32_t n) {
+  for (int32_t i = 0; i < m * n; ++i) acc[i] = 0.0f;
+}
+
+#ifdef __AIENGINE__
+// Vector path: one aie::mmul per (R x S) . (S x T) block, accumulating in an fp32 accumulator register.
+NPU_KERNEL void gemm_mac(const bf16 *a, const bf16 *b, float *acc, int32_t m, int32_t k, int32_t n) {
+  using MMUL = aie::mmul<MMUL_R, MMUL_S, MMUL_T, bfloat16, bfloat16, accfloat>;
+  const int32_t mb = m / MMUL_R, kb = k / MMUL_S, nb = n / MMUL_T;
+  for (int32_t i = 0; i < mb; ++i)
+    chess_prepare_for_pipelining for (int32_t j = 0; j < nb; ++j) {
+      float *c = acc + (i * nb + j) * MMUL_R * MMUL_T;
+      MMUL C(aie::load_v<MMUL_R * MMUL_T>(c));
+      for (int32_t kk = 0; kk < kb; ++kk) {
+        auto A = aie::load_v<MMUL_R * MMUL_S>(a + (i * kb + kk) * MMUL_R * MMUL_S);
+        auto B = aie::load_v<MMUL_S * MMUL_T>(b + (kk * nb + j) * MMUL_S * MMUL_T);
+        C.mac(A, B);
+      }
+      aie::store_v(c, C.template to_vector<float>());
+    }
+}
+#else
+// Scalar path (host tests): the same blocked layouts, fp32 accumulation in the same k order per block.
+NPU_KERNEL void gemm_mac(const bf16 *a, const bf16 *b, float *acc, int32_t m, int32_t k, int32_t n) {
+  const int32_t kb = k / MMUL_S, nb = n / MMUL_T;
+  for (int32_t row = 0; row < m; ++row)
+    for (int32_t col = 0; col < n; ++col) {
+      const int32_t i = row / MMUL_R, r = row % MMUL_R, j = col / MMUL_T, t = col % MMUL_T;
+      float sum = acc[(i * nb + j) * MMUL_R * MMUL_T + r * MMUL_T + t];
+      for (int32_t kk = 0; kk < k; ++kk) {
+        const int32_t q = kk / MMUL_S, s = kk % MMUL_S;
+        sum += to_f32(a[(i * kb + q) * MMUL_R * MMUL_S + r * MMUL_S + s]) *
+               to_f32(b[(q * nb + j) * MMUL_S * MMUL_T + s * MMUL_T + t]);
+      }
+      acc[(i * nb + j) * MMUL_R * MMUL_T + r * MMUL_T + t] = sum;
+    }
+}
+#endif
+
+// The single store of a finished tile: acc (+ bias) -> epilogue chain -> bf16, blocked like C. The bias rides
+// with B: the design appends one block row (S rows, each the bias tile) to every B tile, so the last B tile of
+// the K loop, still held, carries it at block row k/S (row 0 of each S x T block). The chain takes no operand
+// tiles here (the design refuses GEMM epilogues with operands: they would need a third core input stream).
+NPU_KERNEL void gemm_store(const float *acc, const bf16 *b_last, int32_t has_bias, bf16 *out, int32_t m, int32_t n,
+                           int32_t k, const int32_t *chain, int32_t n_chain, const float *imm) {
+  NPU_ROUND_EVEN();
+  const bf16 *operands[2] = {out, out};
+  const int32_t nb = n / MMUL_T, block = MMUL_R * MMUL_T;
+  const bf16 *bias = b_last + (k / MMUL_S) * nb * MMUL_S * MMUL_T;
+  for (int32_t e = 0; e < m * n; ++e) {
+    float v = acc[e];
+    if (has_bias) v += to_f32(bias[((e / block) % nb) * MMUL_S * MMUL_T + e % MMUL_T]);
+    out[e] = to_bf16(npu_epilogue(v, e, chain, n_chain, imm, operands));
+  }
+}

@@ -1,0 +1,44 @@
+// bf16 GEMV for decode (one activation row): y[n] (fp32 in L1) += x[k] . W[k x n], then the bf16 store with
+// the fused epilogue. W tiles are the GEMM's packed weight tiles read as they lie in the weights arena
+// (tile-major [Kp/k, Np/n, k, n], row-major inside a tile: sdk/compiler/layout.py), so decode and prefill
+// share one packed copy of every weight. Memory-bound: each weight byte is read once per token.
+#include "../include/npu_kernel.h"
+
+NPU_KERNEL void gemv_zero(float *acc, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) acc[i] = 0.0f;
+}
+
+#ifdef __AIENGINE__
+// Vector path: 16 output columns at a time, x[kk] broadcast against a row of the weight tile.
+NPU_KERNEL void gemv_mac(const bf16 *x, const bf16 *w, float *acc, int32_t k, int32_t n) {
+  for (int32_t j = 0; j < n; j += 16) {
+    aie::accum<accfloat, 16> c;
+    c.from_vector(aie::load_v<16>(acc + j));
+    for (int32_t kk = 0; kk < k; ++kk)
+      chess_prepare_for_pipelining {
+        c = aie::mac(c, aie::broadcast<bfloat16, 16>(x[kk]), aie::load_v<16>(w + kk * n + j));
+      }
+    aie::store_v(acc + j, c.template to_vector<float>());
+  }
+}
+#else
+NPU_KERNEL void gemv_mac(const bf16 *x, const bf16 *w, float *acc, int32_t k, int32_t n) {
+  for (int32_t j = 0; j < n; ++j) {
+    float sum = acc[j];
+    for (int32_t kk = 0; kk < k; ++kk) sum += to_f32(x[kk]) * to_f32(w[kk * n + j]);
+    acc[j] = sum;
+  }
+}
+#endif
+
+// The store: acc (+ bias) -> chain -> bf16. The bias rides with W: each weight object is [k + 1][n], its last
+// row the bias tile, so the last object of the K loop (still held) carries it.
+NPU_KERNEL void gemv_store(const float *acc, const bf16 *w_last, int32_t has_bias, bf16 *out, int32_t n, int32_t k,
+                           const int32_t *chain, int32_t n_chain, const float *imm) {
+  NPU_ROUND_EVEN();
+  const bf16 *operands[2] = {out, out};
+  for (int32_t j = 0; j < n; ++j) {
+    float v = acc[j] + (has_bias ? to_f32(w_last[k * n + j]) : 0.0f);
+    out[j] = to_bf16(npu_epilogue(v, j, chain, n_chain, imm, operands));
+  }
+}

@@ -1,0 +1,60 @@
+"""Masks and positions from the runtime parameters (catalog kind `maskgen`): one core reads the parameter
+(position or valid length: one int32 from the io arena, filled each dispatch) and writes the mask rows, so a
+decoder step or a padded bucket needs no host computation. kernels/maskgen/maskgen.cc."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kernels import dataflow as df
+
+KINDS = ("maskgen",)
+
+
+def build(target: str, step, buffers: dict, params: dict):
+    op, attrs = step.attrs["head"]["op"], step.attrs["head"]["attrs"]
+    param = df.operand(step.inputs[0], buffers[step.inputs[0]])
+    out = df.operand(step.outputs[0], buffers[step.outputs[0]])
+    if op == "causal_cache_mask":
+        rows, row = attrs["n_new"], attrs["size"]
+    else:
+        rows, row = 1, math.prod(out.shape)
+    if row > step.attrs["tiling"]["chunk"] and op != "positions":
+        raise df.DesignError(f"{op} rows of {row} exceed the chunk {step.attrs['tiling']['chunk']}")
+    io = df.iron()
+    p_ty, i32 = df.tensor(1, np.int32), np.int32
+    row_ty = df.tensor(row, out.dtype)
+    fns = {"causal_cache_mask": ("mask_causal", [p_ty, row_ty, i32, i32, i32]),
+           "length_mask": ("mask_length", [p_ty, row_ty, i32]),
+           "positions": ("mask_positions", [p_ty, row_ty, i32])}
+    fn, types = fns[op]
+    kernel = io.Kernel(fn, "maskgen.o", types)
+    of_p = io.ObjectFifo(p_ty, depth=1, name="maskgen_param")
+    of_y = io.ObjectFifo(row_ty, depth=2, name="maskgen_out")
+
+    def body(p_fifo, y_fifo, k, n_rows):
+        p = p_fifo.acquire(1)
+        for r in range(n_rows):  # unrolled: the row index is a constant of each call (n_new is small)
+            y = y_fifo.acquire(1)
+            if op == "causal_cache_mask":
+                k(p, y, 1, row, r)
+            else:
+                k(p, y, row)
+            y_fifo.release(1)
+        p_fifo.release(1)
+
+    worker = io.Worker(body, [of_p.cons(), of_y.prod(), kernel, rows], placement=io.Tile(0, 2),
+                       stack_size=df.STACK_BYTES)
+    rt = io.Runtime()
+    with rt.sequence(df.tensor(param.elements, np.int32), df.tensor(out.elements, out.dtype)) as (p_arg, y_arg):
+        rt.start(worker)
+        rt.fill(of_p.prod(), p_arg, tap=df.taps(io, param, param.index.reshape(-1)[:1])[0], placement=io.Tile(0, 0))
+        for tap in df.taps(io, out, out.index.reshape(rows, row)):
+            rt.drain(of_y.cons(), y_arg, tap=tap, placement=io.Tile(0, 0), wait=True)
+    params.update({"cores": 1, "rows": rows, "row": row})
+    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+
+
+if __name__ == "__main__":
+    df.main(build)

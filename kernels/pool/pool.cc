@@ -1,0 +1,24 @@
+// max_pool2d (ResNet stem), one output row per call in NCHW order (ops.max_pool2d: padding counts as -inf):
+// the band x [c][k][w] holds the k input rows the output row reads (the design clamps rows outside the image,
+// the kernel skips them, knowing the output row from its counter `oy` in L1); columns outside [0, w) never
+// win. y [c][wo].
+#include "../include/npu_kernel.h"
+
+NPU_KERNEL void maxpool_row(const bf16 *x, bf16 *y, int32_t c, int32_t width, int32_t k, int32_t stride, int32_t pad,
+                            int32_t wo, int32_t height, int32_t ho, int32_t *oy) {
+  const int32_t top = *oy * stride - pad;
+  const int32_t kh_lo = top < 0 ? -top : 0, kh_hi = top + k > height ? height - top : k;
+  *oy = *oy + 1 == ho ? 0 : *oy + 1;
+  for (int32_t ch = 0; ch < c; ++ch)
+    for (int32_t ox = 0; ox < wo; ++ox) {
+      float m = -3.0e38f;
+      for (int32_t r = kh_lo; r < kh_hi; ++r)
+        for (int32_t s = 0; s < k; ++s) {
+          const int32_t ix = ox * stride + s - pad;
+          if (ix < 0 || ix >= width) continue;
+          float v = to_f32(x[(ch * k + r) * width + ix]);
+          m = v > m ? v : m;
+        }
+      y[ch * wo + ox] = to_bf16(m);
+    }
+}

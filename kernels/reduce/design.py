@@ -1,0 +1,74 @@
+"""mean design (catalog kind `reduce`). Two shapes of work, both on the streaming skeleton:
+- trailing axes (ResNet's global average pool, [B, C, H, W] over (2, 3)): a work item is G output values;
+  its G input rows stream one per object into reduce_rows, then one store of G means;
+- one outer axis (ESM's masked mean, [B, T, C] over 1): a work item is one output vector [C]; its T rows
+  stream into reduce_cols, then one store. kernels/reduce/reduce.cc. Epilogue operands are not supported."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kernels import dataflow as df
+
+KINDS = ("reduce",)
+
+
+def build(target: str, step, buffers: dict, params: dict):
+    if any(c["operand"] is not None for c in step.attrs["chain"]):
+        raise df.DesignError("mean with an epilogue operand: not supported by the reduce design")
+    x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
+    out = df.operand(step.outputs[0], buffers[step.outputs[0]])
+    axes = step.attrs["head"]["attrs"]["axis"]
+    axes = sorted({a % x.index.ndim for a in np.atleast_1d(axes)})
+    nd = x.index.ndim
+    chunk = step.attrs["tiling"]["chunk"]
+    if axes == list(range(axes[0], nd)):      # trailing axes
+        rows, row = math.prod(x.shape[:axes[0]]), math.prod(x.shape[axes[0]:])
+        if row > chunk:
+            raise df.DesignError(f"mean over {row} trailing elements: a row must fit the chunk {chunk}")
+        group = max(g for g in range(1, min(rows, 64) + 1) if rows % g == 0 and (g % 2 == 0 or g == rows))
+        items, piece, out_row, count, mode = rows // group, row, group, row, "rows"
+        x_rows = x.index.reshape(items, group * row)
+    elif len(axes) == 1:                       # one outer axis
+        a = axes[0]
+        outer, red, inner = math.prod(x.shape[:a]), x.shape[a], math.prod(x.shape[a + 1:])
+        if inner > chunk:
+            raise df.DesignError(f"mean over axis {a} with rows of {inner}: a row must fit the chunk {chunk}")
+        items, piece, out_row, count, mode = outer, inner, inner, red, "cols"
+        x_rows = x.index.reshape(outer, red * inner)
+    else:
+        raise df.DesignError(f"mean over axes {axes}: the design reduces trailing axes or one axis")
+    bf, i32 = df.tensor(piece), np.int32
+    acc_t, at_t, out_t = df.tensor(out_row, np.float32), df.tensor(1, np.int32), df.tensor(out_row)
+    ch = [df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)]
+    fns = {"zero": ("reduce_zero", [acc_t, i32, at_t]), "rows": ("reduce_rows", [bf, acc_t, i32, i32, at_t]),
+           "cols": ("reduce_cols", [bf, acc_t, i32, i32]),
+           "store": ("reduce_mean_store", [acc_t, out_t, i32, i32, ch[0], i32, ch[1]])}
+    n_chain = len(step.attrs["chain"])
+    io = df.iron()
+
+    def body(x_fifo, _shared, y_fifo, acc, at, chain, imm, zero, krows, kcols, store, items_per_core, npieces,
+             passes):
+        for _ in io.range_(items_per_core):
+            zero(acc, out_row, at)
+            for _ in io.range_(npieces):
+                xs = x_fifo.acquire(1)
+                if mode == "rows":
+                    krows(xs, acc, 1, piece, at)
+                else:
+                    kcols(xs, acc, 1, piece)
+                x_fifo.release(1)
+            y = y_fifo.acquire(1)
+            store(acc, y, out_row, count, chain, n_chain, imm)
+            y_fifo.release(1)
+
+    state = {"acc": (out_row, np.float32, None), "at": (1, np.int32, None), **df.epilogue_state(step, 1)}
+    s = df.Streaming(items, x_rows.shape[1], piece, [x.rows(x_rows)], [], out.rows(out.index.reshape(items, out_row)),
+                     out_row=out_row, state=state)
+    params.update({"chunk": chunk, "mode": mode, "group": out_row})
+    return df.streaming(target, "reduce", s, fns, body, step.attrs["tiling"]["cores"], params)
+
+
+if __name__ == "__main__":
+    df.main(build)

@@ -1,0 +1,44 @@
+"""Rotary embedding design (catalog kind `rope`): rows of x (one head-dimension vector each) over the cores,
+the cos / sin rows for each x row joined with it in the memtile (the access pattern repeats the [T, d]
+tables over batch and heads; a table row that every x row shares is broadcast once). kernels/rope/rope.cc."""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels import dataflow as df
+
+KINDS = ("rope",)
+
+
+def build(target: str, step, buffers: dict, params: dict):
+    n_extra = sum(1 for c in step.attrs["chain"] if c["operand"] is not None)
+    n_head = len(step.inputs) - n_extra
+    rows, row, per_row, shared, opmap, out = df.split_operands(step, buffers)
+    if df.row_piece(row, step.attrs["tiling"]["chunk"]) != row:
+        raise df.DesignError(f"rope over rows of {row}: a head dimension must fit one chunk")
+    i32 = np.int32
+    rows_t = df.tensor(len(per_row) * row)
+    shared_t = df.tensor(len(shared) * row) if shared else rows_t
+    vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
+    fns = {"rope": ("rope_row", [rows_t, shared_t, df.tensor(row), i32, vec_i, vec_i, i32, vec_f])}
+    n_chain = len(step.attrs["chain"])
+    io = df.iron()
+
+    def body(rows_in, shared_in, y_out, chain, imm, opmap_buf, kernel, rows_per_core, npieces, passes):
+        for _ in io.range_(rows_per_core):
+            x = rows_in.acquire(1)
+            sh = shared_in.acquire(1) if shared_in is not None else x
+            y = y_out.acquire(1)
+            kernel(x, sh, y, row, opmap_buf, chain, n_chain, imm)
+            rows_in.release(1)
+            if shared_in is not None:
+                shared_in.release(1)
+            y_out.release(1)
+
+    s = df.Streaming(rows, row, row, per_row, shared, out, state=df.epilogue_state(step, n_head, opmap))
+    params.update({"chunk": step.attrs["tiling"]["chunk"]})
+    return df.streaming(target, "rope", s, fns, body, step.attrs["tiling"]["cores"], params)
+
+
+if __name__ == "__main__":
+    df.main(build)

@@ -1,0 +1,74 @@
+"""softmax / log_softmax design (catalog kind `softmax`): rows over the cores. A row that fits the catalog's
+chunk is resident while the three phases run (max, sum of exps, store); a longer row (a vocabulary) streams
+through one core three times (kernels/softmax/softmax.cc)."""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels import dataflow as df
+
+KINDS = ("softmax",)
+
+
+def build(target: str, step, buffers: dict, params: dict):
+    n_extra = sum(1 for c in step.attrs["chain"] if c["operand"] is not None)
+    n_head = len(step.inputs) - n_extra
+    axis = step.attrs["head"]["attrs"].get("axis", -1)
+    if axis not in (-1, len(buffers[step.outputs[0]].shape) - 1):
+        raise df.DesignError(f"softmax over axis {axis}: the kernel reduces the last axis")
+    rows, row, per_row, shared, opmap, out = df.split_operands(step, buffers)
+    piece = df.row_piece(row, step.attrs["tiling"]["chunk"])
+    log = int(step.attrs["head"]["op"] == "log_softmax")
+    passes = 1 if piece == row else 3
+    i32 = np.int32
+    rows_t = df.tensor(len(per_row) * piece)
+    shared_t = df.tensor(len(shared) * piece) if shared else rows_t
+    st_t, vec_i, vec_f = df.tensor(2, np.float32), df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
+    fns = {"begin": ("softmax_begin", [st_t]), "max": ("softmax_max", [rows_t, shared_t, i32, vec_i, st_t]),
+           "sum": ("softmax_sum", [rows_t, shared_t, i32, vec_i, st_t]),
+           "store": ("softmax_store", [rows_t, shared_t, df.tensor(piece), i32, vec_i, st_t, i32, vec_i, i32, vec_f])}
+    n_chain = len(step.attrs["chain"])
+    io = df.iron()
+
+    def body(rows_in, shared_in, y_out, st, chain, imm, opmap_buf, begin, kmax, ksum, store,
+             rows_per_core, npieces, n_passes):
+        def take():
+            x = rows_in.acquire(1)
+            return x, shared_in.acquire(1) if shared_in is not None else x
+
+        def give():
+            rows_in.release(1)
+            if shared_in is not None:
+                shared_in.release(1)
+
+        for _ in io.range_(rows_per_core):
+            begin(st)
+            if n_passes == 1:  # the row is resident: every phase on one object
+                x, sh = take()
+                y = y_out.acquire(1)
+                kmax(x, sh, piece, opmap_buf, st)
+                ksum(x, sh, piece, opmap_buf, st)
+                store(x, sh, y, piece, opmap_buf, st, log, chain, n_chain, imm)
+                give()
+                y_out.release(1)
+                continue
+            for phase in (kmax, ksum):
+                for _ in io.range_(npieces):
+                    x, sh = take()
+                    phase(x, sh, piece, opmap_buf, st)
+                    give()
+            for _ in io.range_(npieces):
+                x, sh = take()
+                y = y_out.acquire(1)
+                store(x, sh, y, piece, opmap_buf, st, log, chain, n_chain, imm)
+                give()
+                y_out.release(1)
+
+    state = {"st": (2, np.float32, None), **df.epilogue_state(step, n_head, opmap)}
+    s = df.Streaming(rows, row, piece, per_row, shared, out, passes=passes, state=state)
+    params.update({"chunk": step.attrs["tiling"]["chunk"], "log": log})
+    return df.streaming(target, "softmax", s, fns, body, step.attrs["tiling"]["cores"], params)
+
+
+if __name__ == "__main__":
+    df.main(build)
