@@ -12,10 +12,10 @@ step per emitted token; its state stays on the host and is only replaced when a 
 (`joint`, per decoding step). The loops follow transformers' ParakeetTDTGenerationMixin (TDT) and gigaam's
 RNNTGreedyDecoding (RNN-T), so their tokens are identical.
 
-Long audio: windows of `window_seconds` that overlap by `overlap_seconds` and start on encoder-frame boundaries.
-Each window owns the frames from the middle of its overlap with the previous window to the middle of its overlap
-with the next one; a token is kept by the window that owns the frame it was emitted at, so a token seen by two
-windows is kept once, and every frame belongs to exactly one window.
+Long audio and live streams: windows of `window_seconds` that overlap by `overlap_seconds` and start on
+encoder-frame boundaries; each window owns the frames from the middle of its overlap with the previous window to
+the middle of its overlap with the next one, and a token is kept only by the window owning the frame it was
+emitted at (see ConformerStream; `transcribe` is a stream fed all at once).
 """
 from __future__ import annotations
 
@@ -168,19 +168,6 @@ class TransducerDecoder:
         return tokens
 
 
-def join_windows(windows: list[tuple[int, list[tuple[int, int]]]], overlap_frames: int,
-                 window_frames: int) -> list[tuple[int, int]]:
-    """Merge per-window (start frame, [(token, frame in window)]) into one absolute-frame token list.
-    Window k keeps the tokens emitted in [cut(k-1), cut(k)), where cut(k) is the middle of the overlap
-    between windows k and k+1; the first window starts at 0 and the last one runs to the end."""
-    out = []
-    for k, (start, tokens) in enumerate(windows):
-        lo = 0 if k == 0 else start + overlap_frames // 2
-        hi = math.inf if k == len(windows) - 1 else windows[k + 1][0] + overlap_frames // 2
-        out += [(tok, start + f) for tok, f in tokens if lo <= start + f < hi]
-    return out
-
-
 # ---- the recogniser -----------------------------------------------------------------------------------------
 
 class ConformerRecognizer:
@@ -223,7 +210,7 @@ class ConformerRecognizer:
     # -- one window --
     def window_tokens(self, samples: np.ndarray) -> list[tuple[int, int]]:
         """Greedy (token id, encoder frame) pairs for one window of 16 kHz mono float audio."""
-        samples = np.asarray(samples, np.float32).reshape(-1)
+        samples = _mono(samples)
         if len(samples) > self.options.window_seconds * self.sample_rate:
             raise InputError(f"a window holds at most {self.options.window_seconds:g} s, got "
                              f"{len(samples) / self.sample_rate:.2f} s", fix="use transcribe() for long audio")
@@ -246,17 +233,14 @@ class ConformerRecognizer:
         return self.segments(self.window_tokens(samples_16k), offset=offset)
 
     # -- any length --
+    def stream(self) -> "ConformerStream":
+        """Incremental decoding of live audio with the same windows and joins as transcribe()."""
+        return ConformerStream(self)
+
     def transcribe_tokens(self, samples_16k: np.ndarray) -> list[tuple[int, int]]:
         """(token, absolute encoder frame) over audio of any length, through overlapping windows."""
-        samples = np.asarray(samples_16k, np.float32).reshape(-1)
-        fs = self.frame_samples
-        window = int(self.options.window_seconds * self.sample_rate) // fs * fs
-        overlap = int(self.options.overlap_seconds * self.sample_rate) // fs * fs
-        if len(samples) <= window:
-            return self.window_tokens(samples)
-        starts = list(range(0, len(samples) - overlap, window - overlap))
-        windows = [(s // fs, self.window_tokens(samples[s:s + window])) for s in starts]
-        return join_windows(windows, overlap // fs, window // fs)
+        stream = self.stream()
+        return stream.feed(samples_16k) + stream.flush()
 
     def transcribe(self, samples_16k: np.ndarray, *, offset: float = 0.0) -> list[Segment]:
         return self.segments(self.transcribe_tokens(samples_16k), offset=offset)
@@ -301,3 +285,59 @@ def _front_end(cfg: conformer.Config, folder: Path):
     if settings.get("hop", HOP) != HOP:
         raise WeightError(f"{folder}: hop_length {settings['hop']} is not supported (10 ms frames expected)")
     return lambda samples: audio.nemo_log_mel(samples, n_mels=cfg.num_mel_bins, **settings)
+
+
+class ConformerStream:
+    """Audio in as it arrives, final tokens out. Windows of `window_seconds` start every window - overlap
+    seconds (on encoder-frame boundaries). Window k owns the frames from the middle of its overlap with window k-1
+    to the middle of its overlap with window k+1 (the first from 0, the last to the end); a token is kept by the
+    window that owns the frame it was emitted at, so tokens seen by two windows are kept once and every frame
+    belongs to exactly one window. A window is decoded once audio beyond it has arrived (or at flush), so
+    tokens are final when returned."""
+
+    def __init__(self, recognizer: ConformerRecognizer):
+        self.rec = recognizer
+        fs, rate, opts = recognizer.frame_samples, recognizer.sample_rate, recognizer.options
+        self.window = int(opts.window_seconds * rate) // fs * fs
+        self.overlap = int(opts.overlap_seconds * rate) // fs * fs
+        self.pending = np.zeros(0, np.float32)  # audio from the next window's start on
+        self.start = 0                          # absolute sample where the next window starts
+        self.owned_from = 0                     # first absolute frame no window has finalised yet
+
+    def feed(self, samples_16k: np.ndarray) -> list[tuple[int, int]]:
+        """Append audio; returns the (token, absolute frame) pairs that became final."""
+        self.pending = np.concatenate([self.pending, _mono(samples_16k)])
+        out = []
+        while len(self.pending) > self.window:  # audio past this window exists, so a next window will too
+            out += self._decode(last=False)
+        return out
+
+    def flush(self) -> list[tuple[int, int]]:
+        """Decode what is left (the end of the audio) and start over."""
+        out = []
+        while True:
+            last = len(self.pending) <= self.window
+            out += self._decode(last=last)
+            if last:
+                break
+        self.pending, self.start, self.owned_from = np.zeros(0, np.float32), 0, 0
+        return out
+
+    def _decode(self, *, last: bool) -> list[tuple[int, int]]:
+        fs, step = self.rec.frame_samples, self.window - self.overlap
+        first_frame = self.start // fs
+        owned_to = math.inf if last else (self.start + step + self.overlap // 2) // fs
+        tokens = [(tok, first_frame + f) for tok, f in self.rec.window_tokens(self.pending[:self.window])
+                  if self.owned_from <= first_frame + f < owned_to]
+        self.owned_from = owned_to
+        if not last:
+            self.pending, self.start = self.pending[step:], self.start + step
+        return tokens
+
+
+def _mono(samples: np.ndarray) -> np.ndarray:
+    samples = np.asarray(samples, np.float32)
+    if samples.ndim != 1:
+        raise InputError(f"expected mono 16 kHz samples (a 1-D array), got shape {samples.shape}",
+                         fix="downmix first, e.g. pipelines.audio.to_mono")
+    return samples

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 
 from pipelines import audio
-from pipelines.conformer_asr import (ConformerOptions, ConformerRecognizer, Vocabulary, ctc_greedy, join_windows,
-                                     sentencepiece_pieces)
+from pipelines.conformer_asr import ConformerOptions, ConformerRecognizer, Vocabulary, ctc_greedy, sentencepiece_pieces
 from sdk.errors import InputError, WeightError
 from sdk.models import conformer, module_for
 from sdk.session import Session
@@ -119,22 +118,23 @@ def test_front_ends_match_references(record_parity):
     assert max_abs <= 1e-4
 
 
-def test_join_windows_keeps_each_token_once():
-    """Synthetic windows over a known token timeline: each window sees the truth in its interior and garbage
-    near its edges (as a real encoder does without context); the join returns the truth exactly."""
-    rng = np.random.default_rng(0)
-    truth = sorted({(int(f), int(rng.integers(1, 30))) for f in rng.choice(1000, 180, replace=False)})
-    truth = [(tok, f) for f, tok in truth]
-    window, overlap, edge = 200, 50, 20  # edge garbage stays inside the half overlap
-    starts = list(range(0, 1000 - overlap, window - overlap))
-    windows = []
-    for s in starts:
-        first, last = s == starts[0], s == starts[-1]
-        seen = [(tok, f - s) for tok, f in truth
-                if (s + edge <= f or first) and (f < s + window - edge or last) and s <= f < s + window]
-        seen += [(99, 1), (99, 3)] * (not first) + [(99, window - 2)] * (not last)  # edge garbage
-        windows.append((s, sorted(seen, key=lambda p: p[1])))
-    assert join_windows(windows, overlap, window) == truth
+def test_stream_gives_the_tokens_of_transcribe():
+    """Live audio in uneven chunks: the final tokens, concatenated, are exactly transcribe()'s, whatever the
+    chunking (a window is decoded only once audio beyond it has arrived)."""
+    rec = ConformerRecognizer(DIR / "parakeet_tdt", device="cpu",
+                              options=ConformerOptions(window_seconds=2.0, overlap_seconds=0.5, buckets_seconds=(1.0,)))
+    samples = (np.random.default_rng(4).standard_normal(int(5.3 * 16000)) * 0.1).astype(np.float32)
+    reference = rec.transcribe_tokens(samples)
+    stream, got, rng, i = rec.stream(), [], np.random.default_rng(5), 0
+    while i < len(samples):
+        n = int(rng.integers(100, 9000))
+        got += stream.feed(samples[i:i + n])
+        i += n
+    got += stream.flush()
+    assert got == reference and len(reference) > 10
+    assert [f for _, f in got] == sorted(f for _, f in got)
+    with pytest.raises(InputError):
+        stream.feed(np.zeros((100, 2), np.float32))
 
 
 def test_chunked_windows_equal_one_pass_when_encoder_is_local(tmp_path):
