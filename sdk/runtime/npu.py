@@ -33,6 +33,7 @@ import dataclasses
 import fcntl
 import hashlib
 import importlib
+import itertools
 import json
 import os
 import re
@@ -346,6 +347,7 @@ class NpuExecutable:
         self._host: dict[str, np.ndarray] = {}
         self._pinned = 0
         self._context = None
+        self._state: NpuState | None = None  # the state of the run in progress
         self._closed = False
         with _LOCK:
             self._dev = _Device.acquire(self.pyxrt)
@@ -484,17 +486,12 @@ class NpuExecutable:
                     self._store(name, array)
                     ranges.append((self.program.buffers[name].offset, array.nbytes))
                 self._sync("io", to_dev, ranges)
-                steps, i = e.steps, 0
-                while i < len(steps):
-                    if steps[i].kind == "host":
-                        self._host_step(steps[i])
-                        i += 1
-                        continue
-                    j = i
-                    while j < len(steps) and steps[j].kind == "dispatch":
-                        j += 1
-                    self._dispatch(steps[i:j])
-                    i = j
+                for kind, steps in itertools.groupby(e.steps, key=lambda s: s.kind):
+                    if kind == "dispatch":
+                        self._dispatch(tuple(steps))
+                    else:
+                        for step in steps:
+                            self._host_step(step)
                 out = {name: self._fetch(buf) for name, buf in e.outputs.items()}
             finally:
                 self._state = None
