@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -44,10 +45,12 @@ class Segment(NamedTuple):
 
 @dataclass(frozen=True)
 class ConformerOptions:
-    window_seconds: float = 20.0        # the longest window one encoder run sees (the largest bucket)
+    window_seconds: float = 30.0        # the longest window one encoder run sees (the largest bucket); 30 s as
+                                        # Whisper's, so live dictation can hand either model the same buffers
     overlap_seconds: float = 4.0        # shared by consecutive windows of long audio; half goes to each side
-    buckets_seconds: tuple[float, ...] = (5.0, 10.0)  # smaller encoder shapes for short windows (+ the window)
+    buckets_seconds: tuple[float, ...] = (5.0, 10.0, 20.0)  # smaller encoder shapes for short windows (+ the window)
     pause_seconds: float = 0.8          # a silence between tokens this long starts a new segment
+    silence_rms: float = 3e-4           # quieter windows (about -70 dBFS RMS) are not decoded: []
 
 
 # ---- vocabularies: tokenizer.json, SentencePiece .model (read without the sentencepiece package), char lists --
@@ -195,6 +198,7 @@ class ConformerRecognizer:
             graphs += conformer.decoder_graphs(self.cfg)
         self.session = Session(graphs, weights, device=device)
         self.transducer = TransducerDecoder(self.session, self.cfg) if self.cfg.head != "ctc" else None
+        self._lock = threading.Lock()  # one session, one caller at a time (dictation may call from a thread)
 
     @property
     def window_seconds(self) -> float:
@@ -214,8 +218,12 @@ class ConformerRecognizer:
         if len(samples) > self.options.window_seconds * self.sample_rate:
             raise InputError(f"a window holds at most {self.options.window_seconds:g} s, got "
                              f"{len(samples) / self.sample_rate:.2f} s", fix="use transcribe() for long audio")
-        if len(samples) < 2 * HOP:
+        if len(samples) < 2 * HOP or np.sqrt(np.mean(np.square(samples))) < self.options.silence_rms:
             return []
+        with self._lock:
+            return self._window_tokens(samples)
+
+    def _window_tokens(self, samples: np.ndarray) -> list[tuple[int, int]]:
         features = self.front_end(samples)  # [frames, mels]
         bucket = next(b for b in self.buckets if b >= len(features))
         padded = np.zeros((1, bucket, self.cfg.num_mel_bins), np.float32)

@@ -175,6 +175,7 @@ def test_recognizer_segments_and_limits():
     with pytest.raises(InputError):
         rec.decode_window(np.zeros(4 * 16000, np.float32))
     assert rec.decode_window(np.zeros(100, np.float32)) == []
+    assert rec.decode_window(np.full(16000, 1e-5, np.float32)) == []  # silence is not decoded
     assert rec.report()["device_effective"] == "cpu"
 
 
