@@ -69,6 +69,24 @@ def test_parity_with_committed_goldens(name, record_parity):
     assert ours == ref and len(ref) > 0
 
 
+@pytest.mark.parametrize("attention", ["rel_pos", "rotary"])
+def test_tiny_output_does_not_depend_on_bucket_or_padding(attention):
+    """Valid frames are the same in a tight and a loose bucket, whatever the padding holds."""
+    from dataclasses import replace
+    cfg = replace(conformer.TINY, attention=attention)
+    rng = np.random.default_rng(0)
+    weights = {k: (rng.standard_normal(shape) * 0.3).astype(np.float32) for k, shape in conformer.param_shapes(cfg).items()}
+    features = rng.standard_normal((45, cfg.num_mel_bins)).astype(np.float32)
+    tight = _run_encoder(cfg, weights, features, bucket=45)
+    lengths = cfg.output_length(45)
+    garbage = rng.standard_normal((1, 80, cfg.num_mel_bins)).astype(np.float32) * 10
+    garbage[0, :45] = features
+    with Session([conformer.encoder_graph(cfg, 80)], weights, device="cpu") as s:
+        loose = s.run(features=garbage, **{f"length{i}": np.int32(n) for i, n in enumerate(lengths)})
+    assert tight["hidden"].shape[1] == lengths[-1] == 6
+    np.testing.assert_allclose(loose["hidden"][:, :lengths[-1]], tight["hidden"], atol=2e-5)
+
+
 @pytest.mark.parametrize("name", ["parakeet_ctc", "parakeet_tdt"])
 def test_padding_is_masked_like_transformers(name, record_parity):
     """Row 1 of a transformers batch has 97 valid frames and random padding; our bucketed run of just those
