@@ -1,17 +1,19 @@
 // conv2d (and non-depthwise conv1d as H = 1) for ResNet and patch embeddings, one output row at a time in
-// NCHW order (emu.py _conv -> ops.conv2d is the spec): the design streams the input band x [cin][kh][w] (the
-// KH input rows this output row reads, every channel; the design clamps rows outside the image to the edge
-// and the kernel skips them, knowing the output row from its counter `oy` in L1), the weight slice w [cout][cin/groups][kh][kw] (stored plain in the weights arena) and writes
-// y [cout][wo]: y = bias + sum over (ci, kh, kw) w . x, zero padding on the left and right, fp32
-// accumulation, then the fused epilogue and one bf16 store. A patch embedding is stride = kernel, pad = 0.
+// NCHW order (emu.py _conv -> ops.conv2d is the spec). The design streams the input band x [cin][kh][w]
+// (the KH input rows this output row reads, every channel; rows outside the image are clamped to the edge by
+// the design and skipped here, the kernel knowing its output row from the counter `oy` in L1), the weight
+// slice w [cout][cin/groups][kh][kw] (bf16, stored plain in the weights arena) and writes y [cout][wo]:
+// y = bias + sum over (ci, kh, kw) w . x, zero padding left and right, fp32 accumulation, then the
+// operand-free epilogue and one store. x and y are bf16, or fp32 (the residual stream) when flagged; the
+// bias is fp32 (a weight vector). A patch embedding is stride = kernel, pad = 0.
 #include "../include/npu_kernel.h"
 
-NPU_KERNEL void conv2d_row(const bf16 *x, const bf16 *w, const bf16 *bias, int32_t has_bias, bf16 *y, int32_t cin, int32_t width,
-                           int32_t cout, int32_t groups, int32_t kh, int32_t kw, int32_t stride, int32_t pad,
-                           int32_t wo, int32_t height, int32_t ho, int32_t *oy, const bf16 *op0, const bf16 *op1,
-                           const int32_t *chain, int32_t n_chain, const float *imm) {
+NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const float *bias, int32_t has_bias, void *y,
+                           int32_t y_f32, int32_t cin, int32_t width, int32_t cout, int32_t groups, int32_t kh,
+                           int32_t kw, int32_t stride, int32_t pad, int32_t wo, int32_t height, int32_t ho,
+                           int32_t *oy, const int32_t *chain, int32_t n_chain, const float *imm) {
   NPU_ROUND_EVEN();
-  const bf16 *operands[2] = {op0, op1};
+  npu_vec xv = {x, x_f32};
   const int32_t cg = cin / groups, og = cout / groups, top = *oy * stride - pad;
   const int32_t kh_lo = top < 0 ? -top : 0, kh_hi = top + kh > height ? height - top : kh;
   *oy = *oy + 1 == ho ? 0 : *oy + 1;
@@ -24,10 +26,10 @@ NPU_KERNEL void conv2d_row(const bf16 *x, const bf16 *w, const bf16 *bias, int32
           for (int32_t s = 0; s < kw; ++s) {
             const int32_t ix = ox * stride + s - pad;
             if (ix < 0 || ix >= width) continue;
-            sum += to_f32(w[((o * cg + c) * kh + r) * kw + s]) * to_f32(x[((g * cg + c) * kh + r) * width + ix]);
+            sum += to_f32(w[((o * cg + c) * kh + r) * kw + s]) * npu_mac_operand(xv, ((g * cg + c) * kh + r) * width + ix);
           }
-      if (has_bias) sum += to_f32(bias[o]);
-      y[o * wo + ox] = to_bf16(npu_epilogue(sum, o * wo + ox, chain, n_chain, imm, operands));
+      if (has_bias) sum += bias[o];
+      npu_put(y, y_f32, o * wo + ox, npu_epilogue_unary(sum, chain, n_chain, imm));
     }
   }
 }

@@ -3,7 +3,7 @@
 //
 // Tiles arrive blocked by the MAC shape (R x S x T; npu1 4x8x4, npu2 8x8x8), which the memtile DMA produces
 // from row-major tiles (kernels/gemm/design.py, dims_to_stream):
-//   A [m/R][k/S][R][S]   B [k/S (+1 bias block row)][n/T][S][T]   C and the output [m/R][n/T][R][T]
+//   A [m/R][k/S][R][S]   B [k/S][n/T][S][T]   C and the output [m/R][n/T][R][T]
 // The design streams B from the weights arena (packed tile-major by sdk/compiler/layout.py) for `gemm`, or
 // from the scratch arena for `bmm` (activation x activation). emu.py's _gemm / _bmm are the numerics spec.
 #include "../include/npu_kernel.h"
@@ -57,19 +57,31 @@ NPU_KERNEL void gemm_mac(const bf16 *a, const bf16 *b, float *acc, int32_t m, in
 }
 #endif
 
-// The single store of a finished tile: acc (+ bias) -> epilogue chain -> bf16, blocked like C. The bias rides
-// with B: the design appends one block row (S rows, each the bias tile) to every B tile, so the last B tile of
-// the K loop, still held, carries it at block row k/S (row 0 of each S x T block). The chain takes no operand
-// tiles here (the design refuses GEMM epilogues with operands: they would need a third core input stream).
-NPU_KERNEL void gemm_store(const float *acc, const bf16 *b_last, int32_t has_bias, bf16 *out, int32_t m, int32_t n,
-                           int32_t k, const int32_t *chain, int32_t n_chain, const float *imm) {
+// The bias (fp32, sdk/compiler/layout.py) arrives once, at the start, as the first objects of the B stream
+// (the design fills them with this core column's bias tiles, repeated to whole objects); the memtile blocked
+// them like B tiles, so gemm_bias_load undoes the blocking: word u of the object's row-major bytes sits at
+// bf16 unit (2u) of a [k][n] tile blocked [k/S][n/T][S][T].
+NPU_KERNEL void gemm_bias_load(const bf16 *b_obj, float *bias, int32_t first, int32_t count, int32_t k, int32_t n) {
+  const int32_t nb = n / MMUL_T;
+  for (int32_t w = 0; w < count; ++w) {
+    const int32_t u = 2 * w, r = u / n, c = u % n;  // T is even: both halves of a float stay adjacent
+    const int32_t at = ((r / MMUL_S) * nb + c / MMUL_T) * MMUL_S * MMUL_T + (r % MMUL_S) * MMUL_T + c % MMUL_T;
+    memcpy(&bias[first + w], &b_obj[at], 4);
+  }
+  (void)k;
+}
+
+// The single store of a finished tile: acc (+ bias[j0 .. j0+n)) -> chain -> bf16 (or fp32), blocked like C.
+// The chain takes no operand tiles (the design refuses GEMM epilogues with operands: they would need a third
+// input stream per core).
+NPU_KERNEL void gemm_store(const float *acc, const float *bias, int32_t has_bias, int32_t j0, void *out,
+                           int32_t out_f32, int32_t m, int32_t n, const int32_t *chain, int32_t n_chain,
+                           const float *imm) {
   NPU_ROUND_EVEN();
-  const bf16 *operands[2] = {out, out};
   const int32_t nb = n / MMUL_T, block = MMUL_R * MMUL_T;
-  const bf16 *bias = b_last + (k / MMUL_S) * nb * MMUL_S * MMUL_T;
   for (int32_t e = 0; e < m * n; ++e) {
     float v = acc[e];
-    if (has_bias) v += to_f32(bias[((e / block) % nb) * MMUL_S * MMUL_T + e % MMUL_T]);
-    out[e] = to_bf16(npu_epilogue(v, e, chain, n_chain, imm, operands));
+    if (has_bias) v += bias[j0 + ((e / block) % nb) * MMUL_T + e % MMUL_T];
+    npu_put(out, out_f32, e, npu_epilogue_unary(v, chain, n_chain, imm));
   }
 }

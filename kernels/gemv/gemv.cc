@@ -1,5 +1,5 @@
-// bf16 GEMV for decode (one activation row): y[n] (fp32 in L1) += x[k] . W[k x n], then the bf16 store with
-// the fused epilogue. W tiles are the GEMM's packed weight tiles read as they lie in the weights arena
+// bf16 GEMV for decode (one activation row): y[n] (fp32 in L1) += x[k] . W[k x n], then the store with
+// the fused (operand-free) epilogue. W tiles are the GEMM's packed weight tiles read as they lie in the weights arena
 // (tile-major [Kp/k, Np/n, k, n], row-major inside a tile: sdk/compiler/layout.py), so decode and prefill
 // share one packed copy of every weight. Memory-bound: each weight byte is read once per token.
 #include "../include/npu_kernel.h"
@@ -31,14 +31,17 @@ NPU_KERNEL void gemv_mac(const bf16 *x, const bf16 *w, float *acc, int32_t k, in
 }
 #endif
 
-// The store: acc (+ bias) -> chain -> bf16. The bias rides with W: each weight object is [k + 1][n], its last
-// row the bias tile, so the last object of the K loop (still held) carries it.
-NPU_KERNEL void gemv_store(const float *acc, const bf16 *w_last, int32_t has_bias, bf16 *out, int32_t n, int32_t k,
-                           const int32_t *chain, int32_t n_chain, const float *imm) {
+// The bias (fp32) arrives once, at the start, as the first objects of the W stream (this core's bias tiles,
+// repeated to whole objects): gemv_bias_load copies `count` floats of one object into L1 at `first`.
+NPU_KERNEL void gemv_bias_load(const bf16 *w_obj, float *bias, int32_t first, int32_t count) {
+  memcpy(&bias[first], w_obj, 4 * count);
+}
+
+NPU_KERNEL void gemv_store(const float *acc, const float *bias, int32_t has_bias, int32_t j0, void *out,
+                           int32_t out_f32, int32_t n, const int32_t *chain, int32_t n_chain, const float *imm) {
   NPU_ROUND_EVEN();
-  const bf16 *operands[2] = {out, out};
   for (int32_t j = 0; j < n; ++j) {
-    float v = acc[j] + (has_bias ? to_f32(w_last[k * n + j]) : 0.0f);
-    out[j] = to_bf16(npu_epilogue(v, j, chain, n_chain, imm, operands));
+    float v = acc[j] + (has_bias ? bias[j0 + j] : 0.0f);
+    npu_put(out, out_f32, j, npu_epilogue_unary(v, chain, n_chain, imm));
   }
 }

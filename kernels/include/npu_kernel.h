@@ -10,6 +10,7 @@
 //     kernel runs its scalar path. Build with -ffp-contract=off so no FMA changes the fp32 rounding.
 #pragma once
 #include <stdint.h>
+#include <string.h>
 
 #ifdef __AIENGINE__
 #include <aie_api/aie.hpp>
@@ -20,7 +21,6 @@ static inline float to_f32(bf16 x) { return (float)x; }
 static inline bf16 to_bf16(float x) { return (bf16)x; }
 #define NPU_ROUND_EVEN() ::aie::set_rounding(aie::rounding_mode::conv_even)
 #else
-#include <string.h>
 struct bf16 { uint16_t bits; };
 static inline float to_f32(bf16 x) {
   uint32_t u = (uint32_t)x.bits << 16;
@@ -61,11 +61,7 @@ static inline float npu_ldexp(float p, int32_t e) {  // p in [1, 2], e in [-126,
   float s;
   if (e < -126) e = -126;
   uint32_t u = (uint32_t)(e + 127) << 23;
-#ifdef __AIENGINE__
-  s = *(float *)&u;
-#else
   memcpy(&s, &u, 4);
-#endif
   return p * s;
 }
 
@@ -130,37 +126,67 @@ static inline float npu_binary(int op, float a, float b) {
   }
 }
 
-// Streaming kernels receive two objects per row piece: `rows` [P][n] (the operands that differ per row,
-// joined in the memtile) and `shared` [S][n] (those every row shares, broadcast), and a map saying where
-// kernel input i lives: map[i] = shared << 8 | position. The map lists the head inputs, then the epilogue
-// operands, so chain slot s is input n_head + s.
-static inline const bf16 *npu_operand(const bf16 *rows, const bf16 *shared, const int32_t *map, int32_t i,
-                                      int32_t n) {
-  return ((map[i] >> 8) ? shared : rows) + (map[i] & 0xff) * n;
+// ---- operands of either storage type -------------------------------------------------------------------
+// Activations are bf16 on the device except the residual stream (fp32), and weight vectors (biases, norm
+// scales) are fp32 (sdk/compiler/memory.py, layout.py): a kernel reads each operand through its dtype.
+struct npu_vec {
+  const void *p;
+  int32_t f32;
+};
+static inline float npu_get(npu_vec v, int32_t i) {
+  return v.f32 ? ((const float *)v.p)[i] : to_f32(((const bf16 *)v.p)[i]);
+}
+static inline void npu_put(void *y, int32_t f32, int32_t i, float v) {
+  if (f32)
+    ((float *)y)[i] = v;
+  else
+    ((bf16 *)y)[i] = to_bf16(v);
 }
 
-// The chain applied to element `i` of the result; operands[s] is the slot-s tile (same element order).
+// A matmul / convolution operand as the MACs read it: bf16 (an fp32 residual-stream value is rounded on load).
+static inline float npu_mac_operand(npu_vec v, int32_t i) {
+  return v.f32 ? to_f32(to_bf16(((const float *)v.p)[i])) : to_f32(((const bf16 *)v.p)[i]);
+}
+
+// Streaming kernels receive two objects per row piece: `rows` (the operands that differ per row, joined in
+// the memtile) and `shared` (those every row shares, joined and broadcast), and a map saying where kernel
+// input i lives: map[i] = shared << 15 | fp32 << 14 | offset in 32-bit words. The map lists the head
+// inputs, then the epilogue operands, so chain slot s is input n_head + s.
+static inline npu_vec npu_operand(const void *rows, const void *shared, const int32_t *map, int32_t i) {
+  const int32_t code = map[i];
+  const char *base = (const char *)((code >> 15) & 1 ? shared : rows);
+  npu_vec v = {base + 4 * (code & 0x3fff), (code >> 14) & 1};
+  return v;
+}
+
+// The chain applied to element `i` of the result; operands[s] is the slot-s operand (same element order).
 static inline float npu_epilogue(float v, int32_t i, const int32_t *chain, int32_t n_chain, const float *imm,
-                                 const bf16 *const *operands) {
+                                 const npu_vec *operands) {
   for (int32_t c = 0; c < n_chain; ++c) {
     int32_t word = chain[c], op = word & 0xff, slot = (word >> 8) & 0xf, swap = (word >> 12) & 1;
     if (op < EPI_ADD) {
       v = npu_unary(op, v, imm[c]);
     } else {
-      float other = to_f32(operands[slot][i]);
+      float other = npu_get(operands[slot], i);
       v = swap ? npu_binary(op, other, v) : npu_binary(op, v, other);
     }
   }
   return v;
 }
 
-// The epilogue operand tiles of a streaming kernel with n_head head inputs (unused slots point anywhere).
-static inline void npu_epilogue_operands(const bf16 *rows, const bf16 *shared, const int32_t *map, int32_t n_head,
-                                         int32_t n_chain, const int32_t *chain, int32_t n, const bf16 **operands) {
-  operands[0] = operands[1] = rows;
+// The epilogue operands of a streaming kernel with n_head head inputs (unused slots point anywhere).
+static inline void npu_epilogue_operands(const void *rows, const void *shared, const int32_t *map, int32_t n_head,
+                                         int32_t n_chain, const int32_t *chain, npu_vec *operands) {
+  operands[0] = operands[1] = npu_operand(rows, shared, map, 0);
   for (int32_t c = 0; c < n_chain; ++c)
     if ((chain[c] & 0xff) >= EPI_ADD) {
       int32_t slot = (chain[c] >> 8) & 0xf;
-      operands[slot] = npu_operand(rows, shared, map, n_head + slot, n);
+      operands[slot] = npu_operand(rows, shared, map, n_head + slot);
     }
+}
+
+// A kernel with no operand tiles in its chain (the design refuses chains that read one).
+static inline float npu_epilogue_unary(float v, const int32_t *chain, int32_t n_chain, const float *imm) {
+  for (int32_t c = 0; c < n_chain; ++c) v = npu_unary(chain[c] & 0xff, v, imm[c]);
+  return v;
 }

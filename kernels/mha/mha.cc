@@ -54,9 +54,8 @@ NPU_KERNEL void mha_pv(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *
     }
 }
 
-NPU_KERNEL void mha_store(const float *acc, bf16 *out, int32_t tq, int32_t d, const bf16 *op0, const bf16 *op1,
-                          const int32_t *chain, int32_t n_chain, const float *imm) {
+NPU_KERNEL void mha_store(const float *acc, void *out, int32_t out_f32, int32_t tq, int32_t d, const int32_t *chain,
+                          int32_t n_chain, const float *imm) {
   NPU_ROUND_EVEN();
-  const bf16 *operands[2] = {op0, op1};
-  for (int32_t e = 0; e < tq * d; ++e) out[e] = to_bf16(npu_epilogue(acc[e], e, chain, n_chain, imm, operands));
+  for (int32_t e = 0; e < tq * d; ++e) npu_put(out, out_f32, e, npu_epilogue_unary(acc[e], chain, n_chain, imm));
 }

@@ -14,39 +14,39 @@ NPU_KERNEL void norm_begin(float *st) {
 }
 
 // Phase 1 (layer_norm only): sum of the row.
-NPU_KERNEL void norm_sum(const bf16 *rows, const bf16 *shared, int32_t n, const int32_t *map, float *st) {
-  const bf16 *x = npu_operand(rows, shared, map, 0, n);
+NPU_KERNEL void norm_sum(const void *rows, const void *shared, int32_t n, const int32_t *map, float *st) {
+  npu_vec x = npu_operand(rows, shared, map, 0);
   float s = 0.0f;
-  for (int32_t i = 0; i < n; ++i) s += to_f32(x[i]);
+  for (int32_t i = 0; i < n; ++i) s += npu_get(x, i);
   st[0] += s;
 }
 
 // Phase 2: sum of squares, centred on sum/row (layer_norm) or not (rms_norm: centred = 0).
-NPU_KERNEL void norm_squares(const bf16 *rows, const bf16 *shared, int32_t n, const int32_t *map, int32_t row,
+NPU_KERNEL void norm_squares(const void *rows, const void *shared, int32_t n, const int32_t *map, int32_t row,
                              int32_t centred, float *st) {
-  const bf16 *x = npu_operand(rows, shared, map, 0, n);
+  npu_vec x = npu_operand(rows, shared, map, 0);
   const float mu = centred ? st[0] / (float)row : 0.0f;
   float s = 0.0f;
   for (int32_t i = 0; i < n; ++i) {
-    float d = to_f32(x[i]) - mu;
+    float d = npu_get(x, i) - mu;
     s += d * d;
   }
   st[1] += s;
 }
 
-// Phase 3: the store, with the fused chain; epilogue operands follow x, w, b in the map.
-NPU_KERNEL void norm_store(const bf16 *rows, const bf16 *shared, bf16 *y, int32_t n, const int32_t *map,
-                           int32_t row, int32_t centred, int32_t has_bias, float eps, const float *st,
-                           const int32_t *chain, int32_t n_chain, const float *imm) {
+// Phase 3: the store, with the fused chain; epilogue operands follow x, w (, b) in the map.
+NPU_KERNEL void norm_store(const void *rows, const void *shared, void *y, int32_t y_f32, int32_t n,
+                           const int32_t *map, int32_t row, int32_t centred, int32_t has_bias, float eps,
+                           const float *st, const int32_t *chain, int32_t n_chain, const float *imm) {
   NPU_ROUND_EVEN();
-  const bf16 *x = npu_operand(rows, shared, map, 0, n), *w = npu_operand(rows, shared, map, 1, n);
-  const bf16 *b = has_bias ? npu_operand(rows, shared, map, 2, n) : w, *operands[2];
-  npu_epilogue_operands(rows, shared, map, 2 + has_bias, n_chain, chain, n, operands);
+  npu_vec x = npu_operand(rows, shared, map, 0), w = npu_operand(rows, shared, map, 1);
+  npu_vec b = has_bias ? npu_operand(rows, shared, map, 2) : w, operands[2];
+  npu_epilogue_operands(rows, shared, map, 2 + has_bias, n_chain, chain, operands);
   const float mu = centred ? st[0] / (float)row : 0.0f;
   const float denom = npu_sqrt(st[1] / (float)row + eps);
   for (int32_t i = 0; i < n; ++i) {
-    float v = (to_f32(x[i]) - mu) / denom * to_f32(w[i]);
-    if (has_bias) v += to_f32(b[i]);
-    y[i] = to_bf16(npu_epilogue(v, i, chain, n_chain, imm, operands));
+    float v = (npu_get(x, i) - mu) / denom * npu_get(w, i);
+    if (has_bias) v += npu_get(b, i);
+    npu_put(y, y_f32, i, npu_epilogue(v, i, chain, n_chain, imm, operands));
   }
 }

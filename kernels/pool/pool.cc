@@ -4,8 +4,9 @@
 // win. y [c][wo].
 #include "../include/npu_kernel.h"
 
-NPU_KERNEL void maxpool_row(const bf16 *x, bf16 *y, int32_t c, int32_t width, int32_t k, int32_t stride, int32_t pad,
+NPU_KERNEL void maxpool_row(const void *x, int32_t x_f32, void *y, int32_t y_f32, int32_t c, int32_t width, int32_t k, int32_t stride, int32_t pad,
                             int32_t wo, int32_t height, int32_t ho, int32_t *oy) {
+  npu_vec xv = {x, x_f32};
   const int32_t top = *oy * stride - pad;
   const int32_t kh_lo = top < 0 ? -top : 0, kh_hi = top + k > height ? height - top : k;
   *oy = *oy + 1 == ho ? 0 : *oy + 1;
@@ -16,9 +17,9 @@ NPU_KERNEL void maxpool_row(const bf16 *x, bf16 *y, int32_t c, int32_t width, in
         for (int32_t s = 0; s < k; ++s) {
           const int32_t ix = ox * stride + s - pad;
           if (ix < 0 || ix >= width) continue;
-          float v = to_f32(x[(ch * k + r) * width + ix]);
+          float v = npu_get(xv, (ch * k + r) * width + ix);
           m = v > m ? v : m;
         }
-      y[ch * wo + ox] = to_bf16(m);
+      npu_put(y, y_f32, ch * wo + ox, m);
     }
 }

@@ -1,0 +1,533 @@
+"""Host tests of the AIE kernels in kernels/: each kernel's scalar path (the same .cc, built by the host g++
+without __AIENGINE__) runs on inputs in the layout its design streams (blocked GEMM tiles, row pieces,
+joined operand objects, bands) and must match the emulator's result for the same kernel step: the goldens
+come from sdk/runtime/emu.py's own kernel functions (EmuExecutable._kernel on a stand-in arena), so the
+kernels and the emulator are held to one numerics spec. Never run on hardware; the AIE vector paths are only
+compiled with the toolchain (kernels/README.md)."""
+from __future__ import annotations
+
+import ctypes
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels import dataflow
+from sdk import ops
+from sdk.compiler import layout
+from sdk.program import Step
+from sdk.runtime import emu
+
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+BF16 = np.dtype(ml_dtypes.bfloat16)
+ULP = 2.0 ** -7  # one bf16 unit in the last place, relative
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs the host g++")
+
+
+# ---- building and calling the scalar paths ------------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def lib(tmp_path_factory):
+    """lib(name, **defines) -> ctypes library of kernels/<name>/<name>.cc, built once per session."""
+    out, built = tmp_path_factory.mktemp("kernels"), {}
+
+    def get(name, **defines):
+        key = (name, tuple(sorted(defines.items())))
+        if key not in built:
+            so = out / f"{name}_{len(built)}.so"
+            flags = [f"-D{k}={v}" for k, v in defines.items()]
+            subprocess.run(["g++", "-std=c++17", "-O1", "-Wall", "-Werror", "-ffp-contract=off", "-fPIC",
+                            "-shared", *flags, "-o", str(so), str(KERNELS / name / f"{name}.cc")], check=True)
+            built[key] = ctypes.CDLL(str(so))
+        return built[key]
+    return get
+
+
+def call(library, fn, *args):
+    """Call a kernel: numpy arrays as pointers, python ints as int32, python floats as float."""
+    conv = []
+    for a in args:
+        if isinstance(a, np.ndarray):
+            assert a.flags.c_contiguous
+            conv.append(ctypes.c_void_p(a.ctypes.data))
+        elif isinstance(a, float):
+            conv.append(ctypes.c_float(a))
+        else:
+            conv.append(ctypes.c_int32(int(a)))
+    getattr(library, fn)(*conv)
+
+
+# ---- the emulator as the golden ----------------------------------------------------------------------------
+
+class Arena:
+    """The smallest stand-in of EmuExecutable that its _kernel reads and writes: named buffers in their
+    device dtypes (bf16 or fp32), loads through views, stores with the device rounding."""
+
+    def __init__(self, **buffers):
+        self.buffers = {n: np.array(a) for n, a in buffers.items()}
+        self._unpacked = {}
+
+    def _raw(self, name):
+        return self.buffers[name]
+
+    def _load(self, name, views=()):
+        a = layout.apply_views(self.buffers[name], views)
+        return a.astype(np.float32) if a.dtype == BF16 else a
+
+    def _store(self, name, value):
+        dtype = self.buffers[name].dtype if name in self.buffers else BF16
+        self.buffers[name] = np.asarray(value, np.float32).astype(dtype)
+
+    def weight_matrix(self, name):
+        return emu.EmuExecutable.weight_matrix(self, name)
+
+    def _write_cache(self, *a):
+        return emu.EmuExecutable._write_cache(self, *a)
+
+    def _state_write(self, *a):
+        return emu.EmuExecutable._state_write(self, *a)
+
+
+def golden(kind, op, inputs: dict, out="y", out_dtype=BF16, attrs=None, chain=(), tiling=None, n_head=None,
+           **extra):
+    """The emulator's result for one kernel step over `inputs` (name -> stored array)."""
+    names = list(inputs)
+    arena = Arena(**inputs, **{out: np.zeros(1, out_dtype)})
+    step = Step("kernel", kind, tuple(names), (out,), {
+        "head": {"op": op, "attrs": attrs or {}}, "chain": list(chain), "views": [[] for _ in names],
+        "tiling": tiling or {}, "n_head": n_head if n_head is not None else len(names), "name": op, **extra})
+    emu.EmuExecutable._kernel(arena, step)
+    return arena.buffers[out].astype(np.float32)
+
+
+def bf16(x):
+    return np.ascontiguousarray(np.asarray(x, np.float32).astype(BF16))
+
+
+def check(record_parity, label, ours, ref, exact=False):
+    ours, ref = np.asarray(ours, np.float32), np.asarray(ref, np.float32)
+    record_parity(label, ours, ref)
+    if exact:
+        np.testing.assert_array_equal(ours, ref)
+    else:  # fp32 sums in another order: at most one bf16 rounding apart
+        np.testing.assert_allclose(ours, ref, rtol=2 * ULP, atol=1e-6)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def chain_of(*entries):
+    """Epilogue chain entries as fuse.py writes them: ("gelu",), ("scale", f), ("add", slot, swap)."""
+    out = []
+    for e in entries:
+        if e[0] == "scale":
+            out.append({"op": "scale", "attrs": {"factor": e[1]}, "operand": None, "swap": False})
+        elif len(e) == 1:
+            out.append({"op": e[0], "attrs": {}, "operand": None, "swap": False})
+        else:
+            out.append({"op": e[0], "attrs": {}, "operand": e[1], "swap": e[2]})
+    return out
+
+
+# ---- numerics shared with the emulator ------------------------------------------------------------------------
+
+def test_header_constants_match_the_emulator_and_the_designs():
+    header = (KERNELS / "include" / "npu_kernel.h").read_text()
+    poly = re.search(r"NPU_EXP2_POLY\[7\] = \{([^}]*)\}", header).group(1)
+    coeffs = np.array([float(c.strip().rstrip("f")) for c in poly.split(",")], np.float32)
+    np.testing.assert_array_equal(coeffs, emu.EXP2_POLY)
+    enum = dict(re.findall(r"EPI_(\w+) = (\d+)", header))
+    assert {k.lower(): int(v) for k, v in enum.items()} == dataflow.OPCODES
+    mask = (KERNELS / "maskgen" / "maskgen.cc").read_text()
+    assert float.fromhex(re.search(r"MASK_NEG = (-0x[0-9a-fp]+)f", mask).group(1)) == float(ops.NEG_INF)
+
+
+def test_bf16_rounding_is_nearest_even(lib):
+    eltwise = lib("eltwise")
+    x = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3.0e38, 1e-40, 0.0, -0.0, 65504.0], np.float32)
+    y = np.zeros(8, BF16)
+    opmap = np.array([1 << 14] + [0] * 7, np.int32)  # one fp32 operand, in the rows object
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    call(eltwise, "eltwise_unary", x, x, y, 0, 8, opmap, dataflow.OPCODES["scale"], 1.0, chain, 0, imm)
+    np.testing.assert_array_equal(y.view(np.uint16), x.astype(BF16).view(np.uint16))
+
+
+# ---- GEMM and GEMV -------------------------------------------------------------------------------------------
+
+def blocked(a, r, c):
+    """Row-major [rows, cols] -> [rows/r][cols/c][r][c]: what the memtile's dims_to_stream produces."""
+    rows, cols = a.shape
+    return np.ascontiguousarray(a.reshape(rows // r, r, cols // c, c).transpose(0, 2, 1, 3).reshape(-1))
+
+
+def unblocked(flat, rows, cols, r, c):
+    return flat.reshape(rows // r, cols // c, r, c).transpose(0, 2, 1, 3).reshape(rows, cols)
+
+
+@pytest.mark.parametrize("mac", [(4, 8, 4), (8, 8, 8)], ids=["npu1", "npu2"])
+@pytest.mark.parametrize("epilogue", [(), (("gelu",),), (("silu",), ("scale", 0.5))], ids=["bias", "gelu", "silu"])
+def test_gemm_tiles_match_emu(lib, record_parity, mac, epilogue):
+    R, S, T = mac
+    M, K, N, m, k, n = 16, 40, 32, 8, 16, 16   # K pads to 48 (3 K steps), N = 2 column tiles
+    g = rng(1)
+    x, w, b = bf16(g.normal(size=(M, K))), g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
+    Kp = 48
+    recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
+    packed = layout.pack(recipe, {"w": w})                                # [Kp/k, N/n, k, n] bf16
+    chain = chain_of(*epilogue)
+    tiling = {"M": M, "K": K, "N": N, "m": m, "k": k, "n": n, "Kp": Kp, "Np": N, "precision": "bf16"}
+    ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b}, chain=chain, tiling=tiling, n_head=3)
+
+    gemm = lib("gemm", MMUL_R=R, MMUL_S=S, MMUL_T=T)
+    words, imms = dataflow.encode_chain(chain, 3)
+    xp = np.pad(x.astype(np.float32), ((0, 0), (0, Kp - K))).astype(BF16)
+    out = np.zeros((M, N), np.float32)
+    bias = np.zeros(N, np.float32)
+    # the bias arrives as whole B-sized objects: its floats, then filler, blocked like B
+    obj = np.zeros(k * n * 2, np.uint8)
+    obj[:N * 4] = np.frombuffer(b.tobytes(), np.uint8)
+    call(gemm, "gemm_bias_load", blocked(obj.view(BF16).reshape(k, n), S, T), bias, 0, N, k, n)
+    np.testing.assert_array_equal(bias, b)
+    for i in range(M // m):
+        for j in range(N // n):
+            acc = np.zeros(m * n, np.float32)
+            call(gemm, "gemm_zero", acc, m, n)
+            for q in range(Kp // k):
+                a_tile = blocked(xp[i * m:(i + 1) * m, q * k:(q + 1) * k], R, S)
+                b_tile = blocked(packed[q, j], S, T)
+                call(gemm, "gemm_mac", a_tile, b_tile, acc, m, k, n)
+            c = np.zeros(m * n, BF16)
+            call(gemm, "gemm_store", acc, bias, 1, j * n, c, 0, m, n, words, len(chain), imms)
+            out[i * m:(i + 1) * m, j * n:(j + 1) * n] = unblocked(c.astype(np.float32), m, n, R, T)
+    check(record_parity, f"gemm{R}x{S}x{T}{'+' if chain else ''}{'+'.join(c['op'] for c in chain)}", out, ref)
+
+
+def test_gemv_matches_emu(lib, record_parity):
+    K, N, k, n = 48, 64, 16, 32
+    g = rng(2)
+    x, w, b = bf16(g.normal(size=(1, K))), g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
+    recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
+    packed = layout.pack(recipe, {"w": w})
+    chain = chain_of(("gelu_tanh",))
+    tiling = {"M": 1, "K": K, "N": N, "m": 4, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16"}
+    ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b}, chain=chain, tiling=tiling, n_head=3)
+    gemv = lib("gemv")
+    words, imms = dataflow.encode_chain(chain, 3)
+    bias = np.zeros(N, np.float32)
+    call(gemv, "gemv_bias_load", np.ascontiguousarray(b.view(BF16)), bias, 0, N)
+    out = np.zeros(N, np.float32)
+    for j in range(N // n):
+        acc = np.zeros(n, np.float32)
+        call(gemv, "gemv_zero", acc, n)
+        for q in range(K // k):
+            call(gemv, "gemv_mac", np.ascontiguousarray(x[0, q * k:(q + 1) * k]),
+                 np.ascontiguousarray(packed[q, j].reshape(-1)), acc, k, n)
+        y = np.zeros(n, BF16)
+        call(gemv, "gemv_store", acc, bias, 1, j * n, y, 0, n, words, 1, imms)
+        out[j * n:(j + 1) * n] = y.astype(np.float32)
+    check(record_parity, "gemv+gelu_tanh", out, ref[0])
+
+
+# ---- streaming kernels: joined operand objects ------------------------------------------------------------
+
+def joined(*operands):
+    """The memtile-joined object of one row piece and its map codes (npu_operand): each operand's bytes in
+    order, offsets in 32-bit words, bit 14 set for fp32 operands."""
+    data, codes, offset = [], [], 0
+    for a in operands:
+        a = np.ascontiguousarray(a)
+        codes.append((1 << 14 if a.dtype == np.float32 else 0) | offset // 4)
+        data.append(a.view(np.uint8))
+        offset += a.nbytes
+    return np.ascontiguousarray(np.concatenate(data)), codes
+
+
+def opmap(codes, shared_codes=()):
+    return np.array(list(codes) + [1 << 15 | c for c in shared_codes] + [0] * (8 - len(codes) - len(shared_codes)),
+                    np.int32)
+
+
+@pytest.mark.parametrize("op", ["gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp", "relu"])
+def test_eltwise_unary_matches_emu(lib, record_parity, op):
+    x = bf16(rng(3).normal(scale=3.0, size=(4, 64)))
+    ref = golden("eltwise", op, {"x": x})
+    lib_ = lib("eltwise")
+    out = np.zeros_like(x)
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    for r in range(4):
+        obj, codes = joined(x[r])
+        y = np.zeros(64, BF16)
+        call(lib_, "eltwise_unary", obj, obj, y, 0, 64, opmap(codes), dataflow.OPCODES[op], 0.0, chain, 0, imm)
+        out[r] = y
+    check(record_parity, f"eltwise {op}", out.astype(np.float32), ref, exact=True)
+
+
+def test_eltwise_binary_with_chain_and_shared_operand(lib, record_parity):
+    """a + bias(shared, fp32), then the chain silu, *0.25, + residual (an fp32 residual-stream operand)."""
+    g = rng(4)
+    a, bias, res = bf16(g.normal(size=(3, 32))), g.normal(size=32).astype(np.float32), g.normal(size=(3, 32)).astype(np.float32)
+    chain = chain_of(("silu",), ("scale", 0.25), ("add", 2, True))
+    ref = golden("eltwise", "add", {"a": a, "bias": np.broadcast_to(bias, (3, 32)).copy(), "res": res},
+                 out_dtype=np.float32, chain=chain, n_head=2)
+    words, imms = dataflow.encode_chain(chain, 2)
+    k = lib("eltwise")
+    out = np.zeros((3, 32), np.float32)
+    for r in range(3):
+        rows, codes = joined(a[r], res[r])
+        shared, shared_codes = joined(bias)
+        y = np.zeros(32, np.float32)
+        m = np.array([codes[0], 1 << 15 | shared_codes[0], codes[1]] + [0] * 5, np.int32)  # inputs a, bias, res
+        call(k, "eltwise_binary", rows, shared, y, 1, 32, m, dataflow.OPCODES["add"], words, len(chain), imms)
+        out[r] = y
+    check(record_parity, "eltwise add+silu*0.25+res (fp32 out)", out, ref)
+
+
+def test_eltwise_glu_matches_emu(lib, record_parity):
+    x = bf16(rng(5).normal(size=(2, 64)))
+    ref = golden("eltwise", "glu", {"x": x}, attrs={"axis": -1})
+    k = lib("eltwise")
+    out = np.zeros((2, 32), np.float32)
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    for r in range(2):
+        obj, codes = joined(x[r, :32], x[r, 32:])
+        y = np.zeros(32, BF16)
+        call(k, "eltwise_glu", obj, obj, y, 0, 32, opmap(codes), chain, 0, imm)
+        out[r] = y.astype(np.float32)
+    check(record_parity, "glu", out, ref, exact=True)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("piece", [96, 32], ids=["resident", "three-pass"])
+def test_softmax_matches_emu(lib, record_parity, op, piece):
+    x = bf16(rng(6).normal(scale=4.0, size=(3, 96)))
+    ref = golden("softmax", op, {"x": x}, attrs={"axis": -1})
+    k = lib("softmax")
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    out = np.zeros((3, 96), np.float32)
+    for r in range(3):
+        st = np.zeros(2, np.float32)
+        call(k, "softmax_begin", st)
+        objs = [joined(x[r, p:p + piece]) for p in range(0, 96, piece)]
+        for phase in ("softmax_max", "softmax_sum"):
+            for obj, codes in objs:
+                call(k, phase, obj, obj, piece, opmap(codes), st)
+        for p, (obj, codes) in zip(range(0, 96, piece), objs):
+            y = np.zeros(piece, BF16)
+            call(k, "softmax_store", obj, obj, y, 0, piece, opmap(codes), st, int(op == "log_softmax"), chain, 0, imm)
+            out[r, p:p + piece] = y.astype(np.float32)
+    check(record_parity, f"{op} pieces of {piece}", out, ref)
+
+
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_norm_matches_emu(lib, record_parity, op):
+    g = rng(7)
+    x = (g.normal(size=(4, 64)) * 3 + 1).astype(np.float32)           # the residual stream: fp32
+    w, b = g.normal(size=64).astype(np.float32), g.normal(size=64).astype(np.float32)
+    inputs = {"x": x, "w": w, "b": b} if op == "layer_norm" else {"x": x, "w": w}
+    ref = golden("norm", op, inputs, attrs={"eps": 1e-5})
+    k = lib("norm")
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    out = np.zeros((4, 64), np.float32)
+    centred, has_bias = int(op == "layer_norm"), int(op == "layer_norm")
+    for r in range(4):
+        st = np.zeros(2, np.float32)
+        call(k, "norm_begin", st)
+        pieces = []
+        for p in range(0, 64, 32):  # two pieces: the three-phase path
+            rows, codes = joined(x[r, p:p + 32])
+            shared, scodes = joined(w[p:p + 32], *([b[p:p + 32]] if has_bias else []))
+            pieces.append((rows, shared, opmap(codes, scodes)))
+        if centred:
+            for rows, shared, m in pieces:
+                call(k, "norm_sum", rows, shared, 32, m, st)
+        for rows, shared, m in pieces:
+            call(k, "norm_squares", rows, shared, 32, m, 64, centred, st)
+        for p, (rows, shared, m) in zip(range(0, 64, 32), pieces):
+            y = np.zeros(32, BF16)
+            call(k, "norm_store", rows, shared, y, 0, 32, m, 64, centred, has_bias, 1e-5, st, chain, 0, imm)
+            out[r, p:p + 32] = y.astype(np.float32)
+    check(record_parity, op, out, ref)
+
+
+def test_rope_matches_emu(lib, record_parity):
+    g = rng(8)
+    T, d = 5, 16
+    x = bf16(g.normal(size=(2, T, d)))
+    ang = np.arange(T)[:, None] * np.exp(-np.arange(d // 2) / 4.0)[None]
+    cos, sin = bf16(np.cos(np.concatenate([ang, ang], -1))), bf16(np.sin(np.concatenate([ang, ang], -1)))
+    ref = golden("rope", "rotary", {"x": x, "cos": np.broadcast_to(cos, x.shape).copy(),
+                                    "sin": np.broadcast_to(sin, x.shape).copy()})
+    k = lib("rope")
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    out = np.zeros(x.shape, np.float32)
+    for bi in range(2):
+        for t in range(T):
+            obj, codes = joined(x[bi, t], cos[t], sin[t])
+            y = np.zeros(d, BF16)
+            call(k, "rope_row", obj, obj, y, 0, d, opmap(codes), chain, 0, imm)
+            out[bi, t] = y.astype(np.float32)
+    check(record_parity, "rope", out, ref, exact=True)
+
+
+# ---- attention -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("Tq,Tk,tk", [(6, 24, 8), (1, 32, 16)], ids=["prefill", "decode"])
+def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk):
+    g = rng(9)
+    d, scale = 16, 0.25
+    q, kk, v = bf16(g.normal(size=(1, 2, Tq, d))), bf16(g.normal(size=(1, 2, Tk, d))), bf16(g.normal(size=(1, 2, Tk, d)))
+    pos = Tk - Tq - 3 if Tq > 1 else 20                                    # a causal cache mask from a position
+    mask = bf16(ops.causal_cache_mask(np.int32(pos), n_new=Tq, size=Tk))
+    ref = golden("mha", "attention", {"q": q, "k": kk, "v": v, "mask": mask[None, None]}, attrs={"scale": scale})
+    lib_ = lib("mha")
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    out = np.zeros((1, 2, Tq, d), np.float32)
+    for h in range(2):
+        st, acc = np.zeros(2 * Tq, np.float32), np.zeros(Tq * d, np.float32)
+        qt = np.ascontiguousarray(q[0, h])
+        call(lib_, "mha_begin", st, acc, Tq, d)
+        blocks = [(np.ascontiguousarray(kk[0, h, j:j + tk]), np.ascontiguousarray(v[0, h, j:j + tk]),
+                   np.ascontiguousarray(mask[:, j:j + tk])) for j in range(0, Tk, tk)]
+        for kb, _, mb in blocks:
+            call(lib_, "mha_max", qt, kb, mb, st, Tq, tk, d, scale, Tq)
+        for kb, _, mb in blocks:
+            call(lib_, "mha_sum", qt, kb, mb, st, Tq, tk, d, scale, Tq)
+        for kb, vb, mb in blocks:
+            call(lib_, "mha_pv", qt, kb, vb, mb, st, acc, Tq, tk, d, scale, Tq)
+        y = np.zeros(Tq * d, BF16)
+        call(lib_, "mha_store", acc, y, 0, Tq, d, chain, 0, imm)
+        out[0, h] = y.astype(np.float32).reshape(Tq, d)
+    check(record_parity, f"mha Tq={Tq} Tk={Tk}", out, ref)
+
+
+# ---- reductions, masks, data movement -------------------------------------------------------------------------
+
+def test_argmax_matches_emu(lib):
+    x = bf16(rng(10).normal(size=(3, 100)))
+    x[1, 7] = x[1, 77] = 50.0                                             # a tie: the first index wins
+    ref = golden("argmax", "argmax", {"x": x}, out_dtype=np.int32, attrs={"axis": -1})
+    k = lib("argmax")
+    got = []
+    for r in range(3):
+        best, index, y = np.zeros(1, np.float32), np.zeros(1, np.int32), np.zeros(1, np.int32)
+        call(k, "argmax_begin", best, index)
+        for p in range(0, 100, 20):
+            call(k, "argmax_chunk", np.ascontiguousarray(x[r, p:p + 20]), 0, 20, p, best, index)
+        call(k, "argmax_store", index, y)
+        got.append(int(y[0]))
+    assert got == ref.astype(int).tolist()
+
+
+def test_mean_matches_emu(lib, record_parity):
+    g = rng(11)
+    x = bf16(g.normal(size=(2, 6, 3, 3)))                                 # ResNet's pool: mean over (2, 3)
+    ref = golden("reduce", "mean", {"x": x}, attrs={"axis": (2, 3)})
+    k = lib("reduce")
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    rows = x.reshape(12, 9)
+    acc, at, y = np.zeros(12, np.float32), np.zeros(1, np.int32), np.zeros(12, BF16)
+    call(k, "reduce_zero", acc, 12, at)
+    for r in range(12):
+        call(k, "reduce_rows", np.ascontiguousarray(rows[r]), 0, acc, 1, 9, at)
+    call(k, "reduce_mean_store", acc, y, 0, 12, 9, chain, 0, imm)
+    check(record_parity, "mean over trailing axes", y.astype(np.float32).reshape(2, 6), ref)
+    x2 = g.normal(size=(2, 5, 8)).astype(np.float32)                      # fp32 input, mean over axis 1
+    ref2 = golden("reduce", "mean", {"x": x2}, attrs={"axis": 1, "keepdims": True})
+    for b in range(2):
+        acc2, at2, y2 = np.zeros(8, np.float32), np.zeros(1, np.int32), np.zeros(8, BF16)
+        call(k, "reduce_zero", acc2, 8, at2)
+        for t in range(5):
+            call(k, "reduce_cols", np.ascontiguousarray(x2[b, t]), 1, acc2, 1, 8)
+        call(k, "reduce_mean_store", acc2, y2, 0, 8, 5, chain, 0, imm)
+        check(record_parity, f"mean over axis 1, batch {b}", y2.astype(np.float32), ref2[b, 0])
+
+
+def test_masks_match_emu(lib):
+    k = lib("maskgen")
+    pos = np.array([5], np.int32)                                         # the io arena's int32 word
+    ref = golden("maskgen", "causal_cache_mask", {"pos": pos.reshape(())}, attrs={"n_new": 3, "size": 12})
+    got = np.zeros((3, 12), BF16)
+    for r in range(3):
+        row = np.zeros(12, BF16)
+        call(k, "mask_causal", pos, row, 0, 1, 12, r)
+        got[r] = row
+    np.testing.assert_array_equal(got.astype(np.float32), ref)
+    length = np.array([7], np.int32)
+    ref = golden("maskgen", "length_mask", {"length": length.reshape(())}, out_dtype=np.float32, attrs={"size": 10})
+    got = np.zeros(10, np.float32)
+    call(k, "mask_length", length, got, 1, 10)
+    np.testing.assert_array_equal(got, ref)
+    ref = golden("maskgen", "positions", {"pos": pos.reshape(())}, out_dtype=np.int32, attrs={"n": 4})
+    got = np.zeros(4, np.int32)
+    call(k, "mask_positions", pos, got, 4)
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("case", [dict(stride=2, padding=1, groups=1, kh=3), dict(stride=4, padding=0, groups=1, kh=4),
+                                  dict(stride=1, padding=1, groups=2, kh=3)], ids=["resnet", "patch", "grouped"])
+def test_conv2d_rows_match_emu(lib, record_parity, case):
+    g = rng(12)
+    cin, cout, H, W, kh = 4, 6, 8, 8, case["kh"]
+    x = bf16(g.normal(size=(1, cin, H, W)))
+    w = bf16(g.normal(size=(cout, cin // case["groups"], kh, kh)))
+    b = g.normal(size=cout).astype(np.float32)
+    attrs = {"stride": case["stride"], "padding": case["padding"], "groups": case["groups"]}
+    ref = golden("conv", "conv2d", {"x": x, "w": w, "b": b}, attrs=attrs)
+    k = lib("conv2d")
+    s, p = case["stride"], case["padding"]
+    ho, wo = (H + 2 * p - kh) // s + 1, (W + 2 * p - kh) // s + 1
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    oy = np.zeros(1, np.int32)
+    out = np.zeros((1, cout, ho, wo), np.float32)
+    for r in range(ho):  # the band the design streams: rows clamped into the image
+        rows = np.clip(np.arange(r * s - p, r * s - p + kh), 0, H - 1)
+        band = np.ascontiguousarray(x[0][:, rows, :])
+        y = np.zeros(cout * wo, BF16)
+        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, y, 0, cin, W, cout, case["groups"], kh, kh,
+             s, p, wo, H, ho, oy, chain, 0, imm)
+        out[0, :, r] = y.astype(np.float32).reshape(cout, wo)
+    assert oy[0] == 0  # the counter wrapped after the last output row
+    check(record_parity, f"conv2d {case}", out, ref)
+
+
+def test_dwconv1d_matches_emu(lib, record_parity):
+    g = rng(13)
+    C, L, K = 8, 20, 5
+    x = g.normal(size=(1, C, L)).astype(np.float32)                       # fp32: the residual stream
+    w, b = bf16(g.normal(size=(C, 1, K))), g.normal(size=C).astype(np.float32)
+    ref = golden("conv", "conv1d", {"x": x, "w": w, "b": b}, attrs={"stride": 1, "padding": 2, "groups": C})
+    k = lib("dwconv1d")
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    y = np.zeros(C * L, BF16)
+    call(k, "dwconv1d", np.ascontiguousarray(x[0]), 1, np.ascontiguousarray(w[:, 0]), b, 1, y, 0, C, L, L, K, 1, 2,
+         chain, 0, imm)
+    check(record_parity, "depthwise conv1d", y.astype(np.float32).reshape(1, C, L), ref)
+
+
+def test_maxpool_matches_emu(lib):
+    x = bf16(rng(14).normal(size=(1, 3, 7, 7)))
+    ref = golden("pool", "max_pool2d", {"x": x}, attrs={"kernel": 3, "stride": 2, "padding": 1})
+    k = lib("pool")
+    oy = np.zeros(1, np.int32)
+    out = np.zeros(ref.shape, np.float32)
+    for r in range(ref.shape[2]):
+        rows = np.clip(np.arange(r * 2 - 1, r * 2 + 2), 0, 6)
+        y = np.zeros(3 * ref.shape[3], BF16)
+        call(k, "maxpool_row", np.ascontiguousarray(x[0][:, rows, :]), 0, y, 0, 3, 7, 3, 2, 1, ref.shape[3], 7,
+             ref.shape[2], oy)
+        out[0, :, r] = y.astype(np.float32).reshape(3, -1)
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_transpose_matches_emu_views(lib):
+    x = bf16(rng(15).normal(size=(3, 8, 16)))
+    ref = Arena(x=x)._load("x", [("transpose", (0, 2, 1))])              # what the emulator reads through the view
+    y = np.zeros((3, 16, 8), BF16)
+    call(lib("transpose"), "transpose_bf16", x, y, 3, 8, 16)
+    np.testing.assert_array_equal(y.astype(np.float32), ref)
