@@ -1,16 +1,16 @@
-"""Conformer encoders on the CPU: our cpu backend vs PyTorch eager (transformers ParakeetEncoder), batch 1,
-2 threads, reported as encoder milliseconds per second of audio.
+"""Conformer encoders on the CPU: our cpu backend vs PyTorch eager (transformers ParakeetEncoder) vs ONNX Runtime
+(the same module exported), batch 1, 2 threads, reported as encoder milliseconds per second of audio.
 
     python bench/conformer.py            # FastConformer-110M shape (parakeet-tdt_ctc-110m), random weights
     python bench/conformer.py --seconds 5 --threads 1   # 1 thread is steadier on a busy 2-core machine
-Needs the `reference` extra (torch, transformers). The graph is the same one ConformerRecognizer runs per window.
+Needs the `reference` extra (torch, transformers, onnxruntime, onnx). The graph is the same one ConformerRecognizer runs per window.
 """
 from __future__ import annotations
 
 import argparse
 import tempfile
 
-from harness import compare, print_table, threads, torch_threads
+from harness import compare, onnx_session, print_table, threads, torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--seconds", type=float, default=10.0, help="audio per encoder run")
@@ -47,6 +47,20 @@ def main():
     session = Session([conformer.encoder_graph(cfg, frames)], weights, device="cpu")
     x = torch.tensor(features)
 
+    class Encoder(torch.nn.Module):  # the exporter wants tensors in, tensors out
+        def __init__(self):
+            super().__init__()
+            self.encoder = hf.encoder
+
+        def forward(self, input_features):
+            return self.encoder(input_features=input_features).last_hidden_state
+
+    onnx_path = tempfile.mktemp(suffix=".onnx")
+    with torch.no_grad():
+        torch.onnx.export(Encoder().eval(), (x,), onnx_path, input_names=["features"], output_names=["hidden"],
+                          dynamo=False, opset_version=17)
+    ort = onnx_session(onnx_path)
+
     def ours():
         return session.run(features=features, **lengths)["hidden"]
 
@@ -54,12 +68,17 @@ def main():
         with torch.no_grad():
             return hf.encoder(input_features=x).last_hidden_state
 
+    def onnxruntime():
+        return ort.run(None, {"features": features})[0]
+
     ref = pytorch().numpy()
     rel = np.linalg.norm(ours() - ref) / np.linalg.norm(ref)
+    rel_ort = np.linalg.norm(onnxruntime() - ref) / np.linalg.norm(ref)
     print(f"FastConformer-110M shape: {params / 1e6:.1f} M encoder parameters, {args.seconds:g} s audio "
-          f"= {frames} frames -> {ref.shape[1]} encoder frames  (check: rel-L2 ours vs torch {rel:.1e})")
-    med = print_table(f"encoder, batch 1, {args.seconds:g} s of audio", compare({"ours": ours, "torch": pytorch},
-                                                                                  min_blocks=3))
+          f"= {frames} frames -> {ref.shape[1]} encoder frames  (check: rel-L2 vs torch: ours {rel:.1e}, "
+          f"onnxruntime {rel_ort:.1e})")
+    med = print_table(f"encoder, batch 1, {args.seconds:g} s of audio",
+                      compare({"ours": ours, "torch": pytorch, "onnxruntime": onnxruntime}, min_blocks=3))
     for name, seconds in med.items():
         print(f"  {name:<14} {seconds * 1e3 / args.seconds:9.2f} ms per second of audio "
               f"(real-time factor {seconds / args.seconds:.3f})")
