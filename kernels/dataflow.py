@@ -105,11 +105,15 @@ class Operand:
 
 
 def operand(name: str, buffer, views=()) -> Operand:
-    """`buffer` is an sdk Program Buffer (shape, dtype): float buffers are bf16 on the device, int32 stay."""
+    """`buffer` is an sdk Program Buffer (shape, device dtype: bf16, fp32 for the residual stream and weight
+    vectors, int32)."""
     n = math.prod(buffer.shape)
     index = layout.apply_views(np.arange(n, dtype=np.int64).reshape(buffer.shape), views)
-    dtype = np.dtype(np.int32) if np.dtype(buffer.dtype).kind in "iu" else BF16
-    return Operand(name, n, np.ascontiguousarray(index), dtype)
+    return Operand(name, n, np.ascontiguousarray(index), np.dtype(buffer.dtype))
+
+
+def is_f32(o: Operand) -> int:
+    return int(o.dtype == np.float32)
 
 
 def dims_of(index: np.ndarray) -> tuple[int, list[tuple[int, int]]]:
@@ -235,23 +239,25 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
     npieces = s.row // s.piece
     out_row = s.out_row or s.row
     out_piece = out_row if s.out_row else s.piece
-    out_ty = tensor(out_piece, s.out_dtype)
+    out_dtype = s.out_dtype if s.out_row else s.out.dtype
+    out_ty = tensor(out_piece, out_dtype)
     kernels = [io.Kernel(fn, f"{name}.o", types) for fn, types in kernel_fns.values()]
     take = shim_allotter(target)
 
     fills, workers, drains = [], [], []
     shared_fifo = None
     if S:
-        shared_fifo = io.ObjectFifo(tensor(S * s.piece), depth=2, name=f"{name}_shared")
-        parts = shared_fifo.prod().join([i * s.piece for i in range(S)], placement=io.Tile(0, 1),
-                                        obj_types=[tensor(s.piece)] * S, depths=[2] * S,
+        offsets, units = joined_layout(s.shared, s.piece)
+        shared_fifo = io.ObjectFifo(tensor(units), depth=2, name=f"{name}_shared")
+        parts = shared_fifo.prod().join(offsets, placement=io.Tile(0, 1),
+                                        obj_types=[tensor(s.piece, o.dtype) for o in s.shared], depths=[2] * S,
                                         names=[f"{name}_shared{i}" for i in range(S)])
         for i, f in enumerate(parts):
             idx = np.broadcast_to(s.shared[i].index.reshape(npieces, s.piece),
                                   (rows_per_core * s.passes, npieces, s.piece))
             fills.append((f, len(s.per_row) + i, idx, take(0)))
     for c in range(cols):
-        joined = io.ObjectFifo(tensor(per_col * out_piece, s.out_dtype), depth=2, name=f"{name}_out_c{c}")
+        joined = io.ObjectFifo(tensor(per_col * out_piece, out_dtype), depth=2, name=f"{name}_out_c{c}")
         outs = joined.prod().join([r * out_piece for r in range(per_col)], placement=io.Tile(c, 1),
                                   obj_types=[out_ty] * per_col, depths=[2] * per_col,
                                   names=[f"{name}_out_c{c}r{r}" for r in range(per_col)])
@@ -259,8 +265,9 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
         for r in range(per_col):
             q = c * per_col + r
             lo, hi = q * rows_per_core, (q + 1) * rows_per_core
-            rows_fifo = io.ObjectFifo(tensor(P * s.piece), depth=2, name=f"{name}_rows_c{c}r{r}")
-            parts = rows_fifo.prod().join([i * s.piece for i in range(P)], placement=io.Tile(c, 1),
+            offsets, units = joined_layout(s.per_row, s.piece)
+            rows_fifo = io.ObjectFifo(tensor(units), depth=2, name=f"{name}_rows_c{c}r{r}")
+            parts = rows_fifo.prod().join(offsets, placement=io.Tile(c, 1),
                                           obj_types=[tensor(s.piece, o.dtype) for o in s.per_row], depths=[2] * P,
                                           names=[f"{name}_in{i}_c{c}r{r}" for i in range(P)])
             for i, f in enumerate(parts):
@@ -291,6 +298,30 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
     return io.Program(device(io, target_name), rt).resolve_program(io.SequentialPlacer())
 
 
+def joined_layout(operands: list[Operand], piece: int) -> tuple[list[int], int]:
+    """Offsets (bf16 units) of each operand's piece in a memtile-joined object, and the object's size."""
+    offsets, at = [], 0
+    for o in operands:
+        offsets.append(at)
+        at += piece * o.dtype.itemsize // 2
+    return offsets, at
+
+
+def operand_map(slots: list, per_row: list[Operand], shared: list[Operand], piece: int) -> np.ndarray:
+    """map[i] = shared << 15 | fp32 << 14 | word offset of kernel input i in its joined object (npu_operand)."""
+    words = {"row": [o // 2 for o in joined_layout(per_row, piece)[0]],
+             "shared": [o // 2 for o in joined_layout(shared, piece)[0]]}
+    codes = []
+    for kind, pos in slots:
+        o = (per_row if kind == "row" else shared)[pos]
+        codes.append((kind == "shared") << 15 | is_f32(o) << 14 | words[kind][pos])
+    return np.array(codes + [0] * (MAX_CHAIN - len(codes)), np.int32)
+
+
+def joined_type(operands: list[Operand], piece: int, fallback=None):
+    return tensor(joined_layout(operands, piece)[1]) if operands else fallback
+
+
 def _with_shared(body, n_shared: int):
     """Without shared operands the kernel's `shared` argument is the rows object (never read)."""
     if n_shared:
@@ -301,28 +332,27 @@ def _with_shared(body, n_shared: int):
     return core
 
 
-def split_operands(step, buffers) -> tuple[int, int, list, list, np.ndarray, Operand]:
-    """(rows, row, per-row operands, shared operands, map, output) of a streaming step whose output has the
-    logical shape of its operands. map[i] = shared << 8 | position for the i-th present kernel input (the
-    head inputs, then the epilogue operands): kernels find their operands with npu_operand()."""
+def split_operands(step, buffers, sources=None) -> tuple[int, int, list, list, list, Operand]:
+    """(rows, row, per-row operands, shared operands, slots, output) of a streaming step whose output has the
+    logical shape of its operands; slots[i] = ("row" | "shared", position) of the i-th present kernel input
+    (head inputs, then epilogue operands). `sources` replaces the inputs' index arrays (GLU's halves)."""
     out = operand(step.outputs[0], buffers[step.outputs[0]])
     shape = out.index.shape
     row = shape[-1]
     rows = math.prod(shape[:-1])
     out = out.rows(out.index.reshape(rows, row))
-    per_row, shared, codes = [], [], []
-    for i, name in enumerate(step.inputs):
-        if name is None:
-            continue
-        o = operand(name, buffers[name], step.attrs["views"][i])
+    if sources is None:
+        sources = [operand(n, buffers[n], step.attrs["views"][i]) for i, n in enumerate(step.inputs) if n is not None]
+    per_row, shared, slots = [], [], []
+    for o in sources:
         idx = np.broadcast_to(o.index, shape).reshape(rows, row)
         if rows > 1 and (idx == idx[:1]).all():
-            codes.append(1 << 8 | len(shared))
+            slots.append(("shared", len(shared)))
             shared.append(o.rows(idx[0]))
         else:
-            codes.append(len(per_row))
+            slots.append(("row", len(per_row)))
             per_row.append(o.rows(idx))
-    return rows, row, per_row, shared, np.array(codes + [0] * (MAX_CHAIN - len(codes)), np.int32), out
+    return rows, row, per_row, shared, slots, out
 
 
 def epilogue_state(step, n_head_inputs: int, operand_map: np.ndarray | None = None) -> dict:

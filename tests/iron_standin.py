@@ -533,10 +533,8 @@ def _check_channels_and_bds(rec, target):
 def _objects(f: ObjectFifo) -> int | None:
     """Objects that flow through fifo f over one run, from what feeds it (fills, links)."""
     fills = [t for t in RECORD_RT.transfers if t.kind == "fill" and t.handle.fifo is f]
-    if fills:
-        elems = sum(t.tap.size for t in fills)
-        per = math.prod(_obj(f.obj_type)[0])
-        return elems / per
+    if fills:  # counted in bytes: a fill may read a tensor of another element type (an fp32 bias into bf16)
+        return sum(t.tap.size * t.data.dtype.itemsize for t in fills) / f.nbytes
     if f.link_in is not None:
         return _objects(f.link_in.src[0]) if f.link_in.kind != "join" else _produced(f.link_in.src[0])
     return _produced(f)
@@ -569,9 +567,9 @@ def _check_flow(rec):
                 found.append(f"{f.name}: a core takes {h.count} objects of the {int(n)} that arrive")
         drains = [t for t in rec.runtime.transfers if t.kind == "drain" and t.handle.fifo is f]
         if drains:
-            per = math.prod(_obj(f.obj_type)[0])
-            if sum(t.tap.size for t in drains) != n * per:
-                found.append(f"{f.name}: drains take {sum(t.tap.size for t in drains)} elements of {int(n * per)}")
+            taken = sum(t.tap.size * t.data.dtype.itemsize for t in drains)
+            if taken != n * f.nbytes:
+                found.append(f"{f.name}: drains take {taken} bytes of the {int(n * f.nbytes)} produced")
     for link in rec.links:
         if link.kind == "join":
             counts = {_produced(s) for s in link.src}

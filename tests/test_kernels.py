@@ -176,7 +176,9 @@ def test_gemm_tiles_match_emu(lib, record_parity, mac, epilogue):
     R, S, T = mac
     M, K, N, m, k, n = 16, 40, 32, 8, 16, 16   # K pads to 48 (3 K steps), N = 2 column tiles
     g = rng(1)
-    x, w, b = bf16(g.normal(size=(M, K))), g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
+    x, w, b = g.normal(size=(M, K)).astype(np.float32), g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
+    if not epilogue:
+        x = bf16(x)  # bf16 A; the other cases read an fp32 A (the residual stream), rounded by the MACs
     Kp = 48
     recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
     packed = layout.pack(recipe, {"w": w})                                # [Kp/k, N/n, k, n] bf16
@@ -186,7 +188,7 @@ def test_gemm_tiles_match_emu(lib, record_parity, mac, epilogue):
 
     gemm = lib("gemm", MMUL_R=R, MMUL_S=S, MMUL_T=T)
     words, imms = dataflow.encode_chain(chain, 3)
-    xp = np.pad(x.astype(np.float32), ((0, 0), (0, Kp - K))).astype(BF16)
+    xp = np.pad(x, ((0, 0), (0, Kp - K)))
     out = np.zeros((M, N), np.float32)
     bias = np.zeros(N, np.float32)
     # the bias arrives as whole B-sized objects: its floats, then filler, blocked like B
@@ -201,7 +203,7 @@ def test_gemm_tiles_match_emu(lib, record_parity, mac, epilogue):
             for q in range(Kp // k):
                 a_tile = blocked(xp[i * m:(i + 1) * m, q * k:(q + 1) * k], R, S)
                 b_tile = blocked(packed[q, j], S, T)
-                call(gemm, "gemm_mac", a_tile, b_tile, acc, m, k, n)
+                call(gemm, "gemm_mac", a_tile, int(a_tile.dtype == np.float32), b_tile, acc, m, k, n)
             c = np.zeros(m * n, BF16)
             call(gemm, "gemm_store", acc, bias, 1, j * n, c, 0, m, n, words, len(chain), imms)
             out[i * m:(i + 1) * m, j * n:(j + 1) * n] = unblocked(c.astype(np.float32), m, n, R, T)

@@ -21,9 +21,9 @@ def build(target: str, step, buffers: dict, params: dict):
     rows = math.prod(x.shape[:-1])
     out = df.operand(step.outputs[0], buffers[step.outputs[0]])  # int32, one per row
     piece = df.row_piece(row, step.attrs["tiling"]["chunk"])
-    bf, i32 = df.tensor(piece), np.int32
+    bf, i32, x_f32 = df.tensor(piece, x.dtype), np.int32, df.is_f32(x)
     best_t, idx_t = df.tensor(1, np.float32), df.tensor(1, np.int32)
-    fns = {"begin": ("argmax_begin", [best_t, idx_t]), "chunk": ("argmax_chunk", [bf, i32, i32, best_t, idx_t]),
+    fns = {"begin": ("argmax_begin", [best_t, idx_t]), "chunk": ("argmax_chunk", [bf, i32, i32, i32, best_t, idx_t]),
            "store": ("argmax_store", [idx_t, idx_t])}
     io = df.iron()
 
@@ -32,7 +32,7 @@ def build(target: str, step, buffers: dict, params: dict):
             begin(best, index)
             for j in range(npieces):  # unrolled: each piece's column offset is a constant
                 xs = x_fifo.acquire(1)
-                chunk(xs, piece, j * piece, best, index)
+                chunk(xs, x_f32, piece, j * piece, best, index)
                 x_fifo.release(1)
             y = y_fifo.acquire(1)
             store(index, y)

@@ -10,10 +10,10 @@ i = r mod rows and j = c mod cols, looping j, then i, then the K steps, so that
   operand's access pattern;
 - the memtile blocks each A / B tile into the MAC shape (R x S x T: npu1 4x8x4, npu2 8x8x8) on its way to the
   core (dims_to_stream), and un-blocks the C tiles it joins from the column's cores on the way out;
-- the bias rides with B: the memtile joins one block row (the tile's bias, S times) onto every B tile, so a
-  core reads two streams (A; B with its bias); gemm_store adds it and runs the chain on the fp32 accumulator
-  before the single bf16 store (kernels/gemm/gemm.cc). Epilogues that read an operand tile (residual adds)
-  would need a third input stream per core: the design refuses them (see kernels/README.md).
+- the bias (fp32) rides with B: each column's B stream starts with the column's bias tiles (repeated to
+  whole objects), which the core keeps in L1, so a core reads two streams (A; B); gemm_store adds the bias and
+  runs the chain on the fp32 accumulator before the single store (kernels/gemm/gemm.cc). Epilogues that read
+  an operand tile (residual adds), norm prologues and cache-write outputs are refused (kernels/README.md).
 Shim and memtile DMA channels are allotted explicitly (`_channels`), and the grid shrinks until they fit.
 """
 from __future__ import annotations
@@ -51,9 +51,15 @@ def build(target: str, step, buffers: dict, params: dict):
         raise df.DesignError(f"M = {M} is below the tile's m = {m}: needs a padded activation buffer")
     if any(c["operand"] is not None for c in step.attrs["chain"]):
         raise df.DesignError("a GEMM epilogue that reads an operand tile (a residual add) needs a third input "
-                             "stream per core; a core has two input DMA channels (A, and B with its bias)")
+                             "stream per core; a core has two input DMA channels (A, and B with the bias)")
+    if "prologue" in step.attrs:
+        raise df.DesignError("a norm prologue on the A rows (whole-row statistics, gamma and beta inside the "
+                             "GEMM) is not expressed by this design")
+    if "state_writes" in step.attrs:
+        raise df.DesignError("an output written into the KV cache at the runtime position needs a "
+                             "dynamic-offset drain (a scratchpad parameter), not expressed by this design")
     Mt, Kt, Nt = math.ceil(M / m), t["Kp"] // k, t["Np"] // n
-    head_inputs = len(step.inputs)
+    head_inputs = step.attrs.get("n_head", 3)
 
     a = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
     a_idx = a.index.reshape(-1, K)
@@ -79,17 +85,24 @@ def build(target: str, step, buffers: dict, params: dict):
         raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}: the output buffer "
                              f"needs padding to {t['Np']} columns")
 
-    grid = _grid(hw, Mt, Nt, t["cores"], has_bias)
+    grid = _grid(hw, Mt, Nt, t["cores"])
     cols, rows, shim = grid["cols"], grid["rows"], grid["shim"]
     it, jt = Mt // rows, Nt // cols                                  # tiles per core along M and N
-    kb = k + (S if has_bias else 0)                                  # rows of a B object (bias block row)
+    # the bias (fp32) leads each column's B stream: its jt tiles, repeated to whole B objects
+    g = math.gcd(2 * jt, k)
+    bias_objects, bias_repeat = (2 * jt // g, k // g) if has_bias else (0, 0)
+    floats_per_object = k * n // 2
 
-    a_ty, b_ty, c_ty = df.tensor(m * k), df.tensor(kb * n), df.tensor(m * n)
+    out_f32 = int(outs[0].dtype == np.float32)
+    a_f32 = df.is_f32(a)
+    a_ty, b_ty, c_ty = df.tensor(m * k, a.dtype), df.tensor(k * n), df.tensor(m * n, outs[0].dtype)
     acc_ty = df.tensor(m * n, np.float32)
     vec_i, vec_f, i32 = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32), np.int32
     kzero = io.Kernel("gemm_zero", "gemm.o", [acc_ty, i32, i32])
-    kmac = io.Kernel("gemm_mac", "gemm.o", [a_ty, b_ty, acc_ty, i32, i32, i32])
-    kstore = io.Kernel("gemm_store", "gemm.o", [acc_ty, b_ty, i32, c_ty, i32, i32, i32, vec_i, i32, vec_f])
+    kmac = io.Kernel("gemm_mac", "gemm.o", [a_ty, i32, b_ty, acc_ty, i32, i32, i32])
+    bias_ty = df.tensor(max(jt * n, 1), np.float32)
+    kbias = io.Kernel("gemm_bias_load", "gemm.o", [b_ty, bias_ty, i32, i32, i32, i32])
+    kstore = io.Kernel("gemm_store", "gemm.o", [acc_ty, bias_ty, i32, i32, c_ty, i32, i32, i32, vec_i, i32, vec_f])
     words, imms = df.encode_chain(step.attrs["chain"], head_inputs)
     n_chain = len(step.attrs["chain"])
 
@@ -97,22 +110,10 @@ def build(target: str, step, buffers: dict, params: dict):
     a_l3 = [io.ObjectFifo(a_ty, depth=2, name=f"gemm_a{r}") for r in range(rows)]
     a_l2 = [a_l3[r].cons().forward(placement=io.Tile(r % cols, 1), name=f"gemm_a{r}_l2", depth=2,
                                    dims_to_stream=blocking(m, k, R, S)) for r in range(rows)]
-    # B (+ the bias block row): one stream per core column, joined / blocked in the memtile, down the column
-    b_l2, b_fill, bias_fill = [], [], []
-    for c in range(cols):
-        if has_bias:
-            whole = io.ObjectFifo(b_ty, depth=2, name=f"gemm_b{c}_l2", dims_to_stream=blocking(kb, n, S, T))
-            parts = whole.prod().join([0, k * n], placement=io.Tile(c, 1), obj_types=[df.tensor(k * n),
-                                                                                     df.tensor(S * n)],
-                                      depths=[2, 2], names=[f"gemm_b{c}", f"gemm_bias{c}"])
-            b_l2.append(whole)
-            b_fill.append(parts[0])
-            bias_fill.append(parts[1])
-        else:
-            l3 = io.ObjectFifo(b_ty, depth=2, name=f"gemm_b{c}")
-            b_l2.append(l3.cons().forward(placement=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
-                                          dims_to_stream=blocking(k, n, S, T)))
-            b_fill.append(l3)
+    # B: one stream per core column (the bias objects first), blocked in the memtile, down the column
+    b_l3 = [io.ObjectFifo(b_ty, depth=2, name=f"gemm_b{c}") for c in range(cols)]
+    b_l2 = [b_l3[c].cons().forward(placement=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
+                                   dims_to_stream=blocking(k, n, S, T)) for c in range(cols)]
     # C: joined per column in the memtile, un-blocked on the way to the shim
     c_l3 = [io.ObjectFifo(df.tensor(rows * m * n), depth=2, name=f"gemm_c{c}",
                           dims_to_stream=unblocking(rows, m, n, R, T)) for c in range(cols)]
@@ -120,30 +121,33 @@ def build(target: str, step, buffers: dict, params: dict):
                                 obj_types=[c_ty] * rows, depths=[2] * rows,
                                 names=[f"gemm_c{c}r{r}" for r in range(rows)]) for c in range(cols)]
 
-    def body(a_in, b_in, c_out, acc, chain, imm, zero, mac, store, tiles, k_steps):
-        for _ in io.range_(tiles):
-            zero(acc, m, n)
-            for _ in io.range_(k_steps - 1):
-                at, bt = a_in.acquire(1), b_in.acquire(1)
-                mac(at, bt, acc, m, k, n)
-                a_in.release(1)
-                b_in.release(1)
-            at, bt = a_in.acquire(1), b_in.acquire(1)  # the last K step: its B object carries the bias
-            mac(at, bt, acc, m, k, n)
-            ct = c_out.acquire(1)
-            store(acc, bt, int(has_bias), ct, m, n, k, chain, n_chain, imm)
-            c_out.release(1)
-            a_in.release(1)
+    def body(a_in, b_in, c_out, acc, bias, chain, imm, zero, mac, load_bias, store, tiles, k_steps):
+        for q in range(bias_objects):  # unrolled: a few objects, each with its constant slice of the bias
+            first = q * floats_per_object
+            bt = b_in.acquire(1)
+            load_bias(bt, bias, first, max(0, min(floats_per_object, jt * n - first)), k, n)
             b_in.release(1)
+        for jl in range(jt):  # unrolled over column tiles: each knows its bias offset
+            for _ in io.range_(tiles // jt):
+                zero(acc, m, n)
+                for _ in io.range_(k_steps):
+                    at, bt = a_in.acquire(1), b_in.acquire(1)
+                    mac(at, a_f32, bt, acc, m, k, n)
+                    a_in.release(1)
+                    b_in.release(1)
+                ct = c_out.acquire(1)
+                store(acc, bias, int(has_bias), jl * n, ct, out_f32, m, n, chain, n_chain, imm)
+                c_out.release(1)
 
     workers = []
     for c in range(cols):
         for r in range(rows):
             bufs = [io.GlobalBuffer(acc_ty, name=f"gemm_acc_c{c}r{r}"),
+                    io.GlobalBuffer(bias_ty, name=f"gemm_bias_c{c}r{r}"),
                     io.GlobalBuffer(vec_i, initial_value=words, name=f"gemm_chain_c{c}r{r}"),
                     io.GlobalBuffer(vec_f, initial_value=imms, name=f"gemm_imm_c{c}r{r}")]
             workers.append(io.Worker(body, [a_l2[r].cons(), b_l2[c].cons(), c_l2[c][r].prod(), *bufs,
-                                            kzero, kmac, kstore, it * jt, Kt],
+                                            kzero, kmac, kbias, kstore, it * jt, Kt],
                                      placement=io.Tile(c, 2 + r), stack_size=df.STACK_BYTES))
 
     operands = [a, b] + ([bias] if has_bias else []) + outs
@@ -157,13 +161,13 @@ def build(target: str, step, buffers: dict, params: dict):
             for tap in df.taps(io, a, a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt)):
                 rt.fill(a_l3[r].prod(), a_arg, tap=tap, placement=io.Tile(shim[("a", r)], 0))
         for c in range(cols):
+            if has_bias:  # first the column's bias tiles, repeated to whole B objects
+                bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
+                for tap in df.taps(io, bias, bi):
+                    rt.fill(b_l3[c].prod(), bias_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
             bt = np.broadcast_to(b_idx[:, c::cols].transpose(1, 0, 2)[:, None], (jt, it, Kt, k * n))
             for tap in df.taps(io, b, bt):
-                rt.fill(b_fill[c].prod(), b_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
-            if has_bias:  # each B object's bias block row: the column tile's bias, S times
-                bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][:, None, None, None], (jt, it, Kt, S, n))
-                for tap in df.taps(io, bias, bi):
-                    rt.fill(bias_fill[c].prod(), bias_arg, tap=tap, placement=io.Tile(shim[("bias", c)], 0))
+                rt.fill(b_l3[c].prod(), b_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
             for jl in range(jt):  # the column's C objects, column tile by column tile, into their output
                 j = jl * cols + c
                 o = _owner(splits, j * n)
@@ -197,34 +201,30 @@ def _owner(splits, col: int) -> int:
     return int(np.searchsorted(np.cumsum(splits), col, side="right"))
 
 
-def _grid(hw, Mt, Nt, max_cores, has_bias):
+def _grid(hw, Mt, Nt, max_cores):
     """The largest grid (cols | Nt, rows | Mt) within the catalog's core count whose streams fit the DMA
     channels: every stream into the array takes one shim MM2S channel (any column's shim); A row r passes
-    memtile r mod cols, B (and its bias) of column c memtile c, and memtile c joins its column's C tiles."""
+    memtile r mod cols, B of column c memtile c, and memtile c joins its column's C tiles."""
     for cores in range(min(max_cores, hw.cores), 0, -1):
         for rows in (4, 3, 2, 1):
             cols = cores // rows
             if cores % rows or Mt % rows or cols > hw.columns or Nt % cols:
                 continue
-            shim = _allot(hw, cols, rows, has_bias)
+            shim = _allot(hw, cols, rows)
             fits = shim is not None
             for c in range(cols):
                 a_here = sum(1 for r in range(rows) if r % cols == c)
-                s2mm = a_here + 1 + has_bias + rows
-                mm2s = a_here + 1 + 1
-                fits &= s2mm <= hw.memtile_channels and mm2s <= hw.memtile_channels
+                fits &= a_here + 1 + rows <= hw.memtile_channels and a_here + 2 <= hw.memtile_channels
             if fits:
                 return {"cols": cols, "rows": rows, "shim": shim}
     raise df.DesignError("no grid of cores fits the DMA channels for this GEMM")
 
 
-def _allot(hw, cols, rows, has_bias):
+def _allot(hw, cols, rows):
     """Shim column of every input stream (2 MM2S channels per shim), or None when they do not fit."""
     free = {c: hw.shim_channels for c in range(hw.columns)}
     shim = {}
-    wanted = [("b", c) for c in range(cols)] + [("a", r) for r in range(rows)] \
-        + ([("bias", c) for c in range(cols)] if has_bias else [])
-    for key in wanted:
+    for key in [("b", c) for c in range(cols)] + [("a", r) for r in range(rows)]:
         home = key[1] % cols
         spot = next((c for c in [home] + sorted(free, key=lambda c: (-free[c], c)) if free[c] > 0), None)
         if spot is None:

@@ -22,9 +22,22 @@ NPU_KERNEL void gemm_zero(float *acc, int32_t m, int32_t n) {
   for (int32_t i = 0; i < m * n; ++i) acc[i] = 0.0f;
 }
 
+// A is bf16, or fp32 when a_f32 (the residual stream feeding a GEMM): the MACs read it rounded to bf16.
 #ifdef __AIENGINE__
 // Vector path: one aie::mmul per (R x S) . (S x T) block, accumulating in an fp32 accumulator register.
-NPU_KERNEL void gemm_mac(const bf16 *a, const bf16 *b, float *acc, int32_t m, int32_t k, int32_t n) {
+template <typename TA>
+static inline aie::vector<bfloat16, MMUL_R * MMUL_S> gemm_a_block(const TA *a) {
+  if constexpr (sizeof(TA) == 4) {
+    aie::accum<accfloat, MMUL_R * MMUL_S> wide;
+    wide.from_vector(aie::load_v<MMUL_R * MMUL_S>(a));
+    return wide.template to_vector<bfloat16>();
+  } else {
+    return aie::load_v<MMUL_R * MMUL_S>(a);
+  }
+}
+
+template <typename TA>
+static void gemm_mac_vec(const TA *a, const bf16 *b, float *acc, int32_t m, int32_t k, int32_t n) {
   using MMUL = aie::mmul<MMUL_R, MMUL_S, MMUL_T, bfloat16, bfloat16, accfloat>;
   const int32_t mb = m / MMUL_R, kb = k / MMUL_S, nb = n / MMUL_T;
   for (int32_t i = 0; i < mb; ++i)
@@ -32,16 +45,25 @@ NPU_KERNEL void gemm_mac(const bf16 *a, const bf16 *b, float *acc, int32_t m, in
       float *c = acc + (i * nb + j) * MMUL_R * MMUL_T;
       MMUL C(aie::load_v<MMUL_R * MMUL_T>(c));
       for (int32_t kk = 0; kk < kb; ++kk) {
-        auto A = aie::load_v<MMUL_R * MMUL_S>(a + (i * kb + kk) * MMUL_R * MMUL_S);
+        auto A = gemm_a_block(a + (i * kb + kk) * MMUL_R * MMUL_S);
         auto B = aie::load_v<MMUL_S * MMUL_T>(b + (kk * nb + j) * MMUL_S * MMUL_T);
         C.mac(A, B);
       }
       aie::store_v(c, C.template to_vector<float>());
     }
 }
+
+NPU_KERNEL void gemm_mac(const void *a, int32_t a_f32, const bf16 *b, float *acc, int32_t m, int32_t k, int32_t n) {
+  NPU_ROUND_EVEN();
+  if (a_f32)
+    gemm_mac_vec((const float *)a, b, acc, m, k, n);
+  else
+    gemm_mac_vec((const bf16 *)a, b, acc, m, k, n);
+}
 #else
-// Scalar path (host tests): the same blocked layouts, fp32 accumulation in the same k order per block.
-NPU_KERNEL void gemm_mac(const bf16 *a, const bf16 *b, float *acc, int32_t m, int32_t k, int32_t n) {
+// Scalar path (host tests): the same blocked layouts, fp32 accumulation in k order per output element.
+NPU_KERNEL void gemm_mac(const void *a, int32_t a_f32, const bf16 *b, float *acc, int32_t m, int32_t k, int32_t n) {
+  const npu_vec av = {a, a_f32};
   const int32_t kb = k / MMUL_S, nb = n / MMUL_T;
   for (int32_t row = 0; row < m; ++row)
     for (int32_t col = 0; col < n; ++col) {
@@ -49,7 +71,7 @@ NPU_KERNEL void gemm_mac(const bf16 *a, const bf16 *b, float *acc, int32_t m, in
       float sum = acc[(i * nb + j) * MMUL_R * MMUL_T + r * MMUL_T + t];
       for (int32_t kk = 0; kk < k; ++kk) {
         const int32_t q = kk / MMUL_S, s = kk % MMUL_S;
-        sum += to_f32(a[(i * kb + q) * MMUL_R * MMUL_S + r * MMUL_S + s]) *
+        sum += npu_mac_operand(av, (i * kb + q) * MMUL_R * MMUL_S + r * MMUL_S + s) *
                to_f32(b[(q * nb + j) * MMUL_S * MMUL_T + s * MMUL_T + t]);
       }
       acc[(i * nb + j) * MMUL_R * MMUL_T + r * MMUL_T + t] = sum;

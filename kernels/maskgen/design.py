@@ -22,11 +22,14 @@ def build(target: str, step, buffers: dict, params: dict):
         rows, row = 1, math.prod(out.shape)
     if row > step.attrs["tiling"]["chunk"] and op != "positions":
         raise df.DesignError(f"{op} rows of {row} exceed the chunk {step.attrs['tiling']['chunk']}")
+    if rows > 32:
+        raise df.DesignError(f"{op} with {rows} rows: the design unrolls one call per row (at most 32)")
     io = df.iron()
+    y_f32 = df.is_f32(out)
     p_ty, i32 = df.tensor(1, np.int32), np.int32
     row_ty = df.tensor(row, out.dtype)
-    fns = {"causal_cache_mask": ("mask_causal", [p_ty, row_ty, i32, i32, i32]),
-           "length_mask": ("mask_length", [p_ty, row_ty, i32]),
+    fns = {"causal_cache_mask": ("mask_causal", [p_ty, row_ty, i32, i32, i32, i32]),
+           "length_mask": ("mask_length", [p_ty, row_ty, i32, i32]),
            "positions": ("mask_positions", [p_ty, row_ty, i32])}
     fn, types = fns[op]
     kernel = io.Kernel(fn, "maskgen.o", types)
@@ -38,7 +41,9 @@ def build(target: str, step, buffers: dict, params: dict):
         for r in range(n_rows):  # unrolled: the row index is a constant of each call (n_new is small)
             y = y_fifo.acquire(1)
             if op == "causal_cache_mask":
-                k(p, y, 1, row, r)
+                k(p, y, y_f32, 1, row, r)
+            elif op == "length_mask":
+                k(p, y, y_f32, row)
             else:
                 k(p, y, row)
             y_fifo.release(1)

@@ -12,21 +12,22 @@ KINDS = ("norm",)
 
 def build(target: str, step, buffers: dict, params: dict):
     op = step.attrs["head"]["op"]
-    n_extra = sum(1 for c in step.attrs["chain"] if c["operand"] is not None)
-    n_head = len(step.inputs) - n_extra
+    n_head = step.attrs.get("n_head", len(step.inputs))
     has_bias = int(op == "layer_norm" and n_head > 2 and step.inputs[2] is not None)
-    rows, row, per_row, shared, opmap, out = df.split_operands(step, buffers)
+    rows, row, per_row, shared, slots, out = df.split_operands(step, buffers)
     piece = df.row_piece(row, step.attrs["tiling"]["chunk"])
     passes = 1 if piece == row else 3
     centred = int(op == "layer_norm")
     eps = float(step.attrs["head"]["attrs"]["eps"])
     i32, f32 = np.int32, np.float32
-    rows_t = df.tensor(len(per_row) * piece)
-    shared_t = df.tensor(len(shared) * piece) if shared else rows_t
+    rows_t = df.joined_type(per_row, piece)
+    shared_t = df.joined_type(shared, piece, rows_t)
+    opmap = df.operand_map(slots, per_row, shared, piece)
+    y_t, y_f32 = df.tensor(piece, out.dtype), df.is_f32(out)
     st_t, vec_i, vec_f = df.tensor(2, np.float32), df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
     fns = {"begin": ("norm_begin", [st_t]), "sum": ("norm_sum", [rows_t, shared_t, i32, vec_i, st_t]),
            "squares": ("norm_squares", [rows_t, shared_t, i32, vec_i, i32, i32, st_t]),
-           "store": ("norm_store", [rows_t, shared_t, df.tensor(piece), i32, vec_i, i32, i32, i32, f32, st_t,
+           "store": ("norm_store", [rows_t, shared_t, y_t, i32, i32, vec_i, i32, i32, i32, f32, st_t,
                                     vec_i, i32, vec_f])}
     n_chain = len(step.attrs["chain"])
     io = df.iron()
@@ -44,7 +45,7 @@ def build(target: str, step, buffers: dict, params: dict):
 
         def finish(x, sh):
             y = y_out.acquire(1)
-            store(x, sh, y, piece, opmap_buf, row, centred, has_bias, eps, st, chain, n_chain, imm)
+            store(x, sh, y, y_f32, piece, opmap_buf, row, centred, has_bias, eps, st, chain, n_chain, imm)
             y_out.release(1)
 
         for _ in io.range_(rows_per_core):

@@ -39,12 +39,12 @@ def build(target: str, step, buffers: dict, params: dict):
         x_rows = x.index.reshape(outer, red * inner)
     else:
         raise df.DesignError(f"mean over axes {axes}: the design reduces trailing axes or one axis")
-    bf, i32 = df.tensor(piece), np.int32
-    acc_t, at_t, out_t = df.tensor(out_row, np.float32), df.tensor(1, np.int32), df.tensor(out_row)
+    bf, i32, x_f32 = df.tensor(piece, x.dtype), np.int32, df.is_f32(x)
+    acc_t, at_t, out_t = df.tensor(out_row, np.float32), df.tensor(1, np.int32), df.tensor(out_row, out.dtype)
     ch = [df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)]
-    fns = {"zero": ("reduce_zero", [acc_t, i32, at_t]), "rows": ("reduce_rows", [bf, acc_t, i32, i32, at_t]),
-           "cols": ("reduce_cols", [bf, acc_t, i32, i32]),
-           "store": ("reduce_mean_store", [acc_t, out_t, i32, i32, ch[0], i32, ch[1]])}
+    fns = {"zero": ("reduce_zero", [acc_t, i32, at_t]), "rows": ("reduce_rows", [bf, i32, acc_t, i32, i32, at_t]),
+           "cols": ("reduce_cols", [bf, i32, acc_t, i32, i32]),
+           "store": ("reduce_mean_store", [acc_t, out_t, i32, i32, i32, ch[0], i32, ch[1]])}
     n_chain = len(step.attrs["chain"])
     io = df.iron()
 
@@ -55,17 +55,17 @@ def build(target: str, step, buffers: dict, params: dict):
             for _ in io.range_(npieces):
                 xs = x_fifo.acquire(1)
                 if mode == "rows":
-                    krows(xs, acc, 1, piece, at)
+                    krows(xs, x_f32, acc, 1, piece, at)
                 else:
-                    kcols(xs, acc, 1, piece)
+                    kcols(xs, x_f32, acc, 1, piece)
                 x_fifo.release(1)
             y = y_fifo.acquire(1)
-            store(acc, y, out_row, count, chain, n_chain, imm)
+            store(acc, y, df.is_f32(out), out_row, count, chain, n_chain, imm)
             y_fifo.release(1)
 
     state = {"acc": (out_row, np.float32, None), "at": (1, np.int32, None), **df.epilogue_state(step, 1)}
     s = df.Streaming(items, x_rows.shape[1], piece, [x.rows(x_rows)], [], out.rows(out.index.reshape(items, out_row)),
-                     out_row=out_row, state=state)
+                     out_row=out_row, out_dtype=out.dtype, state=state)
     params.update({"chunk": chunk, "mode": mode, "group": out_row})
     return df.streaming(target, "reduce", s, fns, body, step.attrs["tiling"]["cores"], params)
 

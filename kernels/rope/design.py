@@ -11,16 +11,17 @@ KINDS = ("rope",)
 
 
 def build(target: str, step, buffers: dict, params: dict):
-    n_extra = sum(1 for c in step.attrs["chain"] if c["operand"] is not None)
-    n_head = len(step.inputs) - n_extra
-    rows, row, per_row, shared, opmap, out = df.split_operands(step, buffers)
+    n_head = step.attrs.get("n_head", len(step.inputs))
+    rows, row, per_row, shared, slots, out = df.split_operands(step, buffers)
     if df.row_piece(row, step.attrs["tiling"]["chunk"]) != row:
         raise df.DesignError(f"rope over rows of {row}: a head dimension must fit one chunk")
     i32 = np.int32
-    rows_t = df.tensor(len(per_row) * row)
-    shared_t = df.tensor(len(shared) * row) if shared else rows_t
+    rows_t = df.joined_type(per_row, row)
+    shared_t = df.joined_type(shared, row, rows_t)
+    opmap = df.operand_map(slots, per_row, shared, row)
+    y_t, y_f32 = df.tensor(row, out.dtype), df.is_f32(out)
     vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
-    fns = {"rope": ("rope_row", [rows_t, shared_t, df.tensor(row), i32, vec_i, vec_i, i32, vec_f])}
+    fns = {"rope": ("rope_row", [rows_t, shared_t, y_t, i32, i32, vec_i, vec_i, i32, vec_f])}
     n_chain = len(step.attrs["chain"])
     io = df.iron()
 
@@ -29,7 +30,7 @@ def build(target: str, step, buffers: dict, params: dict):
             x = rows_in.acquire(1)
             sh = shared_in.acquire(1) if shared_in is not None else x
             y = y_out.acquire(1)
-            kernel(x, sh, y, row, opmap_buf, chain, n_chain, imm)
+            kernel(x, sh, y, y_f32, row, opmap_buf, chain, n_chain, imm)
             rows_in.release(1)
             if shared_in is not None:
                 shared_in.release(1)

@@ -11,22 +11,23 @@ KINDS = ("softmax",)
 
 
 def build(target: str, step, buffers: dict, params: dict):
-    n_extra = sum(1 for c in step.attrs["chain"] if c["operand"] is not None)
-    n_head = len(step.inputs) - n_extra
+    n_head = step.attrs.get("n_head", len(step.inputs))
     axis = step.attrs["head"]["attrs"].get("axis", -1)
     if axis not in (-1, len(buffers[step.outputs[0]].shape) - 1):
         raise df.DesignError(f"softmax over axis {axis}: the kernel reduces the last axis")
-    rows, row, per_row, shared, opmap, out = df.split_operands(step, buffers)
+    rows, row, per_row, shared, slots, out = df.split_operands(step, buffers)
     piece = df.row_piece(row, step.attrs["tiling"]["chunk"])
     log = int(step.attrs["head"]["op"] == "log_softmax")
     passes = 1 if piece == row else 3
     i32 = np.int32
-    rows_t = df.tensor(len(per_row) * piece)
-    shared_t = df.tensor(len(shared) * piece) if shared else rows_t
+    rows_t = df.joined_type(per_row, piece)
+    shared_t = df.joined_type(shared, piece, rows_t)
+    opmap = df.operand_map(slots, per_row, shared, piece)
+    y_t, y_f32 = df.tensor(piece, out.dtype), df.is_f32(out)
     st_t, vec_i, vec_f = df.tensor(2, np.float32), df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
     fns = {"begin": ("softmax_begin", [st_t]), "max": ("softmax_max", [rows_t, shared_t, i32, vec_i, st_t]),
            "sum": ("softmax_sum", [rows_t, shared_t, i32, vec_i, st_t]),
-           "store": ("softmax_store", [rows_t, shared_t, df.tensor(piece), i32, vec_i, st_t, i32, vec_i, i32, vec_f])}
+           "store": ("softmax_store", [rows_t, shared_t, y_t, i32, i32, vec_i, st_t, i32, vec_i, i32, vec_f])}
     n_chain = len(step.attrs["chain"])
     io = df.iron()
 
@@ -48,7 +49,7 @@ def build(target: str, step, buffers: dict, params: dict):
                 y = y_out.acquire(1)
                 kmax(x, sh, piece, opmap_buf, st)
                 ksum(x, sh, piece, opmap_buf, st)
-                store(x, sh, y, piece, opmap_buf, st, log, chain, n_chain, imm)
+                store(x, sh, y, y_f32, piece, opmap_buf, st, log, chain, n_chain, imm)
                 give()
                 y_out.release(1)
                 continue
@@ -60,7 +61,7 @@ def build(target: str, step, buffers: dict, params: dict):
             for _ in io.range_(npieces):
                 x, sh = take()
                 y = y_out.acquire(1)
-                store(x, sh, y, piece, opmap_buf, st, log, chain, n_chain, imm)
+                store(x, sh, y, y_f32, piece, opmap_buf, st, log, chain, n_chain, imm)
                 give()
                 y_out.release(1)
 
