@@ -61,7 +61,7 @@ class DictationOptions:
     min_voiced: float = 0.09          # s of voiced frames an utterance needs; less is noise, never decoded
     onset: float = 0.09               # s of consecutive loud frames that start an utterance
     preroll: float = 0.4              # s of audio kept from before the onset, so first words are not clipped
-    context: float = 3.0              # s of audio before that, decoded as left context; its text is dropped
+    context: float = 6.0              # s of audio before that, decoded as left context; its text is dropped
     hangover: float = 0.6             # s of quiet that ends an utterance
     partial_every: float = 1.0        # s of new audio between partial decodes of an open utterance ...
     partial_share: float = 0.5        # ... or longer, so partials use at most this share of real time
@@ -380,7 +380,9 @@ class Recognizer:
         window_end = self._buffer_start + self._duration()
         own = [seg for seg in segments if (seg.start + min(seg.end, window_end)) / 2 >= self._buffer_start]
         hyp = _Hypothesis.from_segments(own, window_end)
-        return hyp.without_prefix(_overlap(self._last_final, hyp.words))
+        # a first segment that starts well inside the context merged context and utterance: any repeat counts
+        straddles = bool(hyp.segments) and hyp.segments[0].start < self._buffer_start - 0.2
+        return hyp.without_prefix(_overlap(self._last_final, hyp.words, least=1 if straddles else 2))
 
     def _partial(self) -> list[Event]:
         hyp = self._decode()
@@ -736,7 +738,15 @@ class Stream:
 
     def feed(self, samples: np.ndarray, sample_rate: int, *, block: bool = True) -> None:
         """Push audio (any rate, mono or [n, channels]). block=False from real-time callbacks: when the
-        buffer is full the oldest unread audio is dropped and counted instead of waiting."""
+        buffer is full the oldest unread audio is dropped and counted instead of waiting. Raises the
+        session's error once it has failed (the audio fed before that is in unprocessed_audio())."""
+        if self.error is not None:
+            raise self.error
+        if self.ring.closed:
+            raise UsageError("this dictation stream has stopped; feed a new Stream")
+        self._push(samples, sample_rate, block)
+
+    def _push(self, samples: np.ndarray, sample_rate: int, block: bool) -> None:
         samples = np.asarray(samples, np.float32)
         if samples.ndim == 2:
             samples = samples.mean(axis=1)
@@ -816,7 +826,7 @@ class Stream:
 
     def _capture(self):
         try:
-            self.source.run(lambda x, rate: self.feed(x, rate, block=self.source.backpressure), self._stop)
+            self.source.run(lambda x, rate: self._push(x, rate, self.source.backpressure), self._stop)
         except SdkError as e:
             self.error = e
         except Exception as e:  # a bug or an unexpected driver failure: still typed, audio still kept

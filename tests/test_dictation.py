@@ -1,0 +1,158 @@
+"""Live dictation with the real whisper-tiny.en: a simulated live session over LibriVox, silence and noise,
+audio fed before the model is ready, long speech committed early, the guards."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import soundfile
+
+from pipelines.dictation import (DictationOptions, FileSource, Final, Partial, Recognizer, Stream, Vad,
+                                 collapse_repeats)
+from tests.dictation_support import RATE, librivox_clips, librivox_session, wer
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def transcriber():
+    from pipelines.asr import Transcriber
+    return Transcriber("whisper-tiny.en")
+
+
+def _file_text(transcriber, audio) -> str:
+    result = transcriber.transcribe(audio)
+    return result.text if hasattr(result, "text") else " ".join(s.text.strip() for s in result)
+
+
+def test_simulated_live_session_matches_file_transcription(transcriber, record_property, capsys):
+    audio, reference, spans = librivox_session()
+    source = FileSource(audio, RATE, pace="simulated")   # fast, with a clock that charges real decode time
+    stream = Stream(transcriber, source)
+    events = list(stream.start().events())
+    finals = [e for e in events if isinstance(e, Final)]
+    partials = [e for e in events if isinstance(e, Partial)]
+
+    live_text = " ".join(f.text for f in finals)
+    live_wer, file_wer = wer(reference, live_text), wer(reference, _file_text(transcriber, audio))
+    latencies = np.array([f.latency for f in finals])
+    for key, value in (("live_wer", live_wer), ("file_wer", file_wer), ("latency_max", latencies.max()),
+                       ("latency_median", float(np.median(latencies)))):
+        record_property(key, round(float(value), 4))
+    with capsys.disabled():
+        print(f"\n  dictation: live WER {live_wer:.3f} vs file {file_wer:.3f}; finals {len(finals)}, partials"
+              f" {len(partials)}; latency after utterance end (simulated real-time clock) s:"
+              f" {np.round(np.sort(latencies), 2).tolist()}", end="")
+
+    assert live_wer <= file_wer + 0.02, (live_text, live_wer, file_wer)
+    assert stream.dropped_blocks == 0
+    # one final per clip, stamped inside that clip's span (audio time), in order
+    assert len(finals) == len(spans)
+    for final, (start, end) in zip(finals, spans):
+        assert start - 0.3 <= final.start < final.end <= end + 0.3, (final, start, end)
+        assert final.at >= final.end
+    # partials arrive while people talk, before their utterance's final (how often depends on how long a
+    # decode takes here: partials may use at most half of real time)
+    first_partial = next(i for i, e in enumerate(events) if isinstance(e, Partial))
+    assert first_partial < events.index(finals[0])
+
+
+def _silence_and_noise(seconds_each: int = 20) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    n = seconds_each * RATE
+    silence = np.zeros(n, np.float32)
+    white = (0.02 * rng.standard_normal(n)).astype(np.float32)
+    brown = np.cumsum(rng.standard_normal(n))
+    brown -= np.convolve(brown, np.ones(801) / 801, "same")          # keep it bounded (no DC drift)
+    brown = 0.05 * brown / np.abs(brown).max()
+    bursts = np.repeat(rng.uniform(0.001, 0.2, n // (RATE // 2)), RATE // 2)[:n] * rng.standard_normal(n)
+    return np.concatenate([silence, white, (brown + bursts).astype(np.float32)])
+
+
+def test_silence_and_noise_produce_no_text(transcriber):
+    noise = _silence_and_noise()
+    assert len(noise) == 60 * RATE
+    stream = Stream(transcriber, FileSource(noise, RATE, pace="fast"))
+    events = [e for e in stream.start().events() if not e.type == "state"]
+    assert events == []
+    assert stream.report()["processed_s"] == pytest.approx(60.0, abs=0.05)
+
+
+def test_audio_fed_before_ready_is_transcribed():
+    """The model loads while the app already feeds 44.1 kHz audio; nothing said during loading is lost."""
+    from pipelines.asr import Transcriber
+    import soxr
+
+    wav, reference = librivox_clips()[1]
+    clip, _ = soundfile.read(str(wav), dtype="float32")
+    clip44 = soxr.resample(clip, RATE, 44100)
+    loading = threading.Event()
+    states, fed_while = [], []
+
+    def slow_factory():
+        loading.wait(10)
+        return Transcriber("whisper-tiny.en")
+
+    stream = Stream(slow_factory, on_state=states.append).start()
+    for i in range(0, len(clip44), 4410):              # 100 ms blocks, like an audio callback
+        stream.feed(clip44[i:i + 4410], 44100, block=False)
+        fed_while.append(stream.state)
+    loading.set()
+    finals = stream.stop()
+    assert set(fed_while) == {"loading"}
+    assert states == ["loading", "warming", "ready", "listening", "stopped"]
+    assert wer(reference, " ".join(f.text for f in finals)) <= 0.15, finals
+
+
+def test_long_speech_is_committed_before_it_ends(transcriber):
+    """No VAD, 30 s of speech without pauses: agreed segments become final early and the window slides."""
+    audio = np.concatenate([soundfile.read(str(w), dtype="float32")[0] for w, _ in librivox_clips()] * 2)[:30 * RATE]
+    options = DictationOptions(vad=False, commit_after=12.0)
+    rec = Recognizer(transcriber, options)
+    events = []
+    for i in range(0, len(audio), RATE // 2):
+        events += [(i / RATE, e) for e in rec.accept(audio[i:i + RATE // 2])]
+    events += [(len(audio) / RATE, e) for e in rec.finish()]
+    finals = [(t, e) for t, e in events if isinstance(e, Final)]
+    assert len(finals) >= 2
+    early, (end_time, _) = finals[0], finals[-1]
+    assert early[0] < end_time - 5, "the first final came only at the end"
+    for (_, a), (_, b) in zip(finals, finals[1:]):
+        assert a.end <= b.start + 1e-6, "finals overlap in audio time"
+    assert all(f.end - f.start <= options.max_utterance + 0.1 for _, f in finals)
+    text = " ".join(f.text for _, f in finals)
+    reference = " ".join(ref for _, ref in librivox_clips()) * 2
+    head = " ".join(reference.split()[:len(text.split())])
+    assert wer(head, text) <= 0.3, text
+
+
+def test_vad_splits_the_session_at_the_pauses_and_ignores_noise():
+    audio, _, spans = librivox_session()
+    vad = Vad(DictationOptions())
+    frames = audio[:len(audio) // 480 * 480].reshape(-1, 480)
+    loud, voiced = vad(frames)
+    t = (np.arange(len(frames)) + 0.5) * 480 / RATE
+    in_speech = np.zeros(len(frames), bool)
+    for start, end in spans:
+        in_speech |= (t >= start) & (t < end)
+    assert voiced[in_speech].mean() > 0.2
+    assert voiced[~in_speech].sum() == 0          # the pauses are digital silence
+    noise = _silence_and_noise()
+    _, voiced_noise = Vad(DictationOptions())(noise.reshape(-1, 480))
+    assert voiced_noise.mean() < 0.005
+
+
+def test_repetition_guard():
+    assert collapse_repeats("thank you thank you thank you thank you".split()) == ["thank", "you"]
+    assert collapse_repeats("the the the the cat".split()) == ["the", "cat"]
+    assert collapse_repeats("no no she said".split()) == "no no she said".split()
+    assert collapse_repeats("I said. I said. I said.".split()) == ["I", "said."]
+
+
+def test_options_are_checked():
+    from sdk.errors import UsageError
+    with pytest.raises(UsageError):
+        DictationOptions(max_utterance=40)
+    with pytest.raises(UsageError):
+        FileSource(np.zeros(10), pace="warp")

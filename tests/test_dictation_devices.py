@@ -1,0 +1,183 @@
+"""Dictation against real devices: PortAudio capture from a PulseAudio null sink while speech plays into it,
+typing into a real X server window, and the user-only control socket. Each test starts (and stops) the
+daemons it needs and skips, naming the binary, only when one is not installed."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import soundfile
+
+from tests.dictation_support import librivox_clips, need, stop_process, wait_for, wer
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "apps.main", "dictate", *args]
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", AIE_APPS_OFFLINE="1", AIE_APPS_DEVICE="cpu")
+    env.update(extra)
+    return env
+
+
+# ----------------------------------------------------------------------------------------------- microphone
+
+@pytest.fixture
+def pulse(tmp_path):
+    """A private PulseAudio server with a null sink `vmic`; its monitor is the microphone."""
+    reason = need("pulseaudio", "paplay", "pactl")
+    if reason:
+        pytest.skip(reason)
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = _env(XDG_RUNTIME_DIR=str(runtime))
+    env.pop("PULSE_SERVER", None)
+    subprocess.run(["pulseaudio", "--daemonize=yes", "--exit-idle-time=-1", "-n",
+                    "--load=module-native-protocol-unix", "--load=module-null-sink sink_name=vmic",
+                    "--load=module-always-sink"], env=env, check=True, capture_output=True, timeout=30)
+    pid = int(wait_for(lambda: (runtime / "pulse" / "pid").exists() and (runtime / "pulse" / "pid").read_text().strip(),
+                       10, "the pulseaudio pid file"))
+    try:
+        yield env
+    finally:
+        try:
+            os.kill(pid, 15)
+            wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "pulseaudio to exit")
+        except ProcessLookupError:
+            pass
+
+
+def test_portaudio_capture_through_pulseaudio_null_sink(pulse, tmp_path):
+    wav, reference = librivox_clips()[0]
+    mic_env = dict(pulse, PULSE_SOURCE="vmic.monitor")
+
+    listing = subprocess.run(_cli("--list-devices"), env=mic_env, capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    assert any("pulse" in line for line in listing.stdout.splitlines()), listing.stdout
+    assert any(line.startswith("*") for line in listing.stdout.splitlines())   # the default is marked
+
+    heard = tmp_path / "heard.wav"
+    session = subprocess.Popen(_cli("--input-device", "PULSE", "--output", "jsonl", "--save-audio", str(heard),
+                                    "--max-duration", "120"),
+                               env=mic_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        # the recording stream is connected to the server (not necessarily ready: audio before ready is kept)
+        wait_for(lambda: subprocess.run(["pactl", "list", "short", "source-outputs"], env=pulse,
+                                        capture_output=True, text=True).stdout.strip(), 60, "dictate to open the microphone")
+        subprocess.run(["paplay", "--device=vmic", str(wav)], env=pulse, check=True, timeout=60)
+        time.sleep(1.5)
+        stop = subprocess.run(_cli("stop"), env=mic_env, capture_output=True, text=True, timeout=60)
+        assert stop.returncode == 0 and "stopping" in stop.stderr, stop.stderr
+        out, errors = session.communicate(timeout=180)
+    finally:
+        stop_process(session)
+    assert session.returncode == 0, errors
+    finals = [json.loads(line) for line in out.splitlines() if line.strip()]
+    text = " ".join(f["text"] for f in finals if f["type"] == "final")
+    print(f"\n  heard through PulseAudio: {text!r} (WER {wer(reference, text):.3f})")
+    assert wer(reference, text) <= 0.2, (text, errors)
+    audio, rate = soundfile.read(str(heard))
+    assert rate == 16000 and len(audio) / rate >= 7.0
+    assert "0 dropped blocks" in errors
+
+
+# ----------------------------------------------------------------------------------------------- typing
+
+def _free_display() -> int:
+    return next(n for n in range(90, 200)
+                if not Path(f"/tmp/.X11-unix/X{n}").exists() and not Path(f"/tmp/.X{n}-lock").exists())
+
+
+@pytest.fixture
+def xterm_cat(tmp_path):
+    """Xvfb with one focused xterm running `cat > typed.txt`: whatever is typed lands in the file."""
+    reason = need("Xvfb", "xterm", "xdotool")
+    if reason:
+        pytest.skip(reason)
+    display = _free_display()
+    xvfb = subprocess.Popen(["Xvfb", f":{display}", "-nolisten", "tcp", "-screen", "0", "1024x768x24"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    term = None
+    try:
+        wait_for(lambda: Path(f"/tmp/.X11-unix/X{display}").exists(), 20, "Xvfb")
+        env = _env(DISPLAY=f":{display}", XDG_SESSION_TYPE="x11")
+        env.pop("WAYLAND_DISPLAY", None)
+        typed = tmp_path / "typed.txt"
+        term = subprocess.Popen(["xterm", "-e", "sh", "-c", f"cat > {typed}"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wid = subprocess.run(["xdotool", "search", "--sync", "--class", "xterm"], env=env, capture_output=True,
+                             text=True, timeout=30).stdout.split()[0]
+        wait_for(lambda: typed.exists(), 20, "cat to start in the xterm")
+        subprocess.run(["xdotool", "windowfocus", "--sync", wid], env=env, check=True, timeout=30)
+        yield env, typed
+    finally:
+        if term is not None:
+            stop_process(term)
+        stop_process(xvfb)
+
+
+def test_typing_into_an_x_window(xterm_cat, monkeypatch):
+    env, typed = xterm_cat
+    from apps.dictate import choose_typer, type_text
+
+    for key in ("DISPLAY", "XDG_SESSION_TYPE"):
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    assert choose_typer("auto") == "xdotool"
+    type_text("Hello, World! It's 3 o'clock;\nnew line? ", "xdotool")
+
+    wav, reference = librivox_clips()[4]
+    run = subprocess.run(_cli("--file", str(wav), "--fast", "--output", "type"), env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr
+    subprocess.run(["xdotool", "key", "ctrl+d"], env=env, check=True, timeout=30)   # EOF: cat writes the line
+    content = wait_for(lambda: typed.read_text(), 20, "the typed text to reach the file")
+    print(f"\n  typed into xterm: {content!r}")
+    assert content.startswith("Hello, World! It's 3 o'clock; new line? ")
+    assert "\n" not in content and "\r" not in content            # dictation never presses Enter
+    dictated = content[len("Hello, World! It's 3 o'clock; new line? "):]
+    assert wer(reference, dictated) <= 0.2, dictated
+
+
+# ----------------------------------------------------------------------------------------------- control socket
+
+def test_control_socket_is_user_only_and_answers(tmp_path):
+    from apps.dictate import ControlServer, send
+    from sdk.errors import UsageError
+
+    path = tmp_path / "run" / "aie-apps-dictate.sock"
+    got = []
+    server = ControlServer(path, lambda word: got.append(word) or f"ok {word}")
+    try:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert send("cancel", path) == "ok cancel"
+        assert send("stop", path) == "ok stop"
+        with pytest.raises(UsageError):          # one session at a time
+            ControlServer(path, lambda word: "")
+    finally:
+        server.close()
+    assert got == ["cancel", "stop", "status"]   # the second server asked whether one runs
+    assert not path.exists() and send("stop", path) is None
+    path.parent.mkdir(exist_ok=True)
+    path.touch()                                  # a stale socket file from a crashed session
+    assert send("stop", path) is None and not path.exists()
+
+
+def test_stop_without_a_session_fails_cleanly(tmp_path):
+    from typer.testing import CliRunner
+    from apps.main import app
+
+    result = CliRunner().invoke(app, ["dictate", "stop"], env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert result.exit_code == 1
+    assert "no session is running" in result.output
