@@ -90,7 +90,8 @@ CASES = {
 # every registered model_type has a case (a new architecture must join this test)
 COVERS = {"bert": "bert", "vit": "vit", "dinov2": "dinov2", "dinov2_with_registers": "dinov2_reg", "clip": "clip",
           "resnet": "resnet18", "esm": "esm", "whisper": "whisper", "parakeet_ctc": "parakeet_ctc",
-          "parakeet_tdt": "parakeet_tdt", "gigaam": "gigaam_ctc"}
+          "parakeet_tdt": "parakeet_tdt", "gigaam": "gigaam_ctc",
+          "parakeet_rnnt": "parakeet_tdt"}  # same conformer encoder + prediction/joint graphs; no own fixture
 
 
 def test_every_registered_architecture_has_a_parity_case():
