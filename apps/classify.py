@@ -135,10 +135,6 @@ def classify(
         show, why = gui_available()
         if not show:
             err(f"note: {why}; running headless")
-        else:
-            import cv2
-            cv2.namedWindow(WINDOW, cv2.WINDOW_AUTOSIZE | cv2.WINDOW_GUI_NORMAL)  # no toolbar over the frame
-            cv2.moveWindow(WINDOW, 0, 0)
 
     failures = []
 
@@ -147,7 +143,11 @@ def classify(
         err(f"error: {e.message}")
 
     clf = vision.ImageClassifier(model, labels=_parse_labels(labels), device=device,
-                                 options=vision.VisionOptions(top_k=top_k))
+                                 options=vision.VisionOptions(top_k=top_k, batch_size=1))  # frame by frame
+    if show:
+        import cv2
+        cv2.namedWindow(WINDOW, cv2.WINDOW_AUTOSIZE | cv2.WINDOW_GUI_NORMAL)  # no toolbar over the frame
+        cv2.moveWindow(WINDOW, 0, 0)
     stats = Stats()
     device_name = clf.session.device_effective
     try:
@@ -158,10 +158,10 @@ def classify(
                     stop = _run(source, clf, stats, max_frames, top_k, show, jsonl, device_name)
                 finally:
                     source.close()
-                    notes = [f"{getattr(source, 'dropped', 0)} stale camera frames dropped"] if source.kind == "camera" \
-                        else [f"{source.skipped} unreadable frames skipped"] if getattr(source, "skipped", 0) else []
-                    for note in notes:
-                        err(f"note: {source.name}: {note}")
+                    if source.kind == "camera":
+                        err(f"note: {source.name}: {source.dropped} stale camera frames dropped")
+                    elif getattr(source, "skipped", 0):
+                        err(f"note: {source.name}: {source.skipped} unreadable frames skipped")
                 if stop:
                     break
     finally:

@@ -341,7 +341,8 @@ class ImageClassifier(_VisionModel):
             ids[row, :len(seq)], mask[row, :len(seq)] = seq, 1.0
         n = len(labels)
         graphs = [clip.text_graph(self.cfg, n, length)]
-        graphs += [g for b in self.batches for g in (clip.image_graph(self.cfg, b), clip.similarity_graph(self.cfg, b, n))]
+        for b in self.batches:
+            graphs += [clip.image_graph(self.cfg, b), clip.similarity_graph(self.cfg, b, n)]
         self.session = Session(graphs, weights, device=device)
         self.text_embeds = self.session.run(f"text_b{n}_t{length}", ids=ids, mask=mask,
                                             eos=clip.eos_positions(ids, t))["embeds"]

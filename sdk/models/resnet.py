@@ -77,6 +77,10 @@ def _convs(cfg: Config):
             yield f"{name}.layer.2", cout, mid, 1, 1
 
 
+def _head(cfg: Config) -> dict[str, tuple]:
+    return {"classifier.1.weight": (cfg.num_labels, cfg.hidden_sizes[-1]), "classifier.1.bias": (cfg.num_labels,)}
+
+
 def checkpoint_shapes(cfg: Config) -> dict[str, tuple]:
     """What the checkpoint holds: conv weights and batch-norm statistics."""
     shapes = {}
@@ -85,7 +89,7 @@ def checkpoint_shapes(cfg: Config) -> dict[str, tuple]:
         for stat in ("weight", "bias", "running_mean", "running_var"):
             shapes[f"{name}.normalization.{stat}"] = (cout,)
     if cfg.num_labels:
-        shapes |= {"classifier.1.weight": (cfg.num_labels, cfg.hidden_sizes[-1]), "classifier.1.bias": (cfg.num_labels,)}
+        shapes |= _head(cfg)
     return shapes
 
 
@@ -95,7 +99,7 @@ def param_shapes(cfg: Config) -> dict[str, tuple]:
     for name, cout, cin, k, _ in _convs(cfg):
         shapes |= {f"{name}.convolution.weight": (cout, cin, k, k), f"{name}.convolution.bias": (cout,)}
     if cfg.num_labels:
-        shapes |= {"classifier.1.weight": (cfg.num_labels, cfg.hidden_sizes[-1]), "classifier.1.bias": (cfg.num_labels,)}
+        shapes |= _head(cfg)
     return shapes
 
 
@@ -110,7 +114,8 @@ def fold_batch_norm(weights: dict[str, np.ndarray], cfg: Config) -> dict[str, np
         bn = {s: weights[f"{name}.normalization.{s}"].astype(np.float64)
               for s in ("weight", "bias", "running_mean", "running_var")}
         g = bn["weight"] / np.sqrt(bn["running_var"] + BN_EPS)
-        out[f"{name}.convolution.weight"] = (weights[f"{name}.convolution.weight"] * g[:, None, None, None]).astype(np.float32)
+        conv = weights[f"{name}.convolution.weight"]
+        out[f"{name}.convolution.weight"] = (conv * g[:, None, None, None]).astype(np.float32)
         out[f"{name}.convolution.bias"] = (bn["bias"] - bn["running_mean"] * g).astype(np.float32)
     return out
 
