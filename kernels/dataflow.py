@@ -150,7 +150,7 @@ def taps(io, operand_: Operand, index: np.ndarray, max_dims: int = 4) -> list:
     except DesignError:
         if index.ndim < 2:
             raise
-        return [t for i in range(index.shape[0]) for t in taps(io, operand_, index[i], max_dims)]
+        return [t for run in _affine_runs(index) for t in taps(io, operand_, run, max_dims)]
     if dims[-1][1] != 1 and dims[-1][0] > 1:
         raise DesignError(f"operand {operand_.name}: its innermost access stride is {dims[-1][1]} elements; the "
                           f"DMAs move 32-bit words, so an element-granular transpose needs kernels/transpose")
@@ -159,6 +159,72 @@ def taps(io, operand_: Operand, index: np.ndarray, max_dims: int = 4) -> list:
         strides = [0] * (4 - len(dims)) + [s for _, s in dims]
         return [io.TensorAccessPattern((operand_.elements,), offset, sizes, strides)]
     return [t for i in range(index.shape[0]) for t in taps(io, operand_, index[i], max_dims)]
+
+
+def _affine_runs(index: np.ndarray) -> list[np.ndarray]:
+    """Split along the first axis into the fewest consecutive runs that are each affine (edge rows clamped
+    into an image break the pattern only at the edges)."""
+    runs, i, n = [], 0, index.shape[0]
+    while i < n:
+        j = i + 1
+        while j < n and _affine(index[i:j + 1]):
+            j += 1
+        runs.append(index[i] if j == i + 1 else index[i:j])
+        i = j
+    return runs
+
+
+def _affine(index: np.ndarray) -> bool:
+    try:
+        dims_of(index)
+        return True
+    except DesignError:
+        return False
+
+
+# ---- one core per work list: the convolution-like designs ---------------------------------------------------
+
+@dataclass
+class Stream:
+    """One input (or the output) of a per-core design: the operand, its object type, and for each core the
+    element index of everything it moves, in order."""
+    operand: Operand
+    obj_type: type
+    per_core: list[np.ndarray]
+
+
+def per_core_design(target_name: str, name: str, inputs: list[Stream], output: Stream, kernels: list,
+                    state: dict, body, args: list, params: dict):
+    """Cores that each read their inputs straight from the shims (no memtile) and write their output back:
+    cores <= columns, so that every core has its own shim channels."""
+    io = iron()
+    target = TARGETS[target_name]
+    cores = len(output.per_core)
+    if cores > target.columns or len(inputs) > target.shim_channels:
+        raise DesignError(f"{cores} cores with {len(inputs)} inputs each exceed the shims' channels")
+    operands = [s.operand for s in inputs] + [output.operand]
+    workers, transfers = [], []
+    for c in range(cores):
+        ins = [io.ObjectFifo(s.obj_type, depth=2, name=f"{name}_in{i}_c{c}") for i, s in enumerate(inputs)]
+        out = io.ObjectFifo(output.obj_type, depth=2, name=f"{name}_out_c{c}")
+        bufs = [io.GlobalBuffer(tensor(n, dt), name=f"{name}_{k}_c{c}", initial_value=init)
+                for k, (n, dt, init) in state.items()]
+        workers.append(io.Worker(body, [f.cons() for f in ins] + [out.prod()] + bufs + kernels + list(args),
+                                 placement=io.Tile(c, 2), stack_size=STACK_BYTES))
+        transfers += [("fill", f, i, s.per_core[c], c) for i, (f, s) in enumerate(zip(ins, inputs))]
+        transfers.append(("drain", out, len(inputs), output.per_core[c], c))
+    rt = io.Runtime()
+    with rt.sequence(*[tensor(o.elements, o.dtype) for o in operands]) as rt_args:
+        rt_args = rt_args if isinstance(rt_args, tuple) else (rt_args,)
+        rt.start(*workers)
+        for kind, fifo, i, idx, c in transfers:
+            for tap in taps(io, operands[i], idx):
+                if kind == "fill":
+                    rt.fill(fifo.prod(), rt_args[i], tap=tap, placement=io.Tile(c, 0))
+                else:
+                    rt.drain(fifo.cons(), rt_args[i], tap=tap, placement=io.Tile(c, 0), wait=True)
+    params["cores"] = cores
+    return io.Program(device(io, target_name), rt).resolve_program(io.SequentialPlacer())
 
 
 # ---- the row-streaming skeleton ----------------------------------------------------------------------------

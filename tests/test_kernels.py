@@ -228,7 +228,7 @@ def test_gemv_matches_emu(lib, record_parity):
         acc = np.zeros(n, np.float32)
         call(gemv, "gemv_zero", acc, n)
         for q in range(K // k):
-            call(gemv, "gemv_mac", np.ascontiguousarray(x[0, q * k:(q + 1) * k]),
+            call(gemv, "gemv_mac", np.ascontiguousarray(x[0, q * k:(q + 1) * k]), 0,
                  np.ascontiguousarray(packed[q, j].reshape(-1)), acc, k, n)
         y = np.zeros(n, BF16)
         call(gemv, "gemv_store", acc, bias, 1, j * n, y, 0, n, words, 1, imms)
@@ -394,14 +394,14 @@ def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk):
         st, acc = np.zeros(2 * Tq, np.float32), np.zeros(Tq * d, np.float32)
         qt = np.ascontiguousarray(q[0, h])
         call(lib_, "mha_begin", st, acc, Tq, d)
-        blocks = [(np.ascontiguousarray(kk[0, h, j:j + tk]), np.ascontiguousarray(v[0, h, j:j + tk]),
-                   np.ascontiguousarray(mask[:, j:j + tk])) for j in range(0, Tk, tk)]
-        for kb, _, mb in blocks:
-            call(lib_, "mha_max", qt, kb, mb, st, Tq, tk, d, scale, Tq)
-        for kb, _, mb in blocks:
-            call(lib_, "mha_sum", qt, kb, mb, st, Tq, tk, d, scale, Tq)
-        for kb, vb, mb in blocks:
-            call(lib_, "mha_pv", qt, kb, vb, mb, st, acc, Tq, tk, d, scale, Tq)
+        blocks = [np.ascontiguousarray(np.concatenate([kk[0, h, j:j + tk].reshape(-1), v[0, h, j:j + tk].reshape(-1),
+                                                       mask[:, j:j + tk].reshape(-1)])) for j in range(0, Tk, tk)]
+        for kvm in blocks:  # the memtile-joined key block: k, v, mask
+            call(lib_, "mha_max", qt, kvm, st, Tq, tk, d, scale, Tq)
+        for kvm in blocks:
+            call(lib_, "mha_sum", qt, kvm, st, Tq, tk, d, scale, Tq)
+        for kvm in blocks:
+            call(lib_, "mha_pv", qt, kvm, st, acc, Tq, tk, d, scale, Tq)
         y = np.zeros(Tq * d, BF16)
         call(lib_, "mha_store", acc, y, 0, Tq, d, chain, 0, imm)
         out[0, h] = y.astype(np.float32).reshape(Tq, d)
@@ -491,7 +491,7 @@ def test_conv2d_rows_match_emu(lib, record_parity, case):
         rows = np.clip(np.arange(r * s - p, r * s - p + kh), 0, H - 1)
         band = np.ascontiguousarray(x[0][:, rows, :])
         y = np.zeros(cout * wo, BF16)
-        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, y, 0, cin, W, cout, case["groups"], kh, kh,
+        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 0, cin, W, cout, case["groups"], kh, kh,
              s, p, wo, H, ho, oy, chain, 0, imm)
         out[0, :, r] = y.astype(np.float32).reshape(cout, wo)
     assert oy[0] == 0  # the counter wrapped after the last output row

@@ -8,7 +8,13 @@
 // bias is fp32 (a weight vector). A patch embedding is stride = kernel, pad = 0.
 #include "../include/npu_kernel.h"
 
-NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const float *bias, int32_t has_bias, void *y,
+// The bias (fp32) arrives first on the weight stream, as whole weight-sized objects: copy `count` floats of
+// one object into L1 at `first`.
+NPU_KERNEL void conv_bias_load(const bf16 *w_obj, float *bias, int32_t first, int32_t count) {
+  memcpy(&bias[first], w_obj, 4 * count);
+}
+
+NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const float *bias, int32_t has_bias, int32_t j0, void *y,
                            int32_t y_f32, int32_t cin, int32_t width, int32_t cout, int32_t groups, int32_t kh,
                            int32_t kw, int32_t stride, int32_t pad, int32_t wo, int32_t height, int32_t ho,
                            int32_t *oy, const int32_t *chain, int32_t n_chain, const float *imm) {
@@ -28,7 +34,7 @@ NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const fl
             if (ix < 0 || ix >= width) continue;
             sum += to_f32(w[((o * cg + c) * kh + r) * kw + s]) * npu_mac_operand(xv, ((g * cg + c) * kh + r) * width + ix);
           }
-      if (has_bias) sum += bias[o];
+      if (has_bias) sum += bias[j0 + o];
       npu_put(y, y_f32, o * wo + ox, npu_epilogue_unary(sum, chain, n_chain, imm));
     }
   }

@@ -8,24 +8,29 @@ NPU_KERNEL void gemv_zero(float *acc, int32_t n) {
   for (int32_t i = 0; i < n; ++i) acc[i] = 0.0f;
 }
 
+// x is bf16, or fp32 when x_f32 (the residual stream), read rounded to bf16 as the MACs see it.
 #ifdef __AIENGINE__
 // Vector path: 16 output columns at a time, x[kk] broadcast against a row of the weight tile.
-NPU_KERNEL void gemv_mac(const bf16 *x, const bf16 *w, float *acc, int32_t k, int32_t n) {
+NPU_KERNEL void gemv_mac(const void *x, int32_t x_f32, const bf16 *w, float *acc, int32_t k, int32_t n) {
+  NPU_ROUND_EVEN();
+  const npu_vec xv = {x, x_f32};
   for (int32_t j = 0; j < n; j += 16) {
     aie::accum<accfloat, 16> c;
     c.from_vector(aie::load_v<16>(acc + j));
     for (int32_t kk = 0; kk < k; ++kk)
       chess_prepare_for_pipelining {
-        c = aie::mac(c, aie::broadcast<bfloat16, 16>(x[kk]), aie::load_v<16>(w + kk * n + j));
+        bfloat16 xk = to_bf16(npu_get(xv, kk));
+        c = aie::mac(c, aie::broadcast<bfloat16, 16>(xk), aie::load_v<16>(w + kk * n + j));
       }
     aie::store_v(acc + j, c.template to_vector<float>());
   }
 }
 #else
-NPU_KERNEL void gemv_mac(const bf16 *x, const bf16 *w, float *acc, int32_t k, int32_t n) {
+NPU_KERNEL void gemv_mac(const void *x, int32_t x_f32, const bf16 *w, float *acc, int32_t k, int32_t n) {
+  const npu_vec xv = {x, x_f32};
   for (int32_t j = 0; j < n; ++j) {
     float sum = acc[j];
-    for (int32_t kk = 0; kk < k; ++kk) sum += to_f32(x[kk]) * to_f32(w[kk * n + j]);
+    for (int32_t kk = 0; kk < k; ++kk) sum += npu_mac_operand(xv, kk) * to_f32(w[kk * n + j]);
     acc[j] = sum;
   }
 }

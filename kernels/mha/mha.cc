@@ -3,13 +3,14 @@
 // The softmax is exact, as in the emulator: pass 1 streams the key blocks for the row max, pass 2 for the
 // sum of exps, pass 3 accumulates bf16(exp(s - max) / sum) . v in fp32. Prefill runs tq query rows over the
 // keys of the window; decode is tq = 1 against the KV cache, whose unwritten tail the causal-cache mask
-// (from the position runtime parameter, kernels/maskgen) hides. The mask block is [mask_rows x tk]:
-// mask_rows = 1 broadcasts one row over the query tile; mask_rows = 0 means no mask.
-// st: [max[tq], sum[tq]] fp32; acc: [tq x d] fp32.
+// (from the position runtime parameter, kernels/maskgen) hides. A key block arrives as one object joined in
+// the memtile, kvm = [k: tk x d][v: tk x d][mask: mask_rows x tk] (bf16): mask_rows = 1 broadcasts one row
+// over the query tile; mask_rows = 0 means no mask. st: [max[tq], sum[tq]] fp32; acc: [tq x d] fp32.
 #include "../include/npu_kernel.h"
 
-static inline float mha_score(const bf16 *q, const bf16 *k, const bf16 *mask, int32_t i, int32_t j, int32_t tk,
-                              int32_t d, float scale, int32_t mask_rows) {
+static inline float mha_score(const bf16 *q, const bf16 *kvm, int32_t i, int32_t j, int32_t tk, int32_t d,
+                              float scale, int32_t mask_rows) {
+  const bf16 *k = kvm, *mask = kvm + 2 * tk * d;
   float dot = 0.0f;
   for (int32_t c = 0; c < d; ++c) dot += to_f32(q[i * d + c]) * to_f32(k[j * d + c]);
   float s = dot * scale;
@@ -25,30 +26,31 @@ NPU_KERNEL void mha_begin(float *st, float *acc, int32_t tq, int32_t d) {
   for (int32_t i = 0; i < tq * d; ++i) acc[i] = 0.0f;
 }
 
-NPU_KERNEL void mha_max(const bf16 *q, const bf16 *k, const bf16 *mask, float *st, int32_t tq, int32_t tk,
-                        int32_t d, float scale, int32_t mask_rows) {
+NPU_KERNEL void mha_max(const bf16 *q, const bf16 *kvm, float *st, int32_t tq, int32_t tk, int32_t d, float scale,
+                        int32_t mask_rows) {
   for (int32_t i = 0; i < tq; ++i)
     for (int32_t j = 0; j < tk; ++j) {
-      float s = mha_score(q, k, mask, i, j, tk, d, scale, mask_rows);
+      float s = mha_score(q, kvm, i, j, tk, d, scale, mask_rows);
       st[i] = s > st[i] ? s : st[i];
     }
 }
 
-NPU_KERNEL void mha_sum(const bf16 *q, const bf16 *k, const bf16 *mask, float *st, int32_t tq, int32_t tk,
-                        int32_t d, float scale, int32_t mask_rows) {
+NPU_KERNEL void mha_sum(const bf16 *q, const bf16 *kvm, float *st, int32_t tq, int32_t tk, int32_t d, float scale,
+                        int32_t mask_rows) {
   for (int32_t i = 0; i < tq; ++i) {
     float s = 0.0f;
-    for (int32_t j = 0; j < tk; ++j) s += npu_exp(mha_score(q, k, mask, i, j, tk, d, scale, mask_rows) - st[i]);
+    for (int32_t j = 0; j < tk; ++j) s += npu_exp(mha_score(q, kvm, i, j, tk, d, scale, mask_rows) - st[i]);
     st[tq + i] += s;
   }
 }
 
-NPU_KERNEL void mha_pv(const bf16 *q, const bf16 *k, const bf16 *v, const bf16 *mask, const float *st, float *acc,
-                       int32_t tq, int32_t tk, int32_t d, float scale, int32_t mask_rows) {
+NPU_KERNEL void mha_pv(const bf16 *q, const bf16 *kvm, const float *st, float *acc, int32_t tq, int32_t tk, int32_t d,
+                       float scale, int32_t mask_rows) {
+  const bf16 *v = kvm + tk * d;
   NPU_ROUND_EVEN();
   for (int32_t i = 0; i < tq; ++i)
     for (int32_t j = 0; j < tk; ++j) {
-      float p = npu_exp(mha_score(q, k, mask, i, j, tk, d, scale, mask_rows) - st[i]) / st[tq + i];
+      float p = npu_exp(mha_score(q, kvm, i, j, tk, d, scale, mask_rows) - st[i]) / st[tq + i];
       p = to_f32(to_bf16(p));  // probabilities are stored bf16 for the second matmul
       for (int32_t c = 0; c < d; ++c) acc[i * d + c] += p * to_f32(v[j * d + c]);
     }

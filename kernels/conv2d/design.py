@@ -1,0 +1,156 @@
+"""conv2d design (catalog kind `conv`: ResNet convolutions, ViT / CLIP patch embeddings, non-depthwise conv1d
+as H = 1), one output row per kernel call (kernels/conv2d/conv2d.cc). A core owns a set of output-channel
+blocks: it loads its biases once (the first objects of its weight stream), then for each block keeps the
+block's weights resident and streams, for every image and output row, the band of input rows that row reads
+(rows outside the image clamped to the edge; the kernel skips them). Each core reads two streams straight
+from its column's shim (band; weights) and writes its rows back. Bands whose channels do not fit L1 next to
+the weights would need channel-chunked accumulation, which this design does not do (it refuses them)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kernels import dataflow as df
+from sdk.compiler.hardware import TARGETS
+
+KINDS = ("conv",)
+W_BYTES = 8 * 1024      # a resident weight block
+L1_BUDGET = 56 * 1024   # what bands, weights, output rows and the bias may take of the 64 KB
+
+
+def build(target: str, step, buffers: dict, params: dict):
+    hw = TARGETS[target]
+    attrs = step.attrs["head"]["attrs"]
+    if any(c["operand"] is not None for c in step.attrs["chain"]):
+        raise df.DesignError("a convolution epilogue that reads an operand (a residual add) is not expressed")
+    x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
+    w = df.operand(step.inputs[1], buffers[step.inputs[1]])
+    has_bias = len(step.inputs) > 2 and step.inputs[2] is not None
+    bias = df.operand(step.inputs[2], buffers[step.inputs[2]]) if has_bias else None
+    out = df.operand(step.outputs[0], buffers[step.outputs[0]])
+    one_d = step.attrs["head"]["op"] == "conv1d"
+    xi, wi, oi = x.index, w.index, out.index
+    if one_d:  # [B, C, L] as [B, C, 1, L]
+        xi, wi, oi = xi[:, :, None], wi[:, :, None], oi[:, :, None]
+    groups = attrs.get("groups", 1)
+    if groups != 1:
+        raise df.DesignError("grouped conv2d: only groups = 1 here (depthwise conv1d has kernels/dwconv1d)")
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
+    (sh, sw), (ph, pw) = pair(attrs.get("stride", 1)), pair(attrs.get("padding", 0))
+    if one_d:
+        sh, ph = 1, 0
+    if sh != sw and not one_d:
+        raise df.DesignError("different strides along H and W")
+    B, cin, H, W = xi.shape
+    cout, _, kh, kw = wi.shape
+    ho, wo = oi.shape[2], oi.shape[3]
+    per_out = cin * kh * kw
+    cout_b = max(c for c in range(1, cout + 1) if cout % c == 0 and c * per_out * 2 <= W_BYTES) \
+        if per_out * 2 <= W_BYTES else 0
+    if not cout_b:
+        raise df.DesignError(f"one output channel's weights ({per_out * 2} bytes) exceed the {W_BYTES} byte block")
+    if (cout_b * per_out) % 2:
+        raise df.DesignError("an odd-sized weight block is not whole 32-bit words")
+    blocks = cout // cout_b
+    cores = max(c for c in range(1, min(step.attrs["tiling"]["cores"], hw.columns, blocks) + 1) if blocks % c == 0)
+    mine = blocks // cores
+    band = cin * kh * W
+    l1 = 2 * band * x.dtype.itemsize + 2 * cout_b * per_out * 2 + 2 * cout_b * wo * out.dtype.itemsize \
+        + 4 * mine * cout_b
+    if l1 > L1_BUDGET:
+        raise df.DesignError(f"a band of {cin} channels x {kh} rows x {W} ({band * x.dtype.itemsize} bytes) with "
+                             f"its weights needs {l1} bytes of L1: needs channel-chunked accumulation")
+    wobj = cout_b * per_out                                  # bf16 elements of one weight object
+    floats = wobj // 2
+    n_bias = mine * cout_b
+    bias_objects = math.ceil(n_bias / floats) if has_bias else 0
+
+    rows = np.clip(np.arange(ho)[:, None] * sh - ph + np.arange(kh)[None], 0, H - 1)      # [ho, kh]
+    band_of = lambda b: xi[b][:, rows].transpose(1, 0, 2, 3)                              # [ho, cin, kh, W]  # noqa: E731
+    x_core, w_core, y_core = [], [], []
+    for c in range(cores):
+        blks = list(range(c, blocks, cores))
+        x_core.append(np.stack([band_of(b) for _ in blks for b in range(B)]))
+        wparts = []
+        if has_bias:
+            seq = np.concatenate([bias.index[j * cout_b:(j + 1) * cout_b] for j in blks])
+            wparts.append(np.resize(seq, bias_objects * floats).reshape(bias_objects, floats))
+        w_core.append((wparts, np.stack([wi[j * cout_b:(j + 1) * cout_b] for j in blks])))
+        y_core.append(np.stack([oi[b, j * cout_b:(j + 1) * cout_b].transpose(1, 0, 2) for j in blks for b in range(B)]))
+
+    io = df.iron()
+    i32 = np.int32
+    x_t, w_t = df.tensor(band, x.dtype), df.tensor(wobj)
+    y_t, bias_t = df.tensor(cout_b * wo, out.dtype), df.tensor(max(n_bias, 1), np.float32)
+    vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
+    oy_t = df.tensor(1, np.int32)
+    kernels = [io.Kernel("conv_bias_load", "conv2d.o", [w_t, bias_t, i32, i32]),
+               io.Kernel("conv2d_row", "conv2d.o", [x_t, i32, w_t, bias_t, i32, i32, y_t, i32, i32, i32, i32, i32, i32,
+                                                   i32, i32, i32, i32, i32, i32, oy_t, vec_i, i32, vec_f])]
+    words, imms = df.encode_chain(step.attrs["chain"], 3)
+    n_chain, x_f32, y_f32 = len(step.attrs["chain"]), df.is_f32(x), df.is_f32(out)
+    state = {"bias": (max(n_bias, 1), np.float32, None), "oy": (1, np.int32, np.zeros(1, np.int32)),
+             "chain": (df.MAX_CHAIN, np.int32, words), "imm": (df.MAX_CHAIN, np.float32, imms)}
+
+    def body(x_in, w_in, y_out, bias_buf, oy, chain, imm, load_bias, conv, n_blocks, n_images):
+        for q in range(bias_objects):
+            wt = w_in.acquire(1)
+            load_bias(wt, bias_buf, q * floats, max(0, min(floats, n_bias - q * floats)))
+            w_in.release(1)
+        for blk in range(n_blocks):  # unrolled: each block knows where its biases sit
+            wt = w_in.acquire(1)
+            for _ in io.range_(n_images * ho):
+                xt, yt = x_in.acquire(1), y_out.acquire(1)
+                conv(xt, x_f32, wt, bias_buf, int(has_bias), blk * cout_b, yt, y_f32, cin, W, cout_b, 1, kh, kw, sw,
+                     pw, wo, H, ho, oy, chain, n_chain, imm)
+                x_in.release(1)
+                y_out.release(1)
+            w_in.release(1)
+
+    inputs = [df.Stream(x, x_t, x_core),
+              df.Stream(w, w_t, [np.concatenate([p.reshape(-1) for p in wp] + [wb.reshape(-1)]) if wp else wb
+                                 for wp, wb in w_core])]
+    if has_bias:  # the bias objects come from the bias tensor: a third operand on the same fifo
+        return _with_bias(target, step, x, w, bias, out, inputs, y_core, y_t, kernels, state, body, mine, B, params,
+                          bias_objects, floats, w_core)
+    params.update({"cout_block": cout_b, "blocks_per_core": mine, "band": band})
+    return df.per_core_design(target, "conv2d", inputs, df.Stream(out, y_t, y_core), kernels, state, body,
+                              [mine, B], params)
+
+
+def _with_bias(target, step, x, w, bias, out, inputs, y_core, y_t, kernels, state, body, mine, B, params,
+               bias_objects, floats, w_core):
+    """per_core_design with the weight fifo also filled, first, from the bias tensor."""
+    io = df.iron()
+    hw = TARGETS[target]
+    cores = len(y_core)
+    operands = [x, w, bias, out]
+    workers, fills, drains = [], [], []
+    for c in range(cores):
+        xf = io.ObjectFifo(inputs[0].obj_type, depth=2, name=f"conv2d_x_c{c}")
+        wf = io.ObjectFifo(inputs[1].obj_type, depth=2, name=f"conv2d_w_c{c}")
+        yf = io.ObjectFifo(y_t, depth=2, name=f"conv2d_y_c{c}")
+        bufs = [io.GlobalBuffer(df.tensor(n, dt), name=f"conv2d_{k}_c{c}", initial_value=init)
+                for k, (n, dt, init) in state.items()]
+        workers.append(io.Worker(body, [xf.cons(), wf.cons(), yf.prod(), *bufs, *kernels, mine, B],
+                                 placement=io.Tile(c, 2), stack_size=df.STACK_BYTES))
+        wparts, wblocks = w_core[c]
+        fills += [(xf, 0, inputs[0].per_core[c], c), (wf, 2, wparts[0], c), (wf, 1, wblocks, c)]
+        drains.append((yf, y_core[c], c))
+    assert cores <= hw.columns
+    rt = io.Runtime()
+    with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
+        rt.start(*workers)
+        for fifo, i, idx, c in fills:
+            for tap in df.taps(io, operands[i], idx):
+                rt.fill(fifo.prod(), args[i], tap=tap, placement=io.Tile(c, 0))
+        for fifo, idx, c in drains:
+            for tap in df.taps(io, out, idx):
+                rt.drain(fifo.cons(), args[3], tap=tap, placement=io.Tile(c, 0), wait=True)
+    params.update({"cores": cores, "blocks_per_core": mine})
+    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+
+
+if __name__ == "__main__":
+    df.main(build)

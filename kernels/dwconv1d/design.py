@@ -1,0 +1,68 @@
+"""Depthwise conv1d design (a catalog `conv` step with groups = channels: the conformer convolution module):
+a core takes blocks of channels with their whole time axis (bf16 or fp32 rows), their K taps and biases as one
+weight object (taps, then the fp32 biases), and writes the block's output rows. kernels/dwconv1d/dwconv1d.cc."""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels import dataflow as df
+from sdk.compiler.hardware import TARGETS
+
+KINDS = ("conv",)
+X_BYTES = 12 * 1024
+
+
+def build(target: str, step, buffers: dict, params: dict):
+    hw = TARGETS[target]
+    a = step.attrs["head"]["attrs"]
+    if any(c["operand"] is not None for c in step.attrs["chain"]):
+        raise df.DesignError("a depthwise convolution epilogue that reads an operand is not expressed")
+    x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
+    w = df.operand(step.inputs[1], buffers[step.inputs[1]])
+    has_bias = len(step.inputs) > 2 and step.inputs[2] is not None
+    out = df.operand(step.outputs[0], buffers[step.outputs[0]])
+    B, C, L = x.shape
+    K, to = w.shape[-1], out.shape[-1]
+    stride, pad = a.get("stride", 1), a.get("padding", 0)
+    if has_bias:
+        raise df.DesignError("depthwise conv1d with a bias: the design streams taps only (fold the bias into the "
+                             "next op, or extend the weight object)")
+    cb = max(c for c in range(1, C + 1) if C % c == 0 and c * L * x.dtype.itemsize <= X_BYTES
+             and (c * K) % 2 == 0 and (c * L * x.dtype.itemsize) % 4 == 0)
+    items = [(b, j) for b in range(B) for j in range(C // cb)]
+    cores = max(c for c in range(1, min(step.attrs["tiling"]["cores"], hw.columns, len(items)) + 1)
+                if len(items) % c == 0)
+    wi = w.index.reshape(C, K)
+    x_core, w_core, y_core = [], [], []
+    for c in range(cores):
+        mine = items[c::cores]
+        x_core.append(np.stack([x.index[b, j * cb:(j + 1) * cb] for b, j in mine]))
+        w_core.append(np.stack([wi[j * cb:(j + 1) * cb] for _, j in mine]))
+        y_core.append(np.stack([out.index[b, j * cb:(j + 1) * cb] for b, j in mine]))
+    io = df.iron()
+    i32 = np.int32
+    x_t, w_t, y_t = df.tensor(cb * L, x.dtype), df.tensor(cb * K), df.tensor(cb * to, out.dtype)
+    b_t = df.tensor(1, np.float32)
+    vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
+    kernel = io.Kernel("dwconv1d", "dwconv1d.o", [x_t, i32, w_t, b_t, i32, y_t, i32, i32, i32, i32, i32, i32, i32,
+                                                  vec_i, i32, vec_f])
+    words, imms = df.encode_chain(step.attrs["chain"], 3)
+    n_chain, x_f32, y_f32 = len(step.attrs["chain"]), df.is_f32(x), df.is_f32(out)
+
+    def body(x_in, w_in, y_out, no_bias, chain, imm, conv, n_items):
+        for _ in io.range_(n_items):
+            xt, wt, yt = x_in.acquire(1), w_in.acquire(1), y_out.acquire(1)
+            conv(xt, x_f32, wt, no_bias, 0, yt, y_f32, cb, L, to, K, stride, pad, chain, n_chain, imm)
+            x_in.release(1)
+            w_in.release(1)
+            y_out.release(1)
+
+    state = {"no_bias": (1, np.float32, None), "chain": (df.MAX_CHAIN, np.int32, words),
+             "imm": (df.MAX_CHAIN, np.float32, imms)}
+    params.update({"channels_per_call": cb, "items_per_core": len(items) // cores})
+    return df.per_core_design(target, "dwconv1d", [df.Stream(x, x_t, x_core), df.Stream(w, w_t, w_core)],
+                              df.Stream(out, y_t, y_core), [kernel], state, body, [len(items) // cores], params)
+
+
+if __name__ == "__main__":
+    df.main(build)

@@ -1,0 +1,123 @@
+"""GEMV design for decode (a catalog `gemm` step with one activation row, M = 1): memory-bound, so the design
+spreads the weight's column tiles over as many cores as the shim channels feed. The activation row is fetched
+once and broadcast from a memtile to every core; each core streams its own packed weight tiles (the same
+tile-major copy prefill's GEMM reads, straight from the weights arena: no blocking), preceded by its bias
+tiles (fp32, kept in L1), and writes its output tiles back directly. kernels/gemv/gemv.cc."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kernels import dataflow as df
+from sdk.compiler.hardware import TARGETS
+
+KINDS = ("gemm",)
+
+
+def build(target: str, step, buffers: dict, params: dict):
+    hw = TARGETS[target]
+    t = step.attrs["tiling"]
+    K, N, k, n = t["K"], t["N"], t["k"], t["n"]
+    for what, refused in (("an epilogue operand", any(c["operand"] is not None for c in step.attrs["chain"])),
+                          ("a norm prologue", "prologue" in step.attrs),
+                          ("a KV-cache output at the runtime position", "state_writes" in step.attrs)):
+        if refused:
+            raise df.DesignError(f"GEMV with {what}: not expressed by this design (kernels/README.md)")
+    Kt, Nt = t["Kp"] // k, t["Np"] // n
+    x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
+    w = df.operand(step.inputs[1], buffers[step.inputs[1]])
+    has_bias = step.inputs[2] is not None
+    bias = df.operand(step.inputs[2], buffers[step.inputs[2]]) if has_bias else None
+    outs = [df.operand(o, buffers[o]) for o in step.outputs]
+    splits = step.attrs.get("n_splits") or [N]
+    if any(s % n for s in splits):
+        raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}")
+    if K % k and x.dtype.itemsize * (K % k) % 4:
+        raise df.DesignError(f"K = {K} leaves a partial tile that is not whole words")
+    limit = min(t["cores"], hw.columns * hw.shim_channels - 1, hw.columns * hw.shim_channels)
+    cores = max(c for c in range(1, min(limit, Nt) + 1) if Nt % c == 0)
+    jt = Nt // cores
+    g = math.gcd(2 * jt, k)
+    bias_objects, bias_repeat = (2 * jt // g, k // g) if has_bias else (0, 0)
+    floats_per_object = k * n // 2
+    x_f32, y_f32 = df.is_f32(x), df.is_f32(outs[0])
+
+    io = df.iron()
+    i32 = np.int32
+    x_t, w_t, y_t = df.tensor(k, x.dtype), df.tensor(k * n), df.tensor(n, outs[0].dtype)
+    acc_t, bias_t = df.tensor(n, np.float32), df.tensor(max(jt * n, 1), np.float32)
+    vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
+    kernels = [io.Kernel("gemv_zero", "gemv.o", [acc_t, i32]),
+               io.Kernel("gemv_mac", "gemv.o", [x_t, i32, w_t, acc_t, i32, i32]),
+               io.Kernel("gemv_bias_load", "gemv.o", [w_t, bias_t, i32, i32]),
+               io.Kernel("gemv_store", "gemv.o", [acc_t, bias_t, i32, i32, y_t, i32, i32, vec_i, i32, vec_f])]
+    words, imms = df.encode_chain(step.attrs["chain"], 3)
+    n_chain = len(step.attrs["chain"])
+
+    def body(x_in, w_in, y_out, acc, bias_buf, chain, imm, zero, mac, load_bias, store, k_steps):
+        for q in range(bias_objects):
+            first = q * floats_per_object
+            wt = w_in.acquire(1)
+            load_bias(wt, bias_buf, first, max(0, min(floats_per_object, jt * n - first)))
+            w_in.release(1)
+        for jl in range(jt):  # unrolled: each column tile knows its bias offset
+            zero(acc, n)
+            for _ in io.range_(k_steps):
+                xt, wt = x_in.acquire(1), w_in.acquire(1)
+                mac(xt, x_f32, wt, acc, k, n)
+                x_in.release(1)
+                w_in.release(1)
+            y = y_out.acquire(1)
+            store(acc, bias_buf, int(has_bias), jl * n, y, y_f32, n, chain, n_chain, imm)
+            y_out.release(1)
+
+    take = df.shim_allotter(hw)
+    x_l3 = io.ObjectFifo(x_t, depth=2, name="gemv_x")
+    x_bc = x_l3.cons().forward(placement=io.Tile(0, 1), name="gemv_x_bc", depth=2)
+    x_shim = take(0)
+    workers, fills, drains = [], [], []
+    xi = x.index.reshape(-1)
+    if Kt * k > K:  # the K padding multiplies B's zero rows: any x values do
+        xi = np.concatenate([xi, np.repeat(xi[-1:], Kt * k - K)])
+    x_idx = np.broadcast_to(xi.reshape(Kt, k)[None], (jt * cores, Kt, k))  # once per column tile of any core
+    wi = w.index.reshape(Kt, Nt, k * n)
+    for c in range(cores):
+        col, row = c % hw.columns, 2 + c // hw.columns
+        w_fifo = io.ObjectFifo(w_t, depth=2, name=f"gemv_w{c}")
+        y_fifo = io.ObjectFifo(y_t, depth=2, name=f"gemv_y{c}")
+        bufs = [io.GlobalBuffer(acc_t, name=f"gemv_acc{c}"), io.GlobalBuffer(bias_t, name=f"gemv_bias{c}"),
+                io.GlobalBuffer(vec_i, initial_value=words, name=f"gemv_chain{c}"),
+                io.GlobalBuffer(vec_f, initial_value=imms, name=f"gemv_imm{c}")]
+        workers.append(io.Worker(body, [x_bc.cons(), w_fifo.cons(), y_fifo.prod(), *bufs, *kernels, Kt],
+                                 placement=io.Tile(col, row), stack_size=df.STACK_BYTES))
+        shim = take(col)
+        if has_bias:
+            bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cores][None], (bias_repeat, jt, n))
+            fills.append((w_fifo, 2, bi, shim))
+        fills.append((w_fifo, 1, wi[:, c::cores].transpose(1, 0, 2), shim))
+        for jl in range(jt):
+            j = jl * cores + c
+            o = int(np.searchsorted(np.cumsum(splits), j * n, side="right"))
+            lo = sum(splits[:o])
+            drains.append((y_fifo, o, outs[o].index.reshape(-1)[j * n - lo:(j + 1) * n - lo], col))
+
+    operands = [x, w] + ([bias] if has_bias else []) + outs
+    rt = io.Runtime()
+    with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
+        rt.start(*workers)
+        for tap in df.taps(io, x, x_idx[:jt]):  # every core reads the broadcast row jt times
+            rt.fill(x_l3.prod(), args[0], tap=tap, placement=io.Tile(x_shim, 0))
+        for fifo, i, idx, shim in fills:
+            for tap in df.taps(io, operands[i], idx):
+                rt.fill(fifo.prod(), args[i], tap=tap, placement=io.Tile(shim, 0))
+        for fifo, o, idx, col in drains:
+            for tap in df.taps(io, outs[o], idx):
+                rt.drain(fifo.cons(), args[len(operands) - len(outs) + o], tap=tap, placement=io.Tile(col, 0),
+                         wait=True)
+    params.update({"k": k, "n": n, "cores": cores, "tiles_per_core": jt, "k_steps": Kt})
+    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+
+
+if __name__ == "__main__":
+    df.main(build)

@@ -1,0 +1,128 @@
+"""Multi-head attention design (catalog kind `mha`), prefill and decode against a KV cache alike: a work item
+is one (head, query tile); a core holds its q tile and streams the head's key blocks three times (max, sum of
+exps, probabilities x V; kernels/mha/mha.cc), each block's k, v and mask rows joined in the memtile into one
+object, so a core reads two streams (q; k+v+mask). Decode is a query tile of one row over the cache, whose
+unwritten tail the causal-cache mask hides. Each core's four input streams take two shims, so at most
+columns / 2 cores run (attention at these sizes is bandwidth-bound)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from kernels import dataflow as df
+from sdk.compiler.hardware import TARGETS
+
+KINDS = ("mha",)
+
+
+def build(target: str, step, buffers: dict, params: dict):
+    hw = TARGETS[target]
+    t = step.attrs["tiling"]
+    if any(c["operand"] is not None for c in step.attrs["chain"]):
+        raise df.DesignError("attention with an epilogue operand: not expressed by this design")
+    q = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
+    k = df.operand(step.inputs[1], buffers[step.inputs[1]], step.attrs["views"][1])
+    v = df.operand(step.inputs[2], buffers[step.inputs[2]], step.attrs["views"][2])
+    has_mask = len(step.inputs) > 3 and step.inputs[3] is not None
+    mask = df.operand(step.inputs[3], buffers[step.inputs[3]], step.attrs["views"][3]) if has_mask else None
+    for o in (q, k, v) + ((mask,) if has_mask else ()):
+        if o.dtype != df.BF16:
+            raise df.DesignError(f"attention operand {o.name} is {o.dtype}; the kernel reads bf16")
+    Tq, Tk, d = q.shape[-2], k.shape[-2], q.shape[-1]
+    heads = math.prod(q.shape[:-2])
+    tq = min(t["tq"], Tq)
+    tk = max(x for x in range(2, min(t["tk"], Tk) + 1, 2) if Tk % x == 0) if Tk > 1 else Tk
+    q_tiles = math.ceil(Tq / tq)
+    starts = [min(i * tq, Tq - tq) for i in range(q_tiles)]     # the last tile shifts back: rows written twice
+    items = heads * q_tiles
+    shims = hw.columns * hw.shim_channels
+    streams = 3 + has_mask
+    cores = max(c for c in range(1, min(t["cores"], hw.columns, shims // streams, items) + 1) if items % c == 0)
+    per_core = items // cores
+    blocks = Tk // tk
+
+    qi = q.index.reshape(heads, Tq, d)
+    ki, vi = k.index.reshape(heads, Tk, d), v.index.reshape(heads, Tk, d)
+    mi = np.broadcast_to(mask.index, q.shape[:-1] + (Tk,)).reshape(heads, Tq, Tk) if has_mask else None
+    out = df.operand(step.outputs[0], buffers[step.outputs[0]])
+    oi = out.index.reshape(heads, Tq, d)
+    y_f32 = df.is_f32(out)
+
+    io = df.iron()
+    i32, f32 = np.int32, np.float32
+    kvm_units = 2 * tk * d + (tq * tk if has_mask else 0)
+    q_t, kvm_t, y_t = df.tensor(tq * d), df.tensor(kvm_units), df.tensor(tq * d, out.dtype)
+    st_t, acc_t = df.tensor(2 * tq, np.float32), df.tensor(tq * d, np.float32)
+    vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
+    kernels = [io.Kernel("mha_begin", "mha.o", [st_t, acc_t, i32, i32]),
+               io.Kernel("mha_max", "mha.o", [q_t, kvm_t, st_t, i32, i32, i32, f32, i32]),
+               io.Kernel("mha_sum", "mha.o", [q_t, kvm_t, st_t, i32, i32, i32, f32, i32]),
+               io.Kernel("mha_pv", "mha.o", [q_t, kvm_t, st_t, acc_t, i32, i32, i32, f32, i32]),
+               io.Kernel("mha_store", "mha.o", [acc_t, y_t, i32, i32, i32, vec_i, i32, vec_f])]
+    words, imms = df.encode_chain(step.attrs["chain"], len(step.inputs))
+    scale, n_chain, mask_rows = float(step.attrs["head"]["attrs"]["scale"]), len(step.attrs["chain"]), tq * has_mask
+
+    def body(q_in, kvm_in, y_out, st, acc, chain, imm, begin, kmax, ksum, pv, store, n_items, n_blocks):
+        for _ in io.range_(n_items):
+            qt = q_in.acquire(1)
+            begin(st, acc, tq, d)
+            for phase in (kmax, ksum):
+                for _ in io.range_(n_blocks):
+                    kv = kvm_in.acquire(1)
+                    phase(qt, kv, st, tq, tk, d, scale, mask_rows)
+                    kvm_in.release(1)
+            for _ in io.range_(n_blocks):
+                kv = kvm_in.acquire(1)
+                pv(qt, kv, st, acc, tq, tk, d, scale, mask_rows)
+                kvm_in.release(1)
+            y = y_out.acquire(1)
+            store(acc, y, y_f32, tq, d, chain, n_chain, imm)
+            y_out.release(1)
+            q_in.release(1)
+
+    take = df.shim_allotter(hw)
+    workers, fills, drains = [], [], []
+    for c in range(cores):
+        mem, lo = io.Tile(c, 1), c * per_core
+        my = [(it // q_tiles, starts[it % q_tiles]) for it in range(lo, lo + per_core)]   # (head, first row)
+        q_l3 = io.ObjectFifo(q_t, depth=2, name=f"mha_q{c}")
+        q_l2 = q_l3.cons().forward(placement=mem, name=f"mha_q{c}_l2", depth=1)
+        kvm = io.ObjectFifo(kvm_t, depth=2, name=f"mha_kvm{c}")
+        parts = kvm.prod().join([0, tk * d] + ([2 * tk * d] if has_mask else []), placement=mem,
+                                obj_types=[df.tensor(tk * d)] * 2 + ([df.tensor(tq * tk)] if has_mask else []),
+                                depths=[2] * (2 + has_mask), names=[f"mha_k{c}", f"mha_v{c}"] + [f"mha_m{c}"] * has_mask)
+        y_l2 = io.ObjectFifo(y_t, depth=2, name=f"mha_y{c}")
+        y_l3 = y_l2.cons().forward(placement=mem, name=f"mha_y{c}_l3", depth=2)
+        bufs = [io.GlobalBuffer(st_t, name=f"mha_st{c}"), io.GlobalBuffer(acc_t, name=f"mha_acc{c}"),
+                io.GlobalBuffer(vec_i, initial_value=words, name=f"mha_chain{c}"),
+                io.GlobalBuffer(vec_f, initial_value=imms, name=f"mha_imm{c}")]
+        workers.append(io.Worker(body, [q_l2.cons(), kvm.cons(), y_l2.prod(), *bufs, *kernels, per_core, blocks],
+                                 placement=io.Tile(c, 2), stack_size=df.STACK_BYTES))
+        passes = 3
+        key_rows = lambda a, h: np.broadcast_to(a[h].reshape(blocks, tk, d)[None], (passes, blocks, tk, d))  # noqa: E731
+        fills.append((q_l3, 0, np.stack([qi[h, s:s + tq] for h, s in my]), take(c)))
+        fills.append((parts[0], 1, np.stack([key_rows(ki, h) for h, _ in my]), take(c)))
+        fills.append((parts[1], 2, np.stack([key_rows(vi, h) for h, _ in my]), take(c)))
+        if has_mask:
+            mrows = [np.broadcast_to(mi[h, s:s + tq].reshape(tq, blocks, tk).transpose(1, 0, 2)[None],
+                                     (passes, blocks, tq, tk)) for h, s in my]
+            fills.append((parts[2], 3, np.stack(mrows), take(c)))
+        drains.append((y_l3, np.stack([oi[h, s:s + tq] for h, s in my]), c))
+
+    operands = [q, k, v] + ([mask] if has_mask else []) + [out]
+    rt = io.Runtime()
+    with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
+        rt.start(*workers)
+        for fifo, i, idx, shim in fills:
+            for tap in df.taps(io, operands[i], idx):
+                rt.fill(fifo.prod(), args[i], tap=tap, placement=io.Tile(shim, 0))
+        for fifo, idx, c in drains:
+            for tap in df.taps(io, out, idx):
+                rt.drain(fifo.cons(), args[-1], tap=tap, placement=io.Tile(c, 0), wait=True)
+    params.update({"tq": tq, "tk": tk, "d": d, "heads": heads, "cores": cores, "items_per_core": per_core})
+    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+
+
+if __name__ == "__main__":
+    df.main(build)
