@@ -1,0 +1,25 @@
+"""`aie-apps build MODEL --target npu1|npu2`: compile a model and build its NPU artifacts into prebuilt/
+(kernels/build.py). Needs the pinned AIE toolchain; without it, says what to install and exits 1."""
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from sdk.errors import UsageError
+
+from .cli import app, command, out_json
+
+
+@app.command("build")
+@command
+def build(model: Annotated[str, typer.Argument(help="checkpoint folder or model name")],
+          target: Annotated[str, typer.Option("--target", help="npu1 (Phoenix / Hawk Point) | npu2 (Strix ...)")]):
+    """Build a model's NPU artifacts (xclbin + instructions on npu1, one full ELF on npu2) into prebuilt/."""
+    try:
+        from kernels import build as kernels_build
+    except ModuleNotFoundError:
+        raise UsageError("the kernels/ sources are not installed with this package",
+                         fix="run `aie-apps build` from a source checkout of aie-apps") from None
+    entry = kernels_build.build(model, target)
+    out_json({"key": entry["key"], "target": target, "files": entry["files"]})

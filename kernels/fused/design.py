@@ -1,0 +1,158 @@
+"""The whole-model design: one compiled sdk Program (sdk.compiler, target npu1 or npu2) as ONE device module
+whose runtime sequences run every kernel of a dispatch step in order, so a whole forward pass, or a whole
+decoder step, is one dispatch.
+
+How it is put together (the temporal-fusion recipe of IRON's fusion.py / mlir-aie's aiex.configure+run):
+- every kernel step of the program is built by its own design (kernels/<name>/design.py) into an
+  `aie.device` with one runtime sequence over one tensor per operand; steps that build the same design
+  (same kind, parameters, operand shapes and dtypes: every layer of a model) share one device;
+- a main device holds one runtime sequence per dispatch step of the program (`<entry>_<i>`), whose arguments
+  are the four arenas of the memory plan (weights, state, io, scratch) as byte buffers. For each kernel it
+  configures the kernel's device (`aiex.configure`, skipped when the previous kernel used the same device) and
+  runs its sequence (`aiex.run`) on typed views (`memref.view`) of the arenas at the operands' offsets;
+- weights stay in the weights arena for the life of the session and each layer's kernels stream their own
+  weights from it; KV caches live in the state arena; position and valid length are io-arena buffers the
+  maskgen kernel reads on the device, so the sequence never changes between steps.
+npu2 builds this module as one full ELF (`aiecc --get-full-elf`); npu1, which has no full-ELF dispatch, builds
+one xclbin holding every configuration plus one instruction stream per dispatch step (`--expand-load-pdis`),
+one dispatch per step from one xclbin. Never run on hardware (kernels/README.md).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kernels import dataflow as df
+from kernels import design_module, design_name
+from sdk.program import Program
+
+ARENAS = ("weights", "state", "io", "scratch")
+MLIR_TYPES = {"bfloat16": "bf16", "float32": "f32", "int32": "i32"}
+
+
+@dataclass
+class Run:
+    device: str
+    operands: list[tuple[str, str, int, int, str]]   # (buffer, arena, byte offset, elements, dtype)
+
+
+@dataclass
+class FusedDesign:
+    target: str
+    devices: dict[str, str] = field(default_factory=dict)           # device name -> its MLIR module text
+    parameters: dict[str, dict] = field(default_factory=dict)       # device name -> design parameters
+    sequences: dict[str, list[Run]] = field(default_factory=dict)   # "<entry>_<i>" -> kernels in order
+    arenas: dict[str, int] = field(default_factory=dict)
+    params: dict[str, list] = field(default_factory=dict)           # entry -> runtime parameter buffers
+
+    def mlir(self) -> str:
+        """The module aiecc compiles: every kernel device, then the main device with one sequence per dispatch."""
+        parts = ["module {"]
+        for name, text in self.devices.items():
+            parts.append(_named(text, name))
+        dev = "npu1" if self.target == "npu1" else "npu2"
+        parts.append(f"  aie.device({dev}) @main {{")
+        sig = ", ".join(f"%{a}: memref<{max(self.arenas[a], 4)}xi8>" for a in ARENAS)
+        for seq, runs in self.sequences.items():
+            parts.append(f"    aie.runtime_sequence @{seq}({sig}) {{")
+            current = None
+            for i, run in enumerate(runs):
+                if run.device != current:
+                    if current is not None:
+                        parts.append("      }")
+                    parts.append(f"      aiex.configure @{run.device} {{")
+                    current = run.device
+                names, types = [], []
+                for j, (_, arena, offset, elements, dtype) in enumerate(run.operands):
+                    t = f"memref<{elements}x{MLIR_TYPES[dtype]}>"
+                    parts.append(f"        %o{i}_{j} = arith.constant {offset} : index")
+                    parts.append(f"        %v{i}_{j} = memref.view %{arena}[%o{i}_{j}][] : "
+                                 f"memref<{max(self.arenas[arena], 4)}xi8> to {t}")
+                    names.append(f"%v{i}_{j}")
+                    types.append(t)
+                parts.append(f"        aiex.run @sequence({', '.join(names)}) : ({', '.join(types)})")
+            if current is not None:
+                parts.append("      }")
+            parts.append("    }")
+        parts += ["  }", "}"]
+        return "\n".join(parts) + "\n"
+
+    def manifest(self) -> dict:
+        """What the runtime needs besides the artifact: sequences per entry, arena sizes, parameter buffers."""
+        return {"target": self.target, "arenas": self.arenas, "params": self.params,
+                "sequences": {s: [r.device for r in runs] for s, runs in self.sequences.items()},
+                "devices": self.parameters}
+
+
+def build(program: Program, target: str | None = None) -> FusedDesign:
+    """The fused design of a compiled Program. Raises DesignError naming every kernel no design expresses."""
+    target = target or program.target
+    if target != program.target:
+        raise df.DesignError(f"the program was compiled for {program.target}, not {target}")
+    fused = FusedDesign(target, arenas={a: int(program.meta["arenas"].get(a, 0)) for a in ARENAS})
+    keys: dict[str, str] = {}
+    refused = []
+    for entry in program.entries.values():
+        fused.params[entry.name] = sorted({p for s in entry.steps if s.kind == "dispatch"
+                                           for p in s.attrs.get("params", [])})
+        dispatch = 0
+        for step in entry.steps:
+            if step.kind != "dispatch":
+                continue
+            runs = []
+            for k in step.body:
+                try:
+                    device = _device_for(fused, keys, k, program, target)
+                except df.DesignError as e:
+                    refused.append(f"{k.op} {k.attrs.get('name', '')}: {e.message}")
+                    continue
+                runs.append(Run(device, [_placed(program, n) for n in (*k.inputs, *k.outputs) if n is not None]))
+            fused.sequences[f"{_ident(entry.name)}_{dispatch}"] = runs
+            dispatch += 1
+    if refused:
+        raise df.DesignError(f"{len(refused)} kernel steps have no design that expresses them: "
+                             + "; ".join(refused[:8]) + ("; ..." if len(refused) > 8 else ""),
+                             fix="see the list of what the designs refuse in kernels/README.md")
+    return fused
+
+
+def _device_for(fused: FusedDesign, keys: dict, k, program: Program, target: str) -> str:
+    operands = [n for n in (*k.inputs, *k.outputs) if n is not None]
+    doc = {"design": design_name(k), "target": target, "op": k.op,
+           "attrs": {a: k.attrs[a] for a in ("head", "chain", "tiling", "views", "n_splits", "n_head") if a in k.attrs},
+           "operands": [(list(program.buffers[n].shape), program.buffers[n].dtype) for n in operands],
+           "inputs": [n is not None for n in k.inputs]}
+    key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    if key not in keys:
+        params: dict = {}
+        module = design_module(k).build(target, k, program.buffers, params)
+        name = f"{design_name(k)}_{key}"
+        keys[key] = name
+        fused.devices[name] = str(module)
+        fused.parameters[name] = {"design": design_name(k), "kind": k.op, **_plain(params)}
+    return keys[key]
+
+
+def _placed(program: Program, name: str) -> tuple:
+    b = program.buffers[name]
+    return (name, b.arena, b.offset, int(np.prod(b.shape, dtype=np.int64)), b.dtype)
+
+
+def _named(text: str, name: str) -> str:
+    """A design's module with its device named @name and its runtime sequence @sequence (what aiex.run calls)."""
+    body = re.sub(r"^\s*module\s*(attributes\s*\{[^}]*\}\s*)?\{", "", text.strip(), count=1)
+    body = body[:body.rstrip().rfind("}")]
+    body = re.sub(r"aie\.device\((\w+)\)\s*\{", lambda m: f"aie.device({m.group(1)}) @{name} {{", body, count=1)
+    return re.sub(r"(aiex?\.runtime_sequence)\s*(@\w+)?\s*\(", r"\1 @sequence(", body, count=1)
+
+
+def _ident(name: str) -> str:
+    return re.sub(r"\W", "_", name)
+
+
+def _plain(params: dict) -> dict:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in params.items()}
