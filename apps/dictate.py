@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -98,8 +99,8 @@ def _run_tool(argv: list[str], *, stdin: str | None = None) -> None:
 
 def type_text(text: str, tool: str) -> None:
     """Type text into the focused window. Newlines become spaces: dictation never presses Enter."""
-    text = " ".join(text.split())
-    if not text:
+    text = re.sub(r"[\r\n\t\v\f]+", " ", text)
+    if not text.strip():
         return
     if tool == "dotool":
         _run_tool(["dotool"], stdin=f"type {text}\n")
