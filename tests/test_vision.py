@@ -167,3 +167,28 @@ def test_live_transformers_clip_text(record_parity):
 def test_fixture_checkpoints_are_safetensors_with_expected_keys():
     keys = read_safetensors(VISION / "clip" / "model.safetensors")
     assert "logit_scale" in keys and any(k.startswith("vision_model.") for k in keys)
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("registers", [0, 4])
+def test_live_dinov2_small_geometry_runs_at_224(registers, tmp_path, record_parity):
+    """Real DINOv2 checkpoints are trained at 518 (37x37 patches) and run at the processor's 224 crop (16x16):
+    the position grid is resampled (bicubic; antialiased with registers). One layer keeps it quick."""
+    import torch
+    import transformers
+    kw = dict(image_size=518, patch_size=14, hidden_size=384, num_hidden_layers=1, num_attention_heads=6)
+    model = (transformers.Dinov2WithRegistersModel(transformers.Dinov2WithRegistersConfig(
+        num_register_tokens=registers, **kw)) if registers else
+        transformers.Dinov2Model(transformers.Dinov2Config(**kw))).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    model.save_pretrained(tmp_path)
+    x = np.random.default_rng(3).normal(size=(1, 3, 224, 224)).astype(np.float32)
+    with torch.no_grad():
+        ref = model(pixel_values=torch.tensor(x)).last_hidden_state.numpy()
+    cfg, weights = vit.load(tmp_path)
+    with Session([vit.graph(cfg, 1, 224)], weights, device="cpu") as s:
+        hidden = s.run(pixels=x)["hidden"]
+    assert hidden.shape == (1, 1 + registers + 256, 384)
+    assert record_parity(f"live.dinov2_518to224_reg{registers}", hidden, ref)[0] <= TOL
