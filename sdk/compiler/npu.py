@@ -7,14 +7,26 @@
   memory     four arenas (weights, state, io, scratch), offsets, scratch reused by liveness      memory.py
   schedule   one dispatch per entry run when every op is on the NPU; emit the Program           schedule.py
 
-The program's meta carries what a backend needs besides the steps: the packing recipes, the arena sizes,
-the target, and the content key of the program (design inputs + target + toolchain pin) that artifacts
-are stored under.
+The program is the contract with the emu and npu backends and with kernels/:
+- buffers: each with an arena (weights | state | io | scratch) and a byte offset; dtypes as stored on the
+  device (bf16 activations, fp32 residual stream and weight vectors, packed bf16 GEMM weights).
+- entry steps: `dispatch` (one NPU dispatch; attrs: params = runtime-parameter IO buffers it reads, kernels;
+  body = kernel steps in order) or `host` (one op from ops.py; attrs: attrs, views, reason).
+- kernel step: op = catalog kind; inputs / outputs = buffer names (None for an absent operand); attrs:
+  name, head {op, attrs} (the graph op the kernel is built around), n_head (head operands come first),
+  chain (epilogue ops: {op, attrs, operand index or None, swap}), views (per input: the access pattern,
+  a list of reshape / transpose / slice), dims (DMA dimensions per input), tiling (catalog.py), flops,
+  weight_bytes; GEMMs also n_splits (outputs' widths), prologue {op, attrs, operands} (a norm of A),
+  state_writes [{output, axis, views, pos}] (an output stored into a cache at a runtime position).
+- meta: layout (packing recipe per weights buffer, see layout.py; layout.weights_image builds the arena),
+  source_shapes, arenas (bytes per arena), npu_fraction, toolchain, content_key (design sources + steps +
+  placement + target + toolchain pin: what prebuilt artifacts are stored under).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Sequence
 
 from ..errors import UsageError
@@ -66,9 +78,29 @@ def _source_shape(graphs, name):
     raise KeyError(name)
 
 
+KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
+
+
+def design_sources(kinds) -> dict[str, str]:
+    """sha256 of each used kernel kind's design and kernel sources (kernels/<kind>/), where the tree has them."""
+    out = {}
+    for kind in sorted(kinds):
+        folder = KERNELS_DIR / kind
+        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".cc", ".h", ".py")) \
+            if folder.is_dir() else []
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+        out[kind] = h.hexdigest()[:16] if files else "absent"
+    return out
+
+
 def content_key(program: Program) -> str:
-    """Hash of everything a design depends on: the steps with their tilings, buffer placement, target, pin."""
-    doc = {"target": program.target, "toolchain": TOOLCHAIN_PIN,
+    """Hash of everything an artifact depends on: the design sources of the kernels it uses, the steps with their
+    tilings, buffer placement, target and toolchain pin."""
+    kinds = {k.op for e in program.entries.values() for s in e.steps for k in s.body}
+    doc = {"target": program.target, "toolchain": TOOLCHAIN_PIN, "designs": design_sources(kinds),
            "buffers": sorted((b.name, b.shape, b.dtype, b.arena, b.offset) for b in program.buffers.values()),
            "entries": {n: [schedule_doc(s) for s in e.steps] for n, e in program.entries.items()}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
