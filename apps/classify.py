@@ -198,13 +198,13 @@ def _run(source, clf, stats: Stats, max_frames, top_k, show, jsonl, device_name)
         stats.frames += 1
         if show:
             cv2.imshow(WINDOW, draw_overlay(frame.image, predictions, infer_ms, fps, device_name))
+            stats.ms["display"].append((time.perf_counter() - t3) * 1e3)  # drawing + imshow; pacing excluded
             wait_ms = 1
             if source.kind == "images":
                 wait_ms = int(IMAGE_SECONDS * 1e3)
             elif pace:
                 wait_ms = max(1, int((start + frame.index / source.fps - time.perf_counter()) * 1e3))
             key = cv2.waitKey(wait_ms) & 0xFF
-            stats.ms["display"].append((time.perf_counter() - t3) * 1e3)
             if key in (ord("q"), 27) or cv2.getWindowProperty(WINDOW, cv2.WND_PROP_VISIBLE) < 1:
                 return True
         if max_frames and stats.frames >= max_frames:
