@@ -12,7 +12,7 @@ import pytest
 from pipelines import audio
 from pipelines.conformer_asr import (ConformerOptions, ConformerRecognizer, TransducerDecoder, Vocabulary, ctc_greedy,
                                      sentencepiece_pieces)
-from sdk.errors import InputError, WeightError
+from sdk.errors import InputError, UsageError, WeightError
 from sdk.models import conformer, module_for
 from sdk.session import Session
 
@@ -97,6 +97,16 @@ def test_padding_is_masked_like_transformers(name, record_parity):
     out = _run_encoder(cfg, weights, golden["batch"][1, :n], bucket=160)
     _, rel = record_parity(f"{name}.padded", out["hidden"][0], golden["batch_hidden"][1, :out["hidden"].shape[1]])
     assert rel <= 1e-5
+
+
+def test_wrong_checkpoints_are_refused(tmp_path):
+    with pytest.raises(UsageError):
+        conformer.Config.from_dict({"model_type": "bert"})
+    shutil.copy(DIR / "gigaam_ctc" / "config.json", tmp_path / "config.json")  # a GigaAM config with Parakeet weights
+    shutil.copy(DIR / "parakeet_ctc" / "model.safetensors", tmp_path / "model.safetensors")
+    with pytest.raises(WeightError) as e:
+        conformer.load(tmp_path)
+    assert e.value.missing and e.value.unused
 
 
 def test_sharded_checkpoint_loads(tmp_path):

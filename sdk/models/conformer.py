@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import ops
+from ..errors import UsageError
 from ..graph import Graph, trace
 from ..weights import map_weights, read_config, read_safetensors
 
@@ -58,12 +59,15 @@ class Config:
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
         """From a transformers Parakeet config.json, or from GigaAM's (hydra) config saved as JSON."""
-        if d.get("model_type") == "gigaam":
+        kind = d.get("model_type")
+        if kind == "gigaam":
             return cls._from_gigaam(d)
+        if kind not in ("parakeet_ctc", "parakeet_tdt", "parakeet_rnnt"):
+            raise UsageError(f"model_type {kind!r} is not a conformer ASR model",
+                             fix="use a Parakeet CTC/TDT/RNN-T (transformers format) or GigaAM checkpoint folder")
         enc = d.get("encoder_config") or {}
         own = {f.name: enc[f.name] for f in fields(cls) if f.name in enc and f.name != "model_type"}
-        kind = d.get("model_type", "parakeet_ctc")
-        head = {"parakeet_ctc": "ctc", "parakeet_tdt": "tdt", "parakeet_rnnt": "rnnt"}.get(kind, "ctc")
+        head = {"parakeet_ctc": "ctc", "parakeet_tdt": "tdt", "parakeet_rnnt": "rnnt"}[kind]
         blank = d.get("pad_token_id", 1024) if head == "ctc" else d.get("blank_token_id", 8192)
         dec = d.get("decoder_hidden_size", 640)
         return cls(**own, model_type=kind, head=head, vocab_size=d.get("vocab_size", 1025), blank_id=blank,
