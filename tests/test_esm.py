@@ -137,13 +137,15 @@ def test_eager_numpy_forward_equals_the_compiled_graph():
 
 
 @pytest.mark.reference
-def test_live_against_transformers(tmp_path, record_parity):
-    """A fresh random EsmModel (no `esm.` prefix, plain weight/bias names) against transformers, live."""
+@pytest.mark.parametrize("emb_layer_norm_before", [False, True])
+def test_live_against_transformers(tmp_path, record_parity, emb_layer_norm_before):
+    """A fresh random EsmModel (no `esm.` prefix, plain weight/bias names) against transformers, live; also with
+    the optional layer norm after the embeddings."""
     import torch
     import transformers
-    from dataclasses import asdict
+    from dataclasses import asdict, replace
     torch.manual_seed(1)
-    cfg = esm.TINY
+    cfg = replace(esm.TINY, emb_layer_norm_before=emb_layer_norm_before)
     model = transformers.EsmModel(transformers.EsmConfig(**asdict(cfg), hidden_dropout_prob=0.0,
                                                          attention_probs_dropout_prob=0.0)).eval()
     model.save_pretrained(tmp_path)
@@ -162,6 +164,6 @@ def test_live_against_transformers(tmp_path, record_parity):
     out = _run(ours_cfg, weights, ids, mask, range(cfg.num_hidden_layers + 1))
     valid = mask[..., None] > 0
     for k in range(cfg.num_hidden_layers + 1):
-        max_abs, _ = record_parity(f"esm.live.layer_{k}", np.where(valid, out[f"layer_{k}"], 0),
+        max_abs, _ = record_parity(f"esm.live{'.emb_ln' if emb_layer_norm_before else ''}.layer_{k}", np.where(valid, out[f"layer_{k}"], 0),
                                    np.where(valid, ref[k].numpy(), 0))
         assert max_abs <= 1e-4
