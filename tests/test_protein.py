@@ -303,6 +303,18 @@ def test_cli_stdin_jsonl_per_residue_and_policies(tmp_path):
     assert r.exit_code == 1 and "long (line 5) has 50 residues" in r.stderr
 
 
+def test_emulated_npu_one_dispatch_per_batch_and_close_to_cpu(tmp_path, embedder):
+    """Emulated (no NPU here): the same pipeline on the functional NPU emulator, bf16 numerics."""
+    sequences = ["MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "GSHMLEDPVDAFQA", "MQIFVKTLTGKTITLE"]
+    with ProteinEmbedder(str(MODEL), device="emu", options=ProteinOptions(toks_per_batch=64)) as e:
+        vectors = e.embed(sequences)
+        assert e.session.counters.dispatches == e.session.counters.runs == 2  # one dispatch per batch
+        assert e.report()["npu_fraction"]["ops"] == 1.0
+    np.testing.assert_allclose(vectors, embedder.embed(sequences), atol=3e-2)
+    r = runner.invoke(app, ["embed", "-", "--model", str(MODEL), "--device", "emu"], input=">a\nMKTAYIAKQR\n")
+    assert r.exit_code == 0 and "on emu (requested emu, 100% of ops on the NPU)" in r.stderr
+
+
 def test_cli_per_residue_npz_is_ragged_with_offsets(tmp_path):
     out = tmp_path / "r.npz"
     r = _embed("-", "-o", out, "--pooling", "per-residue", input=">a\nMKTAYI\n>b\nGS\n>c\nMKTAYIAKQRQISFVKSH\n")
