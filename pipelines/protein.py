@@ -65,7 +65,9 @@ class EsmTokenizer:
         for part in parts:
             if part.startswith("<") and part in self.ids:
                 out.append(np.array([self.ids[part]], np.int32))
-            elif part:
+                offset += 1
+                continue
+            if part:
                 raw = np.frombuffer(part.encode("utf-8", "replace"), np.uint8)
                 ids = self._lut[raw]
                 if (ids < 0).any() or len(raw) != len(part):

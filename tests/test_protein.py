@@ -47,7 +47,7 @@ def test_tokenizer_matches_transformers_esm_tokenizer(golden):
     assert tok.encode("MJK").tolist() == [0, 20, 3, 15, 2]  # J is not a residue the alphabet knows: <unk>
 
 
-@pytest.mark.parametrize("bad,position", [("MK1L", 3), ("MK L", 3), ("MKÄL", 3), ("MK*", 3), ("<foo>A", 1)])
+@pytest.mark.parametrize("bad,position", [("MK1L", 3), ("MK L", 3), ("MKÄL", 3), ("MK*", 3), ("<foo>A", 1), ("M<mask>K1", 4)])
 def test_tokenizer_rejects_non_residues_with_position(bad, position):
     with pytest.raises(InputError, match=f"at residue {position} "):
         EsmTokenizer().encode(bad)
