@@ -59,18 +59,19 @@ def test_runtime_parameters_are_slots_not_constants():
     assert "pos" in p.entry("decode_step").inputs
 
 
-def test_integer_arithmetic_stays_on_the_host_and_is_reported():
-    def fn(w, ids):
-        shifted = ids + w["offset"]  # integer add: no NPU kernel
-        return {"x": ops.gelu(ops.embedding(w["table"], shifted))}
+def test_ops_without_an_npu_kernel_stay_on_the_host_and_are_reported():
+    def fn(w, x, ids):
+        rows = ids + w["offset"]  # integer add: an NPU kernel (index arithmetic)
+        y = ops.conv1d(x, w["c"], None, padding=2, dilation=2)  # dilated convolution: no NPU kernel
+        return {"y": ops.gelu(y) + ops.embedding(w["table"], rows).reshape(1, 4, 8)}
 
-    g = trace(fn, name="f", weights={"table": (10, 8), "offset": (1, 4)}, inputs={"ids": ((1, 4), "int32")})
+    g = trace(fn, name="f", weights={"table": (10, 8), "offset": (1, 4), "c": (4, 4, 3)},
+              inputs={"x": ((1, 4, 8), "float32"), "ids": ((1, 4), "int32")})
     g.values["offset"] = g.values["offset"].__class__("offset", (1, 4), "int32", "weight")  # an int weight
     p = compiler.compile([g], "npu2")
-    kinds = [s.kind for s in p.entry(None).steps]
-    assert kinds == ["host", "dispatch"]
+    assert [s.kind for s in p.entry(None).steps] == ["dispatch", "host", "dispatch"]
     frac = p.meta["npu_fraction"]
-    assert frac["host_ops"] == ["add"] and 0 < frac["ops"] < 1
+    assert frac["host_ops"] == ["conv1d"] and 0 < frac["ops"] < 1 and 0 < frac["flops"] < 1
 
 
 def test_tile_major_packing_transposes_pads_and_round_trips():

@@ -99,11 +99,14 @@ def test_every_registered_architecture_has_a_parity_case():
 
 
 def _run_all(session, runs):
+    """Outputs of each run, and the counters each run added."""
     state = session.new_state()
-    outs = []
+    outs, counts = [], []
     for entry, inputs in runs:
+        session.counters.reset()
         outs.append(session.run(entry, state, **inputs))
-    return outs
+        counts.append(session.counters.snapshot())
+    return outs, counts
 
 
 @pytest.mark.parametrize("target", ["npu1", "npu2"])
@@ -112,7 +115,10 @@ def test_emu_matches_cpu(name, target, record_parity):
     graphs, weights, runs = CASES[name]()
     with Session(graphs, weights, device="cpu") as cpu, Session(graphs, weights, device="emu", target=target) as emu:
         assert emu.program.target == target and emu.report()["npu_fraction"]["ops"] > 0.9
-        for (entry, _), ref, ours in zip(runs, _run_all(cpu, runs), _run_all(emu, runs)):
+        (refs, _), (results, counts) = _run_all(cpu, runs), _run_all(emu, runs)
+        for (entry, _), ref, ours, c in zip(runs, refs, results, counts):
+            # every forward, window or decoder step of every architecture: ONE dispatch, no weight traffic
+            assert (c["dispatches"], c["host_ops"], c["weight_bytes_to_device"]) == (1, 0, 0), (entry, c)
             for key in ref:
                 if np.asarray(ref[key]).dtype.kind != "f":
                     continue

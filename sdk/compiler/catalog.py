@@ -17,7 +17,8 @@ tiling recorded here in each kernel step of a program). Kinds:
   maskgen     causal / length masks and positions from runtime parameters
   state_write cache_write / assign into the state arena at a runtime offset (DMA only)
   concat, pad, copy  data movement by DMA access patterns (no core code)
-Ops without a kind here, integer arithmetic, dilated or grouped (non-depthwise) convolutions run on the host.
+Ops without a kind here, integer division and integer math beyond add/sub/mul, dilated or grouped
+(non-depthwise) convolutions run on the host.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ PROGRAM_BYTES = {"gemm": 6 * KB, "bmm": 6 * KB, "conv": 7 * KB, "mha": 10 * KB, 
                  "pool": 3 * KB, "gather": 0, "maskgen": 1 * KB, "state_write": 0, "concat": 0, "pad": 0, "copy": 0}
 EPILOGUE_OP_BYTES = 512
 PROLOGUE_BYTES = 1536  # a norm run on the A rows inside the GEMM
+INTEGER_ELTWISE = {"add", "sub", "mul"}  # int32 vector ALU ops (index arithmetic); no integer divide on the core
 DMA_ONLY = {"gather", "state_write", "concat", "pad", "copy"}
 MATMUL_KINDS = {"gemm", "bmm", "conv"}
 
@@ -55,7 +57,9 @@ def supports(kernel, dtype_of, shape_of) -> str:
         return f"no NPU kernel for {node.op}"
     n_head = 3 if kernel.kind == "gemm" else len(node.inputs)  # runtime parameters may follow
     float_in = [dtype_of(r) == "float32" for r in kernel.inputs[:n_head] if r is not None]
-    if kernel.kind in ("eltwise", "gemm", "bmm", "softmax", "norm", "reduce", "rope", "argmax", "pool", "mha") \
+    if kernel.kind == "eltwise" and not all(float_in) and node.op not in INTEGER_ELTWISE:
+        return f"{node.op} on integers runs on the host"
+    if kernel.kind in ("gemm", "bmm", "softmax", "norm", "reduce", "rope", "argmax", "pool", "mha") \
             and not all(float_in):
         return f"{node.op} on integers runs on the host"
     if kernel.kind == "conv":

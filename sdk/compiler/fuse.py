@@ -108,8 +108,10 @@ def fuse(graph: Graph, target: Target) -> Fused:
             k.outputs = [alias[node.output]]
             k.inputs[0] = Ref(alias[node.output])  # the kernel writes the state buffer itself
         kernels.append(k)
-        # absorb the elementwise consumers of the running result into the epilogue
-        while k.kind in EPILOGUE_KINDS and len(k.outputs) == 1:
+        on_host = catalog.supports(k, lambda r: graph.values[r.value].dtype, lambda r: _shape_after(graph, r)
+                                   if not isinstance(r, str) else graph.values[r].shape)
+        # absorb the elementwise consumers of the running result into the epilogue (NPU kernels only)
+        while k.kind in EPILOGUE_KINDS and len(k.outputs) == 1 and not on_host:
             out = k.outputs[0]
             users = consumers.get(out, [])
             if out in outputs or len(users) != 1 or graph.values[out].dtype != "float32":
