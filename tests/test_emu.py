@@ -226,20 +226,30 @@ def test_a_wrong_tile_transpose_is_caught_by_parity(monkeypatch, record_parity):
     assert rel > 10 * TOL
 
 
-def test_a_tiling_over_l1_is_refused_naming_kernel_and_limit():
-    graphs, weights, _ = _bert()
-    with Session(graphs, weights, device="emu") as s:
-        program = s.program
+def _tampered(program, change):
+    """The program with its first GEMM step's attrs changed by `change(attrs) -> attrs`."""
     entry = next(iter(program.entries.values()))
     dispatch = entry.steps[0]
     i, gemm = next((i, k) for i, k in enumerate(dispatch.body) if k.op == "gemm")
-    huge = dataclasses.replace(gemm, attrs={**gemm.attrs, "tiling": {**gemm.attrs["tiling"], "m": 128, "k": 128}})
-    body = dispatch.body[:i] + (huge,) + dispatch.body[i + 1:]
+    body = dispatch.body[:i] + (dataclasses.replace(gemm, attrs=change(dict(gemm.attrs))),) + dispatch.body[i + 1:]
     bad_entry = dataclasses.replace(entry, steps=(dataclasses.replace(dispatch, body=body),) + entry.steps[1:])
-    bad = dataclasses.replace(program, entries={entry.name: bad_entry})
+    return dataclasses.replace(program, entries={entry.name: bad_entry})
+
+
+@pytest.mark.parametrize("change,limit", [
+    (lambda a: a | {"tiling": a["tiling"] | {"m": 128, "k": 128}}, r"L1.*64 KB"),
+    (lambda a: a | {"chain": a["chain"] + [{"op": "relu", "attrs": {}, "operand": None, "swap": False}] * 30},
+     r"program memory.*16 KB"),
+    (lambda a: a | {"dims": [6]}, r"6 dimensions.*memtile buffer descriptor has 4"),
+    (lambda a: a | {"tiling": a["tiling"] | {"epilogue_operands": 5}}, r"input DMA channels"),
+], ids=["l1", "program-memory", "bd-dimensions", "dma-channels"])
+def test_a_program_over_a_hardware_limit_is_refused_naming_kernel_and_limit(change, limit):
     from sdk.runtime.emu import EmuBackend
-    with pytest.raises(ProgramError, match=r"kernel gemm .*L1.*64 KB"):
-        EmuBackend().load(bad, weights)
+    graphs, weights, _ = _bert()
+    with Session(graphs, weights, device="emu") as s:
+        program = s.program
+    with pytest.raises(ProgramError, match=r"kernel gemm .*" + limit):
+        EmuBackend().load(_tampered(program, change), weights)
 
 
 def test_programs_round_trip_to_disk_and_run(tmp_path):
