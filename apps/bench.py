@@ -39,12 +39,15 @@ def _presets():
 
 def _graphs(family: str, cfg, length: int):
     """The graphs a benchmark runs, and the entries in run order (one shared state)."""
-    from sdk.models import bert, esm, resnet, vit, whisper
+    from sdk.models import bert, clip, conformer, esm, resnet, vit, whisper
     if family == "whisper":
         return whisper.graphs(cfg), ["encode", "decode_step"]
     builders = {"bert": lambda: bert.graph(cfg, 1, length), "esm": lambda: esm.graph(cfg, 1, length),
                 "vit": lambda: vit.graph(cfg, 1), "dinov2": lambda: vit.graph(cfg, 1),
-                "resnet": lambda: resnet.graph(cfg, 1)}
+                "dinov2_with_registers": lambda: vit.graph(cfg, 1), "clip": lambda: clip.image_graph(cfg, 1),
+                "resnet": lambda: resnet.graph(cfg, 1),
+                **{t: (lambda: conformer.encoder_graph(cfg, length))
+                   for t in ("parakeet_ctc", "parakeet_tdt", "parakeet_rnnt", "gigaam")}}
     if family not in builders:
         raise UsageError(f"bench does not know how to drive a {family!r} model",
                          fix=f"use one of {sorted(builders) + ['whisper']}, or a preset: {sorted(_presets())}")
@@ -88,7 +91,7 @@ def bench(
                                               "esm2-35m")],
     device: DeviceOpt = "emu",
     target: TargetOpt = "npu2",
-    length: Annotated[int, typer.Option("--length", help="sequence length for text/protein encoders")] = 128,
+    length: Annotated[int, typer.Option("--length", help="sequence length (tokens, residues or feature frames)")] = 128,
     runs: Annotated[int, typer.Option("--runs", help="measured runs per entry")] = 3,
     estimate_only: Annotated[bool, typer.Option("--estimate-only", help="compile and estimate; run nothing")] = False,
     json: JsonOpt = False,

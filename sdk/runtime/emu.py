@@ -4,8 +4,10 @@ It does what the device does, in the device's terms: four arenas of bytes (weigh
 scratch and io per executable; state per State object), each kernel step reading its operands out of the
 arenas through their access patterns and storing its result back, the packed weight layouts decoded the way
 the kernel's DMA reads them, and the NPU's numerics:
-- bf16 storage of every floating-point activation, weight and state value, rounded to nearest even;
-- fp32 accumulation and fp32 epilogues (bias, activation, residual) before the one bf16 store per kernel;
+- values stored in the dtypes the program gives their buffers: bf16 (round to nearest even) for activations,
+  matrices and KV caches; fp32 for the residual stream, weight vectors and io;
+- matmul operands enter the MACs as bf16; fp32 accumulation and fp32 epilogues (bias, activation, residual)
+  before the one store per kernel;
 - GEMMs whose tiling asks for "bfp16" precision (AIE2P only) round both operands to bfp16 (blocks of 8
   sharing an exponent, 8-bit signed mantissas, round to nearest even);
 - exp as 2^(x log2 e) with a degree-6 polynomial for the fraction, and GELU / SiLU / sigmoid / tanh /
