@@ -187,10 +187,12 @@ def _affine(index: np.ndarray) -> bool:
 @dataclass
 class Stream:
     """One input (or the output) of a per-core design: the operand, its object type, and for each core the
-    element index of everything it moves, in order."""
+    element index of everything it moves, in order; `lead` is what comes first on the same fifo from another
+    operand (a bias ahead of the weights), as (operand, index per core)."""
     operand: Operand
     obj_type: type
     per_core: list[np.ndarray]
+    lead: tuple | None = None
 
 
 def per_core_design(target_name: str, name: str, inputs: list[Stream], output: Stream, kernels: list,
@@ -202,7 +204,7 @@ def per_core_design(target_name: str, name: str, inputs: list[Stream], output: S
     cores = len(output.per_core)
     if cores > target.columns or len(inputs) > target.shim_channels:
         raise DesignError(f"{cores} cores with {len(inputs)} inputs each exceed the shims' channels")
-    operands = [s.operand for s in inputs] + [output.operand]
+    operands = [s.operand for s in inputs] + [s.lead[0] for s in inputs if s.lead] + [output.operand]
     workers, transfers = [], []
     for c in range(cores):
         ins = [io.ObjectFifo(s.obj_type, depth=2, name=f"{name}_in{i}_c{c}") for i, s in enumerate(inputs)]
@@ -211,19 +213,48 @@ def per_core_design(target_name: str, name: str, inputs: list[Stream], output: S
                 for k, (n, dt, init) in state.items()]
         workers.append(io.Worker(body, [f.cons() for f in ins] + [out.prod()] + bufs + kernels + list(args),
                                  placement=io.Tile(c, 2), stack_size=STACK_BYTES))
+        lead = len(inputs)
+        for f, st in zip(ins, inputs):
+            if st.lead:
+                transfers.append(("fill", f, lead, st.lead[1][c], c))
+                lead += 1
         transfers += [("fill", f, i, s.per_core[c], c) for i, (f, s) in enumerate(zip(ins, inputs))]
-        transfers.append(("drain", out, len(inputs), output.per_core[c], c))
+        transfers.append(("drain", out, len(operands) - 1, output.per_core[c], c))
+    # Work items go in task groups small enough that each shim's buffer descriptors are reused: a group's fills
+    # and drains are issued, its drains awaited, and its descriptors freed before the next group.
+    # Streams with one object per output object go in task groups small enough that each shim's buffer
+    # descriptors are reused (a group's drains are awaited and its descriptors freed before the next group);
+    # the others (resident weights) stay in one group open for the whole sequence.
+    n_items = output.per_core[0].shape[0]
+    paced = [t for t in transfers if t[3].shape[0] == n_items]
+    steady = [t for t in transfers if t[3].shape[0] != n_items]
+    steady_bds = max([sum(len(taps(io, operands[i], idx)) for _, _, i, idx, c2 in steady if c2 == c)
+                      for c in range(cores)] or [0])
+    group = n_items
+    while group > 1 and steady_bds + sum(len(taps(io, operands[i], idx[:group])) for _, _, i, idx, c in paced
+                                         if c == 0) > target.shim_bds:
+        group = (group + 1) // 2
     rt = io.Runtime()
+
+    def issue(batch, tg, lo=None, hi=None):
+        for kind, fifo, i, idx, c in batch:
+            for tap in taps(io, operands[i], idx if lo is None else idx[lo:hi]):
+                if kind == "fill":
+                    rt.fill(fifo.prod(), rt_args[i], tap=tap, task_group=tg, placement=io.Tile(c, 0))
+                else:
+                    rt.drain(fifo.cons(), rt_args[i], tap=tap, task_group=tg, placement=io.Tile(c, 0), wait=True)
+
     with rt.sequence(*[tensor(o.elements, o.dtype) for o in operands]) as rt_args:
         rt_args = rt_args if isinstance(rt_args, tuple) else (rt_args,)
         rt.start(*workers)
-        for kind, fifo, i, idx, c in transfers:
-            for tap in taps(io, operands[i], idx):
-                if kind == "fill":
-                    rt.fill(fifo.prod(), rt_args[i], tap=tap, placement=io.Tile(c, 0))
-                else:
-                    rt.drain(fifo.cons(), rt_args[i], tap=tap, placement=io.Tile(c, 0), wait=True)
-    params["cores"] = cores
+        resident = rt.task_group()
+        issue(steady, resident)
+        for lo in range(0, n_items, group):
+            tg = rt.task_group()
+            issue(paced, tg, lo, lo + group)
+            rt.finish_task_group(tg)
+        rt.finish_task_group(resident)
+    params.update({"cores": cores, "items_per_group": group})
     return io.Program(device(io, target_name), rt).resolve_program(io.SequentialPlacer())
 
 

@@ -281,9 +281,15 @@ class Transfer:
     task_group: object = None
 
 
+class TaskGroup:
+    pass
+
+
 class Runtime:
     def __init__(self, strict_task_groups=True):
         self.data, self.transfers, self.started, self.open_groups = [], [], [], 0
+        self.live: dict = {}       # shim tile -> buffer descriptors in use now
+        self.peak: dict = {}       # shim tile -> the most ever in use at once
 
     @contextlib.contextmanager
     def sequence(self, *types):
@@ -294,10 +300,14 @@ class Runtime:
 
     def task_group(self):
         self.open_groups += 1
-        return object()
+        return TaskGroup()
 
     def finish_task_group(self, tg):
+        """Frees the group's buffer descriptors (its drains awaited)."""
         self.open_groups -= 1
+        for t in self.transfers:
+            if t.task_group is tg:
+                self.live[t.placement] -= 1
 
     def start(self, *workers):
         self.started += workers
@@ -309,6 +319,8 @@ class Runtime:
             tap = TensorAccessPattern((data.elements,), 0, [1, 1, 1, data.elements], [0, 0, 0, 1])
         handle.endpoint = "runtime"
         self.transfers.append(Transfer(kind, handle, data, tap, placement, task_group))
+        self.live[placement] = self.live.get(placement, 0) + 1  # one descriptor per transfer until freed
+        self.peak[placement] = max(self.peak.get(placement, 0), self.live[placement])
 
     def fill(self, in_fifo, source, tap=None, task_group=None, wait=False, placement=AnyShimTile):
         assert in_fifo.is_prod
@@ -349,6 +361,13 @@ class Record:
 
     def snapshot(self) -> "Record":
         return Record(self.fifos, self.links, self.workers, self.calls, self.device, self.runtime)
+
+    def __str__(self) -> str:
+        """A module in the shape IRON prints (device, runtime sequence), for the fused design's composition."""
+        args = ", ".join(f"%arg{i}: memref<{d.elements}x{d.dtype}>" for i, d in enumerate(self.runtime.data))
+        return (f"module {{\n  aie.device({self.device.name}) {{\n"
+                f"    // {len(self.workers)} workers, {len(self.fifos)} object fifos\n"
+                f"    aiex.runtime_sequence({args}) {{\n    }}\n  }}\n}}\n")
 
 
 RECORD = Record()
@@ -505,7 +524,6 @@ def _check_channels_and_bds(rec, target):
         if key not in seen:
             seen.add(key)
             add(mm2s if t.kind == "fill" else s2mm, t.placement)
-        add(bds, t.placement)
         live = [(n, s) for n, s in zip(t.tap.sizes, t.tap.strides) if n > 1]
         if len(live) > target.shim_dims + 1:  # three dimensions plus the repeat count
             found.append(f"shim {t.placement}: a {t.kind} of {t.handle.fifo.name} has {len(live)} dimensions")
@@ -514,6 +532,8 @@ def _check_channels_and_bds(rec, target):
         if t.tap.sizes[-1] * t.data.dtype.itemsize % 4:
             found.append(f"shim {t.placement}: {t.kind} of {t.handle.fifo.name} moves rows of "
                          f"{t.tap.sizes[-1] * t.data.dtype.itemsize} bytes, not whole 32-bit words")
+    for tile, peak in rec.runtime.peak.items():  # descriptors in use at once (task groups free theirs)
+        add(bds, tile, peak)
     limits = {"core": (target.core_channels, target.core_bds), "memtile": (target.memtile_channels,
                                                                           target.memtile_bds),
               "shim": (target.shim_channels, target.shim_bds)}

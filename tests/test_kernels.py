@@ -487,8 +487,8 @@ def test_conv2d_rows_match_emu(lib, record_parity, case):
     chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
     oy = np.zeros(1, np.int32)
     out = np.zeros((1, cout, ho, wo), np.float32)
-    for r in range(ho):  # the band the design streams: rows clamped into the image
-        rows = np.clip(np.arange(r * s - p, r * s - p + kh), 0, H - 1)
+    for r in range(ho):  # the band the design streams: kh rows from the first row clamped into the image
+        rows = np.clip(r * s - p, 0, H - kh) + np.arange(kh)
         band = np.ascontiguousarray(x[0][:, rows, :])
         y = np.zeros(cout * wo, BF16)
         call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 0, cin, W, cout, case["groups"], kh, kh,
@@ -519,7 +519,7 @@ def test_maxpool_matches_emu(lib):
     oy = np.zeros(1, np.int32)
     out = np.zeros(ref.shape, np.float32)
     for r in range(ref.shape[2]):
-        rows = np.clip(np.arange(r * 2 - 1, r * 2 + 2), 0, 6)
+        rows = np.clip(r * 2 - 1, 0, 7 - 3) + np.arange(3)
         y = np.zeros(3 * ref.shape[3], BF16)
         call(k, "maxpool_row", np.ascontiguousarray(x[0][:, rows, :]), 0, y, 0, 3, 7, 3, 2, 1, ref.shape[3], 7,
              ref.shape[2], oy)

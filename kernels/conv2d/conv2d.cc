@@ -1,7 +1,8 @@
 // conv2d (and non-depthwise conv1d as H = 1) for ResNet and patch embeddings, one output row at a time in
-// NCHW order (emu.py _conv -> ops.conv2d is the spec). The design streams the input band x [cin][kh][w]
-// (the KH input rows this output row reads, every channel; rows outside the image are clamped to the edge by
-// the design and skipped here, the kernel knowing its output row from the counter `oy` in L1), the weight
+// NCHW order (emu.py _conv -> ops.conv2d is the spec). The design streams the input band x [cin][kh][w]:
+// kh consecutive image rows starting at the output row's first row clamped into [0, height - kh], so every
+// band is one affine read; rows the output row needs outside the image are zero padding (the kernel knows its
+// output row from the counter `oy` in L1 and skips them). The weight
 // slice w [cout][cin/groups][kh][kw] (bf16, stored plain in the weights arena) and writes y [cout][wo]:
 // y = bias + sum over (ci, kh, kw) w . x, zero padding left and right, fp32 accumulation, then the
 // operand-free epilogue and one store. x and y are bf16, or fp32 (the residual stream) when flagged; the
@@ -21,6 +22,8 @@ NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const fl
   NPU_ROUND_EVEN();
   npu_vec xv = {x, x_f32};
   const int32_t cg = cin / groups, og = cout / groups, top = *oy * stride - pad;
+  const int32_t bh = kh < height ? kh : height;  // band rows: kh, or the whole image when it is smaller
+  const int32_t start = top < 0 ? 0 : (top + bh > height ? height - bh : top);
   const int32_t kh_lo = top < 0 ? -top : 0, kh_hi = top + kh > height ? height - top : kh;
   *oy = *oy + 1 == ho ? 0 : *oy + 1;
   for (int32_t o = 0; o < cout; ++o) {
@@ -32,7 +35,9 @@ NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const fl
           for (int32_t s = 0; s < kw; ++s) {
             const int32_t ix = ox * stride + s - pad;
             if (ix < 0 || ix >= width) continue;
-            sum += to_f32(w[((o * cg + c) * kh + r) * kw + s]) * npu_mac_operand(xv, ((g * cg + c) * kh + r) * width + ix);
+            const int32_t band_row = top + r - start;
+            sum += to_f32(w[((o * cg + c) * kh + r) * kw + s]) *
+                   npu_mac_operand(xv, ((g * cg + c) * bh + band_row) * width + ix);
           }
       if (has_bias) sum += bias[j0 + o];
       npu_put(y, y_f32, o * wo + ox, npu_epilogue_unary(sum, chain, n_chain, imm));

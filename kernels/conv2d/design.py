@@ -55,7 +55,7 @@ def build(target: str, step, buffers: dict, params: dict):
     blocks = cout // cout_b
     cores = max(c for c in range(1, min(step.attrs["tiling"]["cores"], hw.columns, blocks) + 1) if blocks % c == 0)
     mine = blocks // cores
-    band = cin * kh * W
+    band = cin * min(kh, H) * W
     l1 = 2 * band * x.dtype.itemsize + 2 * cout_b * per_out * 2 + 2 * cout_b * wo * out.dtype.itemsize \
         + 4 * mine * cout_b
     if l1 > L1_BUDGET:
@@ -64,20 +64,26 @@ def build(target: str, step, buffers: dict, params: dict):
     wobj = cout_b * per_out                                  # bf16 elements of one weight object
     floats = wobj // 2
     n_bias = mine * cout_b
-    bias_objects = math.ceil(n_bias / floats) if has_bias else 0
+    span = math.lcm(n_bias, floats)                          # the core's biases, repeated to whole objects
+    bias_objects = span // floats if has_bias else 0
+    if bias_objects > 16:
+        raise df.DesignError(f"{bias_objects} objects to carry {n_bias} biases: needs channel-chunked accumulation")
 
-    rows = np.clip(np.arange(ho)[:, None] * sh - ph + np.arange(kh)[None], 0, H - 1)      # [ho, kh]
+    bh = min(kh, H)                                                                       # band rows
+    start = np.clip(np.arange(ho) * sh - ph, 0, H - bh)                                  # each band's first row
+    rows = start[:, None] + np.arange(bh)[None]                                           # [ho, bh]
     band_of = lambda b: xi[b][:, rows].transpose(1, 0, 2, 3)                              # [ho, cin, kh, W]  # noqa: E731
     x_core, w_core, y_core = [], [], []
     for c in range(cores):
         blks = list(range(c, blocks, cores))
-        x_core.append(np.stack([band_of(b) for _ in blks for b in range(B)]))
+        x_core.append(np.stack([band_of(b) for _ in blks for b in range(B)]).reshape(-1, cin, bh, W))  # per row
         wparts = []
         if has_bias:
-            seq = np.concatenate([bias.index[j * cout_b:(j + 1) * cout_b] for j in blks])
-            wparts.append(np.resize(seq, bias_objects * floats).reshape(bias_objects, floats))
+            seq = bias.index.reshape(blocks, cout_b)[c::cores]
+            wparts.append(np.broadcast_to(seq[None], (span // n_bias,) + seq.shape))
         w_core.append((wparts, np.stack([wi[j * cout_b:(j + 1) * cout_b] for j in blks])))
-        y_core.append(np.stack([oi[b, j * cout_b:(j + 1) * cout_b].transpose(1, 0, 2) for j in blks for b in range(B)]))
+        y_core.append(np.stack([oi[b, j * cout_b:(j + 1) * cout_b].transpose(1, 0, 2) for j in blks
+                                for b in range(B)]).reshape(-1, cout_b, wo))
 
     io = df.iron()
     i32 = np.int32
@@ -108,48 +114,11 @@ def build(target: str, step, buffers: dict, params: dict):
                 y_out.release(1)
             w_in.release(1)
 
-    inputs = [df.Stream(x, x_t, x_core),
-              df.Stream(w, w_t, [np.concatenate([p.reshape(-1) for p in wp] + [wb.reshape(-1)]) if wp else wb
-                                 for wp, wb in w_core])]
-    if has_bias:  # the bias objects come from the bias tensor: a third operand on the same fifo
-        return _with_bias(target, step, x, w, bias, out, inputs, y_core, y_t, kernels, state, body, mine, B, params,
-                          bias_objects, floats, w_core)
+    lead = (bias, [wp[0] for wp, _ in w_core]) if has_bias else None
+    inputs = [df.Stream(x, x_t, x_core), df.Stream(w, w_t, [wb for _, wb in w_core], lead)]
     params.update({"cout_block": cout_b, "blocks_per_core": mine, "band": band})
     return df.per_core_design(target, "conv2d", inputs, df.Stream(out, y_t, y_core), kernels, state, body,
                               [mine, B], params)
-
-
-def _with_bias(target, step, x, w, bias, out, inputs, y_core, y_t, kernels, state, body, mine, B, params,
-               bias_objects, floats, w_core):
-    """per_core_design with the weight fifo also filled, first, from the bias tensor."""
-    io = df.iron()
-    hw = TARGETS[target]
-    cores = len(y_core)
-    operands = [x, w, bias, out]
-    workers, fills, drains = [], [], []
-    for c in range(cores):
-        xf = io.ObjectFifo(inputs[0].obj_type, depth=2, name=f"conv2d_x_c{c}")
-        wf = io.ObjectFifo(inputs[1].obj_type, depth=2, name=f"conv2d_w_c{c}")
-        yf = io.ObjectFifo(y_t, depth=2, name=f"conv2d_y_c{c}")
-        bufs = [io.GlobalBuffer(df.tensor(n, dt), name=f"conv2d_{k}_c{c}", initial_value=init)
-                for k, (n, dt, init) in state.items()]
-        workers.append(io.Worker(body, [xf.cons(), wf.cons(), yf.prod(), *bufs, *kernels, mine, B],
-                                 placement=io.Tile(c, 2), stack_size=df.STACK_BYTES))
-        wparts, wblocks = w_core[c]
-        fills += [(xf, 0, inputs[0].per_core[c], c), (wf, 2, wparts[0], c), (wf, 1, wblocks, c)]
-        drains.append((yf, y_core[c], c))
-    assert cores <= hw.columns
-    rt = io.Runtime()
-    with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
-        rt.start(*workers)
-        for fifo, i, idx, c in fills:
-            for tap in df.taps(io, operands[i], idx):
-                rt.fill(fifo.prod(), args[i], tap=tap, placement=io.Tile(c, 0))
-        for fifo, idx, c in drains:
-            for tap in df.taps(io, out, idx):
-                rt.drain(fifo.cons(), args[3], tap=tap, placement=io.Tile(c, 0), wait=True)
-    params.update({"cores": cores, "blocks_per_core": mine})
-    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 
 if __name__ == "__main__":

@@ -80,6 +80,8 @@ def build(target: str, step, buffers: dict, params: dict):
         b_idx = bk.reshape(Kt, k, Nt, n).transpose(0, 2, 1, 3).reshape(Kt, Nt, k * n)
         has_bias, bias = False, None
     outs = [df.operand(o, buffers[o]) for o in step.outputs]
+    if len({o.dtype for o in outs}) > 1:
+        raise df.DesignError("merged projections whose outputs have different dtypes")
     splits = step.attrs.get("n_splits") or [N]
     if any(x % n for x in splits):
         raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}: the output buffer "
@@ -115,7 +117,7 @@ def build(target: str, step, buffers: dict, params: dict):
     b_l2 = [b_l3[c].cons().forward(placement=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
                                    dims_to_stream=blocking(k, n, S, T)) for c in range(cols)]
     # C: joined per column in the memtile, un-blocked on the way to the shim
-    c_l3 = [io.ObjectFifo(df.tensor(rows * m * n), depth=2, name=f"gemm_c{c}",
+    c_l3 = [io.ObjectFifo(df.tensor(rows * m * n, outs[0].dtype), depth=2, name=f"gemm_c{c}",
                           dims_to_stream=unblocking(rows, m, n, R, T)) for c in range(cols)]
     c_l2 = [c_l3[c].prod().join([r * m * n for r in range(rows)], placement=io.Tile(c, 1),
                                 obj_types=[c_ty] * rows, depths=[2] * rows,

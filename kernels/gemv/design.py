@@ -19,9 +19,9 @@ def build(target: str, step, buffers: dict, params: dict):
     hw = TARGETS[target]
     t = step.attrs["tiling"]
     K, N, k, n = t["K"], t["N"], t["k"], t["n"]
-    for what, refused in (("an epilogue operand", any(c["operand"] is not None for c in step.attrs["chain"])),
+    for what, refused in (("an epilogue that reads an operand", any(c["operand"] is not None for c in step.attrs["chain"])),
                           ("a norm prologue", "prologue" in step.attrs),
-                          ("a KV-cache output at the runtime position", "state_writes" in step.attrs)):
+                          ("an output into the KV cache at the runtime position", "state_writes" in step.attrs)):
         if refused:
             raise df.DesignError(f"GEMV with {what}: not expressed by this design (kernels/README.md)")
     Kt, Nt = t["Kp"] // k, t["Np"] // n

@@ -20,8 +20,8 @@ def build(target: str, step, buffers: dict, params: dict):
         rows, row = attrs["n_new"], attrs["size"]
     else:
         rows, row = 1, math.prod(out.shape)
-    if row > step.attrs["tiling"]["chunk"] and op != "positions":
-        raise df.DesignError(f"{op} rows of {row} exceed the chunk {step.attrs['tiling']['chunk']}")
+    if 2 * row * out.dtype.itemsize > 32 * 1024:
+        raise df.DesignError(f"{op} rows of {row}: two output rows exceed half of L1")
     if rows > 32:
         raise df.DesignError(f"{op} with {rows} rows: the design unrolls one call per row (at most 32)")
     io = df.iron()

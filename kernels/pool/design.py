@@ -24,15 +24,17 @@ def build(target: str, step, buffers: dict, params: dict):
     items = [(b, j) for b in range(B) for j in range(C // cb)]
     cores = max(c for c in range(1, min(step.attrs["tiling"]["cores"], hw.columns, len(items)) + 1)
                 if len(items) % c == 0)
-    rows = np.clip(np.arange(ho)[:, None] * s - p + np.arange(k)[None], 0, H - 1)
+    bh = min(k, H)
+    rows = np.clip(np.arange(ho) * s - p, 0, H - bh)[:, None] + np.arange(bh)[None]
     x_core, y_core = [], []
     for c in range(cores):
         mine = items[c::cores]
-        x_core.append(np.stack([x.index[b, j * cb:(j + 1) * cb][:, rows].transpose(1, 0, 2, 3) for b, j in mine]))
-        y_core.append(np.stack([out.index[b, j * cb:(j + 1) * cb].transpose(1, 0, 2) for b, j in mine]))
+        x_core.append(np.stack([x.index[b, j * cb:(j + 1) * cb][:, rows].transpose(1, 0, 2, 3)
+                                for b, j in mine]).reshape(-1, cb, bh, W))                   # one band per row
+        y_core.append(np.stack([out.index[b, j * cb:(j + 1) * cb].transpose(1, 0, 2) for b, j in mine]).reshape(-1, cb, wo))
     io = df.iron()
     i32 = np.int32
-    x_t, y_t, oy_t = df.tensor(cb * k * W, x.dtype), df.tensor(cb * wo, out.dtype), df.tensor(1, np.int32)
+    x_t, y_t, oy_t = df.tensor(cb * bh * W, x.dtype), df.tensor(cb * wo, out.dtype), df.tensor(1, np.int32)
     kernel = io.Kernel("maxpool_row", "pool.o", [x_t, i32, y_t, i32, i32, i32, i32, i32, i32, i32, i32, i32, oy_t])
     x_f32, y_f32 = df.is_f32(x), df.is_f32(out)
 
