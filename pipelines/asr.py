@@ -156,7 +156,7 @@ class Transcriber:
                 found, advance, language = self._window(window, size, seek * FRAME_SECONDS, language)
                 segments += found
                 seek += max(advance, 1)
-        report = self.session.report()
+        report = self.report()
         return Transcript(" ".join(s.text for s in segments), segments, language or "en",
                           round(len(samples) / audio.SAMPLE_RATE, 3), report["device_requested"],
                           report["device_effective"], str(source) if isinstance(source, (str, Path)) else "",
@@ -176,6 +176,10 @@ class Transcriber:
         with self._lock:
             found, _, _ = self._window(samples, size, offset, None, keep_tail=True)
         return found
+
+    def report(self) -> dict:
+        """The model and the devices (requested, effective, and why they differ)."""
+        return {"model": self.source.name, "model_path": str(self.source.path), **self.session.report()}
 
     def close(self):
         self.session.close()
