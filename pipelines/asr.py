@@ -7,9 +7,10 @@
 Decoding follows OpenAI's reference `transcribe`: 30 s windows with seek (the next window starts at the last
 complete segment's end timestamp), greedy decoding with Whisper's logit rules (suppress_tokens, blank
 suppression at the start, timestamp pairing, non-decreasing timestamps, initial timestamp <= 1 s, a
-timestamp is taken when the timestamps' summed probability beats every text token), the no-speech skip,
-and temperature fallback (seeded sampling) when the compression ratio or average log-prob says a window
-went wrong. Windows are decoded independently (no previous-text prompt), as transformers does by default.
+timestamp is taken when the timestamps' summed probability beats every text token), the no-speech skip
+(plus an energy gate: digitally silent windows are not decoded at all), and temperature fallback (seeded
+sampling) when the compression ratio or average log-prob says a window went wrong. Windows are decoded
+independently (no previous-text prompt), as transformers does by default.
 
 Greedy steps run `decode_greedy` (filters and argmax on the device, a few scalars back); the first step of
 each window and sampled steps read full logits from `decode_step` (see sdk/models/whisper.py).
