@@ -38,9 +38,11 @@ def _vision(name, module=vit):
 def _clip():
     cfg, w = clip.load(FIXTURES / "vision" / "clip")
     g = np.load(FIXTURES / "vision" / "clip" / "golden.npz")
-    graphs = [clip.image_graph(cfg, 2), clip.text_graph(cfg, 3, 10)]
+    graphs = [clip.image_graph(cfg, 2), clip.text_graph(cfg, 3, 10), clip.similarity_graph(cfg, 2, 3)]
     text = {"ids": g["ids"], "mask": g["mask"], "eos": clip.eos_positions(g["ids"], cfg.text)}
-    return graphs, w, [("image_b2_s32", {"pixels": g["pixels"]}), ("text_b3_t10", text)]
+    embeds = {"image_embeds": g["image_features"], "text_embeds": g["text_features"]}
+    return graphs, w, [("image_b2_s32", {"pixels": g["pixels"]}), ("text_b3_t10", text),
+                       ("similarity_i2_t3", embeds)]
 
 
 def _esm():
