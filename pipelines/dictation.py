@@ -49,7 +49,7 @@ from .audio import read_audio, to_mono
 SAMPLE_RATE = 16000
 FRAME = 480                   # 30 ms VAD frames
 FRAME_SECONDS = FRAME / SAMPLE_RATE
-WINDOW_SECONDS = 30.0         # Whisper's encoder window
+WINDOW_SECONDS = 30.0         # Whisper's encoder window; other models say theirs in `window_seconds`
 
 
 @dataclass(frozen=True)
@@ -258,6 +258,10 @@ class Recognizer:
     def __init__(self, transcriber, options: DictationOptions = DictationOptions()):
         self.transcriber, self.options = transcriber, options
         self.vad = Vad(options)
+        # the model's window bounds the utterance buffer (Whisper: 30 s; a conformer may use shorter ones)
+        self._window = float(getattr(transcriber, "window_seconds", WINDOW_SECONDS))
+        self._max_utterance = min(options.max_utterance, self._window - 0.5)
+        self._commit_after = min(options.commit_after, self._max_utterance / 2)
         self.position = 0                    # samples consumed
         self.last_speech = 0.0               # audio time speech was last heard
         self.decodes = 0
@@ -333,7 +337,7 @@ class Recognizer:
         events: list[Event] = []
         if self.options.vad and now - self.last_speech >= self.options.hangover:
             return self._end_utterance()
-        if self._duration() >= self.options.max_utterance:
+        if self._duration() >= self._max_utterance:
             events += self._hard_cut()
         return events
 
@@ -366,9 +370,10 @@ class Recognizer:
     # -- decoding
 
     def _decode(self) -> _Hypothesis:
-        """Decode left context + the utterance buffer; keep the segments centred in the buffer, minus any
-        words that merely repeat the end of the last final (the context leaking into a merged segment)."""
-        room = int(WINDOW_SECONDS / FRAME_SECONDS) - len(self._chunks)
+        """Decode left context + the utterance buffer; keep the segments that reach into the buffer. A first
+        segment that starts inside the context merged both: its words that repeat the end of the last final
+        are dropped, or, when they do not match it, the share of its words that lies before the buffer."""
+        room = int(self._window / FRAME_SECONDS) - len(self._chunks)
         context = list(self._past)[-min(self._context_frames, room):] if self._context_frames and room > 0 else []
         audio = np.concatenate(context + self._chunks) if self._chunks else np.zeros(FRAME, np.float32)
         self.decodes += 1
@@ -378,11 +383,16 @@ class Recognizer:
         took = time.perf_counter() - started
         self.decode_seconds = took if not self.decode_seconds else 0.8 * self.decode_seconds + 0.2 * took
         window_end = self._buffer_start + self._duration()
-        own = [seg for seg in segments if (seg.start + min(seg.end, window_end)) / 2 >= self._buffer_start]
+        own = [seg for seg in segments if min(seg.end, window_end) > self._buffer_start + 0.3]
         hyp = _Hypothesis.from_segments(own, window_end)
-        # a first segment that starts well inside the context merged context and utterance: any repeat counts
-        straddles = bool(hyp.segments) and hyp.segments[0].start < self._buffer_start - 0.2
-        return hyp.without_prefix(_overlap(self._last_final, hyp.words, least=1 if straddles else 2))
+        first = hyp.segments[0] if hyp.segments else None
+        if first is None or first.start >= self._buffer_start - 0.2:
+            return hyp.without_prefix(_overlap(self._last_final, hyp.words))
+        repeated = _overlap(self._last_final, hyp.words, least=1)
+        if not repeated:
+            share = (self._buffer_start - first.start) / max(min(first.end, window_end) - first.start, 1e-3)
+            repeated = int(hyp.ends[0] * min(max(share, 0.0), 1.0))
+        return hyp.without_prefix(repeated)
 
     def _partial(self) -> list[Event]:
         hyp = self._decode()
@@ -391,7 +401,7 @@ class Recognizer:
         self._agreed = min(self._agreed, len(hyp.words))
         self._previous = hyp
         events: list[Event] = []
-        if self._duration() >= self.options.commit_after:
+        if self._duration() >= self._commit_after:
             events += self._commit_agreed(hyp)
             hyp = self._previous
         if hyp is not None and hyp.words:
@@ -706,7 +716,7 @@ class Stream:
         self.finals: list[Final] = []
         self.error: SdkError | None = None
         self.recognizer: Recognizer | None = None
-        self._events: queue.Queue = queue.Queue()
+        self._events: queue.Queue = queue.Queue(maxsize=10_000)  # bounded: an app may use callbacks only
         self._stop = threading.Event()
         self._cancel = False
         self._resamplers: dict[int, object] = {}
@@ -835,9 +845,21 @@ class Stream:
         finally:
             self.ring.close()
 
+    def _put(self, event: Event | None):
+        """Queue for events(); when nobody reads them, the oldest are dropped (callbacks still see all)."""
+        while True:
+            try:
+                self._events.put_nowait(event)
+                return
+            except queue.Full:
+                try:
+                    self._events.get_nowait()
+                except queue.Empty:
+                    pass
+
     def _set_state(self, state: str):
         self.state = state
-        self._events.put(State(state))
+        self._put(State(state))
         if self.on_state:
             self.on_state(state)
 
@@ -850,7 +872,7 @@ class Stream:
                     self.on_final(event)
             elif self.on_partial:
                 self.on_partial(event)
-            self._events.put(event)
+            self._put(event)
 
     def _work(self):
         try:
@@ -900,7 +922,7 @@ class Stream:
                 self._recording.write(self.ring.unread())
                 self._recording.close()
             self._set_state("stopped")
-            self._events.put(None)
+            self._put(None)
 
     def _clock(self, pace: str | None) -> float:
         """Audio time "now", for stamping events: what a live source has captured so far; for a simulated
