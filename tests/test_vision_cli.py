@@ -305,6 +305,8 @@ def test_classify_usage_errors_and_automatic_headless(tmp_path, monkeypatch):
     assert r.exit_code == 4 and "offline" in r.stderr and "fix:" in r.stderr
     r = runner.invoke(app, ["classify", str(tmp_path), "--model", str(VISION / "dinov2"), "--headless"])
     assert r.exit_code == 2 and "no classification head" in r.stderr
+    r = runner.invoke(app, ["classify", str(tmp_path), "--model", str(VISION / "vit"), "--headless", "--device", "npu"])
+    assert r.exit_code == 3 and "NPU" in r.stderr and r.stdout == ""  # strict: no silent CPU fallback
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     image = tmp_path / "cat.png"
