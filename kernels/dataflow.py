@@ -95,13 +95,14 @@ class Operand:
     elements: int          # size of the buffer in elements (the runtime-sequence tensor)
     index: np.ndarray      # logical shape, int64 offsets into the buffer
     dtype: np.dtype = BF16
+    scalar: bool = False   # one value per row, broadcast along it by the kernel (index [..., 1])
 
     @property
     def shape(self) -> tuple:
         return self.index.shape
 
-    def rows(self, index: np.ndarray) -> "Operand":
-        return Operand(self.name, self.elements, np.ascontiguousarray(index), self.dtype)
+    def rows(self, index: np.ndarray, scalar: bool = False) -> "Operand":
+        return Operand(self.name, self.elements, np.ascontiguousarray(index), self.dtype, scalar)
 
 
 def operand(name: str, buffer, views=()) -> Operand:
@@ -124,8 +125,8 @@ def dims_of(index: np.ndarray) -> tuple[int, list[tuple[int, int]]]:
         raise DesignError("an empty transfer")
     dims = []
     for axis, n in enumerate(idx.shape):
-        if n > 1:
-            step = int(np.take(idx, 1, axis=axis).flat[0] - np.take(idx, 0, axis=axis).flat[0])
+        if n > 1 or axis == idx.ndim - 1:  # the innermost axis stays: it is the contiguous run, even of one
+            step = 1 if n == 1 else int(np.take(idx, 1, axis=axis).flat[0] - np.take(idx, 0, axis=axis).flat[0])
             dims.append((n, step))
     merged: list[tuple[int, int]] = []
     for n, s in dims:
@@ -347,11 +348,12 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
         offsets, units = joined_layout(s.shared, s.piece)
         shared_fifo = io.ObjectFifo(tensor(units), depth=2, name=f"{name}_shared")
         parts = shared_fifo.prod().join(offsets, placement=io.Tile(0, 1),
-                                        obj_types=[tensor(s.piece, o.dtype) for o in s.shared], depths=[2] * S,
-                                        names=[f"{name}_shared{i}" for i in range(S)])
+                                        obj_types=[tensor(1 if o.scalar else s.piece, o.dtype) for o in s.shared],
+                                        depths=[2] * S, names=[f"{name}_shared{i}" for i in range(S)])
         for i, f in enumerate(parts):
-            idx = np.broadcast_to(s.shared[i].index.reshape(npieces, s.piece),
-                                  (rows_per_core * s.passes, npieces, s.piece))
+            o = s.shared[i]
+            per = o.index.reshape(1, 1) if o.scalar else o.index.reshape(npieces, s.piece)
+            idx = np.broadcast_to(per, (rows_per_core * s.passes, npieces, per.shape[1]))
             fills.append((f, len(s.per_row) + i, idx, take(0)))
     for c in range(cols):
         joined = io.ObjectFifo(tensor(per_col * out_piece, out_dtype), depth=2, name=f"{name}_out_c{c}")
@@ -365,11 +367,17 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
             offsets, units = joined_layout(s.per_row, s.piece)
             rows_fifo = io.ObjectFifo(tensor(units), depth=2, name=f"{name}_rows_c{c}r{r}")
             parts = rows_fifo.prod().join(offsets, placement=io.Tile(c, 1),
-                                          obj_types=[tensor(s.piece, o.dtype) for o in s.per_row], depths=[2] * P,
-                                          names=[f"{name}_in{i}_c{c}r{r}" for i in range(P)])
+                                          obj_types=[tensor(1 if o.scalar else s.piece, o.dtype) for o in s.per_row],
+                                          depths=[2] * P, names=[f"{name}_in{i}_c{c}r{r}" for i in range(P)])
             for i, f in enumerate(parts):
-                idx = s.per_row[i].index[lo:hi].reshape(rows_per_core, 1, npieces, s.piece)
-                fills.append((f, i, np.broadcast_to(idx, (rows_per_core, s.passes, npieces, s.piece)), take(c)))
+                o = s.per_row[i]
+                if o.scalar:  # the row's one value, once per piece
+                    idx = np.broadcast_to(o.index[lo:hi].reshape(rows_per_core, 1, 1, 1),
+                                          (rows_per_core, s.passes, npieces, 1))
+                else:
+                    idx = np.broadcast_to(o.index[lo:hi].reshape(rows_per_core, 1, npieces, s.piece),
+                                          (rows_per_core, s.passes, npieces, s.piece))
+                fills.append((f, i, idx, take(c)))
             out_rows.append(s.out.index[lo:hi].reshape(-1, out_piece))
             bufs = [io.GlobalBuffer(tensor(n, dt), name=f"{name}_{k}_c{c}r{r}", initial_value=init)
                     for k, (n, dt, init) in s.state.items()]
@@ -400,7 +408,7 @@ def joined_layout(operands: list[Operand], piece: int) -> tuple[list[int], int]:
     offsets, at = [], 0
     for o in operands:
         offsets.append(at)
-        at += piece * o.dtype.itemsize // 2
+        at += (1 if o.scalar else piece) * o.dtype.itemsize // 2
     return offsets, at
 
 
@@ -411,7 +419,7 @@ def operand_map(slots: list, per_row: list[Operand], shared: list[Operand], piec
     codes = []
     for kind, pos in slots:
         o = (per_row if kind == "row" else shared)[pos]
-        codes.append((kind == "shared") << 15 | is_f32(o) << 14 | words[kind][pos])
+        codes.append((kind == "shared") << 15 | is_f32(o) << 14 | int(o.scalar) << 13 | words[kind][pos])
     return np.array(codes + [0] * (MAX_CHAIN - len(codes)), np.int32)
 
 
@@ -443,12 +451,18 @@ def split_operands(step, buffers, sources=None) -> tuple[int, int, list, list, l
     per_row, shared, slots = [], [], []
     for o in sources:
         idx = np.broadcast_to(o.index, shape).reshape(rows, row)
+        scalar = row > 1 and bool((idx == idx[:, :1]).all())  # one value along each row: the kernel repeats it
+        if scalar:
+            if o.dtype.itemsize != 4:
+                raise DesignError(f"operand {o.name}: a {o.dtype} value broadcast along the row is not a whole "
+                                  f"32-bit word (the DMAs cannot repeat an element; innermost stride 0)")
+            idx = idx[:, :1]
         if rows > 1 and (idx == idx[:1]).all():
             slots.append(("shared", len(shared)))
-            shared.append(o.rows(idx[0]))
+            shared.append(o.rows(idx[0], scalar))
         else:
             slots.append(("row", len(per_row)))
-            per_row.append(o.rows(idx))
+            per_row.append(o.rows(idx, scalar))
     return rows, row, per_row, shared, slots, out
 
 

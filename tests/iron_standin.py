@@ -527,8 +527,8 @@ def _check_channels_and_bds(rec, target):
         live = [(n, s) for n, s in zip(t.tap.sizes, t.tap.strides) if n > 1]
         if len(live) > target.shim_dims + 1:  # three dimensions plus the repeat count
             found.append(f"shim {t.placement}: a {t.kind} of {t.handle.fifo.name} has {len(live)} dimensions")
-        if live and live[-1][1] != 1:
-            found.append(f"shim {t.placement}: innermost stride {live[-1][1]} (DMAs move contiguous words)")
+        if t.tap.sizes[-1] > 1 and t.tap.strides[-1] != 1:  # the innermost dimension is the contiguous run
+            found.append(f"shim {t.placement}: innermost stride {t.tap.strides[-1]} (DMAs move contiguous words)")
         if t.tap.sizes[-1] * t.data.dtype.itemsize % 4:
             found.append(f"shim {t.placement}: {t.kind} of {t.handle.fifo.name} moves rows of "
                          f"{t.tap.sizes[-1] * t.data.dtype.itemsize} bytes, not whole 32-bit words")

@@ -290,6 +290,39 @@ def test_eltwise_binary_with_chain_and_shared_operand(lib, record_parity):
     check(record_parity, "eltwise add+silu*0.25+res (fp32 out)", out, ref)
 
 
+def test_eltwise_scalar_operand_matches_emu(lib, record_parity):
+    """A per-row fp32 factor ([rows, 1], broadcast along the row): one value per piece, flagged scalar in the map."""
+    g = rng(17)
+    x, f = bf16(g.normal(size=(3, 32))), g.normal(size=(3, 1)).astype(np.float32)
+    ref = golden("eltwise", "mul", {"x": x, "f": f})
+    k = lib("eltwise")
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    out = np.zeros((3, 32), np.float32)
+    for r in range(3):
+        rows, codes = joined(x[r], f[r])
+        m = np.array([codes[0], codes[1] | 1 << 13] + [0] * 6, np.int32)
+        y = np.zeros(32, BF16)
+        call(k, "eltwise_binary", rows, rows, y, 0, 32, m, dataflow.OPCODES["mul"], chain, 0, imm)
+        out[r] = y.astype(np.float32)
+    check(record_parity, "eltwise x * per-row scalar", out, ref, exact=True)
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "mul"])
+def test_eltwise_int32_matches_emu(lib, op):
+    g = rng(16)
+    a, b = g.integers(-1000, 1000, size=(2, 16), dtype=np.int32), g.integers(-50, 50, size=16, dtype=np.int32)
+    ref = golden("eltwise", op, {"a": a, "b": np.broadcast_to(b, a.shape).copy()}, out_dtype=np.int32)
+    k = lib("eltwise")
+    out = np.zeros((2, 16), np.int32)
+    for r in range(2):
+        rows, codes = joined(a[r])
+        shared, scodes = joined(b)
+        y = np.zeros(16, np.int32)
+        call(k, "eltwise_int", rows, shared, y, 16, opmap(codes, scodes), dataflow.OPCODES[op])
+        out[r] = y
+    np.testing.assert_array_equal(out, ref)
+
+
 def test_eltwise_glu_matches_emu(lib, record_parity):
     x = bf16(rng(5).normal(size=(2, 64)))
     ref = golden("eltwise", "glu", {"x": x}, attrs={"axis": -1})

@@ -10,7 +10,7 @@ NPU_KERNEL void argmax_begin(float *best, int32_t *index) {
 
 // `offset` is the chunk's first column in the row.
 NPU_KERNEL void argmax_chunk(const void *x, int32_t x_f32, int32_t n, int32_t offset, float *best, int32_t *index) {
-  npu_vec v = {x, x_f32};
+  npu_vec v = {x, x_f32, 0};
   float b = *best;
   int32_t at = *index;
   for (int32_t i = 0; i < n; ++i) {

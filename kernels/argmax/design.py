@@ -21,7 +21,7 @@ def build(target: str, step, buffers: dict, params: dict):
     rows = math.prod(x.shape[:-1])
     out = df.operand(step.outputs[0], buffers[step.outputs[0]])  # int32, one per row
     piece = df.row_piece(row, step.attrs["tiling"]["chunk"])
-    bf, i32, x_f32 = df.tensor(piece, x.dtype), np.int32, df.is_f32(x)
+    bf, i32, x_f32 = df.tensor(piece * x.dtype.itemsize // 2), np.int32, df.is_f32(x)  # the joined object
     best_t, idx_t = df.tensor(1, np.float32), df.tensor(1, np.int32)
     fns = {"begin": ("argmax_begin", [best_t, idx_t]), "chunk": ("argmax_chunk", [bf, i32, i32, i32, best_t, idx_t]),
            "store": ("argmax_store", [idx_t, idx_t])}

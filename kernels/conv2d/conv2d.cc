@@ -20,7 +20,7 @@ NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const fl
                            int32_t kw, int32_t stride, int32_t pad, int32_t wo, int32_t height, int32_t ho,
                            int32_t *oy, const int32_t *chain, int32_t n_chain, const float *imm) {
   NPU_ROUND_EVEN();
-  npu_vec xv = {x, x_f32};
+  npu_vec xv = {x, x_f32, 0};
   const int32_t cg = cin / groups, og = cout / groups, top = *oy * stride - pad;
   const int32_t bh = kh < height ? kh : height;  // band rows: kh, or the whole image when it is smaller
   const int32_t start = top < 0 ? 0 : (top + bh > height ? height - bh : top);

@@ -10,7 +10,7 @@ NPU_KERNEL void dwconv1d(const void *x, int32_t x_f32, const bf16 *w, const floa
                          int32_t y_f32, int32_t cb, int32_t length, int32_t to, int32_t k, int32_t stride,
                          int32_t pad, const int32_t *chain, int32_t n_chain, const float *imm) {
   NPU_ROUND_EVEN();
-  npu_vec xv = {x, x_f32};
+  npu_vec xv = {x, x_f32, 0};
   for (int32_t c = 0; c < cb; ++c)
     for (int32_t t = 0; t < to; ++t) {
       float sum = 0.0f;

@@ -1,5 +1,5 @@
-"""Elementwise design (catalog kind `eltwise`): the output's rows over the cores, streamed in pieces of the
-catalog's chunk. A core's per-row operands are joined in the memtile into one object per piece; operands the
+"""Elementwise design (catalog kind `eltwise`, float chains and int32 add / sub / mul): the output's rows over
+the cores, streamed in pieces of the catalog's chunk. A core's per-row operands are joined in the memtile into one object per piece; operands the
 same for every row (a bias-like vector) are fetched once and broadcast. One kernel call per piece:
 eltwise_unary / eltwise_binary / eltwise_glu with the fused chain (kernels/eltwise/eltwise.cc)."""
 from __future__ import annotations
@@ -30,7 +30,11 @@ def build(target: str, step, buffers: dict, params: dict):
     shared_t = df.joined_type(shared, piece, rows_t)
     y_t, y_f32 = df.tensor(piece, out.dtype), df.is_f32(out)
     vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
-    if op == "glu":
+    if out.dtype == np.int32:
+        if op not in ("add", "sub", "mul") or step.attrs["chain"]:
+            raise df.DesignError(f"integer {op}: the kernel does int32 add / sub / mul without a chain")
+        kind, fn = "int", ("eltwise_int", [rows_t, shared_t, y_t, i32, vec_i, i32])
+    elif op == "glu":
         kind, fn = "glu", ("eltwise_glu", [rows_t, shared_t, y_t, i32, i32, vec_i, vec_i, i32, vec_f])
     elif df.OPCODES[op] < df.OPCODES["add"]:
         kind, fn = "unary", ("eltwise_unary", [rows_t, shared_t, y_t, i32, i32, vec_i, i32, f32, vec_i, i32, vec_f])
@@ -46,7 +50,9 @@ def build(target: str, step, buffers: dict, params: dict):
             x = rows_in.acquire(1)
             sh = shared_in.acquire(1) if shared_in is not None else x
             y = y_out.acquire(1)
-            if kind == "unary":
+            if kind == "int":
+                kernel(x, sh, y, piece, opmap_buf, opcode)
+            elif kind == "unary":
                 kernel(x, sh, y, y_f32, piece, opmap_buf, opcode, imm0, chain, n_chain, imm)
             elif kind == "binary":
                 kernel(x, sh, y, y_f32, piece, opmap_buf, opcode, chain, n_chain, imm)

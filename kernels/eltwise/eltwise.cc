@@ -8,7 +8,7 @@
 #ifdef __AIENGINE__
 // Vector path for bf16 binary ops without a chain (gates, bf16 adds): 16 lanes in fp32.
 static bool eltwise_binary_vec(npu_vec a, npu_vec b, void *y, int32_t y_f32, int32_t n, int32_t op) {
-  if (n % 16 || a.f32 || b.f32 || y_f32 || (op != EPI_ADD && op != EPI_MUL && op != EPI_SUB)) return false;
+  if (n % 16 || a.f32 || b.f32 || a.scalar || b.scalar || y_f32 || (op != EPI_ADD && op != EPI_MUL && op != EPI_SUB)) return false;
   const bf16 *pa = (const bf16 *)a.p, *pb = (const bf16 *)b.p;
   bf16 *py = (bf16 *)y;
   for (int32_t i = 0; i < n; i += 16) chess_prepare_for_pipelining {
@@ -51,4 +51,12 @@ NPU_KERNEL void eltwise_glu(const void *rows, const void *shared, void *y, int32
   npu_epilogue_operands(rows, shared, map, 2, n_chain, chain, operands);
   for (int32_t i = 0; i < n; ++i)
     npu_put(y, y_f32, i, npu_epilogue(npu_get(a, i) * npu_sigmoid(npu_get(b, i)), i, chain, n_chain, imm, operands));
+}
+
+// int32 add / sub / mul (index arithmetic the compiler keeps on the device, e.g. CLIP's text pooling): no chain.
+NPU_KERNEL void eltwise_int(const void *rows, const void *shared, int32_t *y, int32_t n, const int32_t *map,
+                            int32_t op) {
+  const int32_t *a = (const int32_t *)npu_operand(rows, shared, map, 0).p;
+  const int32_t *b = (const int32_t *)npu_operand(rows, shared, map, 1).p;
+  for (int32_t i = 0; i < n; ++i) y[i] = op == EPI_ADD ? a[i] + b[i] : op == EPI_SUB ? a[i] - b[i] : a[i] * b[i];
 }

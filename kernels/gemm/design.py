@@ -47,8 +47,12 @@ def build(target: str, step, buffers: dict, params: dict):
     R, S, T = hw.mac_shape
     if m % R or k % S or n % T:
         raise df.DesignError(f"tile {m}x{k}x{n} is not a multiple of the {R}x{S}x{T} MAC shape")
-    if M < m:
-        raise df.DesignError(f"M = {M} is below the tile's m = {m}: needs a padded activation buffer")
+    if M < m:  # fewer rows than the catalog's tile (padded to the MAC shape): a smaller tile, last one shifted
+        m = (M // R) * R
+        if not m:
+            raise df.DesignError(f"M = {M} is below the MAC shape's {R} rows: needs a padded activation buffer")
+    if t["Kp"] != K:
+        raise df.DesignError(f"K = {K} is not a multiple of the tile k = {k}: needs a padded activation buffer")
     if any(c["operand"] is not None for c in step.attrs["chain"]):
         raise df.DesignError("a GEMM epilogue that reads an operand tile (a residual add) needs a third input "
                              "stream per core; a core has two input DMA channels (A, and B with the bias)")
@@ -74,7 +78,8 @@ def build(target: str, step, buffers: dict, params: dict):
         if step.attrs["head"]["attrs"].get("transpose_b", False) or step.attrs["head"]["op"] == "linear":
             bk = np.swapaxes(bk, -1, -2)
         if bk.ndim > 2:
-            raise df.DesignError("bmm with a batched B: one design per batch slice is not expressed yet")
+            raise df.DesignError("bmm with a batched B (attention scores outside the mha kernel): not expressed "
+                                 "by this design")
         if K % k or N % n:
             raise df.DesignError(f"bmm with K = {K}, N = {N} not multiples of the tile {k}x{n}")
         b_idx = bk.reshape(Kt, k, Nt, n).transpose(0, 2, 1, 3).reshape(Kt, Nt, k * n)

@@ -63,7 +63,7 @@ NPU_KERNEL void gemm_mac(const void *a, int32_t a_f32, const bf16 *b, float *acc
 #else
 // Scalar path (host tests): the same blocked layouts, fp32 accumulation in k order per output element.
 NPU_KERNEL void gemm_mac(const void *a, int32_t a_f32, const bf16 *b, float *acc, int32_t m, int32_t k, int32_t n) {
-  const npu_vec av = {a, a_f32};
+  const npu_vec av = {a, a_f32, 0};
   const int32_t kb = k / MMUL_S, nb = n / MMUL_T;
   for (int32_t row = 0; row < m; ++row)
     for (int32_t col = 0; col < n; ++col) {

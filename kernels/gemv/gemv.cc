@@ -13,7 +13,7 @@ NPU_KERNEL void gemv_zero(float *acc, int32_t n) {
 // Vector path: 16 output columns at a time, x[kk] broadcast against a row of the weight tile.
 NPU_KERNEL void gemv_mac(const void *x, int32_t x_f32, const bf16 *w, float *acc, int32_t k, int32_t n) {
   NPU_ROUND_EVEN();
-  const npu_vec xv = {x, x_f32};
+  const npu_vec xv = {x, x_f32, 0};
   for (int32_t j = 0; j < n; j += 16) {
     aie::accum<accfloat, 16> c;
     c.from_vector(aie::load_v<16>(acc + j));
@@ -27,7 +27,7 @@ NPU_KERNEL void gemv_mac(const void *x, int32_t x_f32, const bf16 *w, float *acc
 }
 #else
 NPU_KERNEL void gemv_mac(const void *x, int32_t x_f32, const bf16 *w, float *acc, int32_t k, int32_t n) {
-  const npu_vec xv = {x, x_f32};
+  const npu_vec xv = {x, x_f32, 0};
   for (int32_t j = 0; j < n; ++j) {
     float sum = acc[j];
     for (int32_t kk = 0; kk < k; ++kk) sum += npu_mac_operand(xv, kk) * to_f32(w[kk * n + j]);

@@ -132,8 +132,10 @@ static inline float npu_binary(int op, float a, float b) {
 struct npu_vec {
   const void *p;
   int32_t f32;
+  int32_t scalar;  // one value broadcast along the row (a scalar constant, a per-row factor)
 };
 static inline float npu_get(npu_vec v, int32_t i) {
+  if (v.scalar) i = 0;
   return v.f32 ? ((const float *)v.p)[i] : to_f32(((const bf16 *)v.p)[i]);
 }
 static inline void npu_put(void *y, int32_t f32, int32_t i, float v) {
@@ -151,11 +153,12 @@ static inline float npu_mac_operand(npu_vec v, int32_t i) {
 // Streaming kernels receive two objects per row piece: `rows` (the operands that differ per row, joined in
 // the memtile) and `shared` (those every row shares, joined and broadcast), and a map saying where kernel
 // input i lives: map[i] = shared << 15 | fp32 << 14 | offset in 32-bit words. The map lists the head
-// inputs, then the epilogue operands, so chain slot s is input n_head + s.
+// inputs, then the epilogue operands, so chain slot s is input n_head + s. Bit 13 marks a scalar operand: one
+// fp32 value per row piece (the DMAs cannot repeat an element; the kernel does).
 static inline npu_vec npu_operand(const void *rows, const void *shared, const int32_t *map, int32_t i) {
   const int32_t code = map[i];
   const char *base = (const char *)((code >> 15) & 1 ? shared : rows);
-  npu_vec v = {base + 4 * (code & 0x3fff), (code >> 14) & 1};
+  npu_vec v = {base + 4 * (code & 0x1fff), (code >> 14) & 1, (code >> 13) & 1};
   return v;
 }
 

@@ -20,7 +20,7 @@ def build(target: str, step, buffers: dict, params: dict):
     hw = TARGETS[target]
     t = step.attrs["tiling"]
     if any(c["operand"] is not None for c in step.attrs["chain"]):
-        raise df.DesignError("attention with an epilogue operand: not expressed by this design")
+        raise df.DesignError("attention with an epilogue that reads an operand: not expressed by this design")
     q = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
     k = df.operand(step.inputs[1], buffers[step.inputs[1]], step.attrs["views"][1])
     v = df.operand(step.inputs[2], buffers[step.inputs[2]], step.attrs["views"][2])
@@ -32,7 +32,9 @@ def build(target: str, step, buffers: dict, params: dict):
     Tq, Tk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     heads = math.prod(q.shape[:-2])
     tq = min(t["tq"], Tq)
-    tk = max(x for x in range(2, min(t["tk"], Tk) + 1, 2) if Tk % x == 0) if Tk > 1 else Tk
+    tk = max(x for x in range(1, min(t["tk"], Tk) + 1) if Tk % x == 0 and (x % 2 == 0 or x == Tk or d % 2 == 0))
+    if has_mask and (tq * tk) % 2:
+        raise df.DesignError(f"a mask block of {tq} x {tk} bf16 is not whole 32-bit words: pad rows to even")
     q_tiles = math.ceil(Tq / tq)
     starts = [min(i * tq, Tq - tq) for i in range(q_tiles)]     # the last tile shifts back: rows written twice
     items = heads * q_tiles

@@ -6,7 +6,7 @@
 
 NPU_KERNEL void maxpool_row(const void *x, int32_t x_f32, void *y, int32_t y_f32, int32_t c, int32_t width, int32_t k, int32_t stride, int32_t pad,
                             int32_t wo, int32_t height, int32_t ho, int32_t *oy) {
-  npu_vec xv = {x, x_f32};
+  npu_vec xv = {x, x_f32, 0};
   const int32_t top = *oy * stride - pad;
   const int32_t bh = k < height ? k : height;  // band rows: k, or the whole image when it is smaller
   const int32_t start = top < 0 ? 0 : (top + bh > height ? height - bh : top);

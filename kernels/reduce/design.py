@@ -16,7 +16,7 @@ KINDS = ("reduce",)
 
 def build(target: str, step, buffers: dict, params: dict):
     if any(c["operand"] is not None for c in step.attrs["chain"]):
-        raise df.DesignError("mean with an epilogue operand: not supported by the reduce design")
+        raise df.DesignError("mean with an epilogue that reads an operand: not expressed by this design")
     x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
     out = df.operand(step.outputs[0], buffers[step.outputs[0]])
     axes = step.attrs["head"]["attrs"]["axis"]
@@ -39,7 +39,10 @@ def build(target: str, step, buffers: dict, params: dict):
         x_rows = x.index.reshape(outer, red * inner)
     else:
         raise df.DesignError(f"mean over axes {axes}: the design reduces trailing axes or one axis")
-    bf, i32, x_f32 = df.tensor(piece, x.dtype), np.int32, df.is_f32(x)
+    if out_row * out.dtype.itemsize % 4 or piece * x.dtype.itemsize % 4:
+        raise df.DesignError(f"a mean moving {out_row} values per work item is not whole 32-bit words: "
+                             f"pad rows to even")
+    bf, i32, x_f32 = df.tensor(piece * x.dtype.itemsize // 2), np.int32, df.is_f32(x)  # the joined object
     acc_t, at_t, out_t = df.tensor(out_row, np.float32), df.tensor(1, np.int32), df.tensor(out_row, out.dtype)
     ch = [df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)]
     fns = {"zero": ("reduce_zero", [acc_t, i32, at_t]), "rows": ("reduce_rows", [bf, i32, acc_t, i32, i32, at_t]),

@@ -10,7 +10,7 @@ NPU_KERNEL void reduce_zero(float *acc, int32_t n, int32_t *at) {
 }
 
 NPU_KERNEL void reduce_rows(const void *x, int32_t x_f32, float *acc, int32_t rows, int32_t n, int32_t *at) {
-  npu_vec v = {x, x_f32};
+  npu_vec v = {x, x_f32, 0};
   for (int32_t r = 0; r < rows; ++r) {
     float s = 0.0f;
     for (int32_t j = 0; j < n; ++j) s += npu_get(v, r * n + j);
@@ -20,7 +20,7 @@ NPU_KERNEL void reduce_rows(const void *x, int32_t x_f32, float *acc, int32_t ro
 }
 
 NPU_KERNEL void reduce_cols(const void *x, int32_t x_f32, float *acc, int32_t rows, int32_t n) {
-  npu_vec v = {x, x_f32};
+  npu_vec v = {x, x_f32, 0};
   for (int32_t r = 0; r < rows; ++r)
     for (int32_t j = 0; j < n; ++j) acc[j] += npu_get(v, r * n + j);
 }
