@@ -118,28 +118,31 @@ def is_f32(o: Operand) -> int:
 
 
 def dims_of(index: np.ndarray) -> tuple[int, list[tuple[int, int]]]:
-    """(offset, [(size, stride), ...] outermost first) of an affine index array, size-1 axes dropped and
-    contiguous axes merged: the shape of the buffer descriptor(s) that read it."""
-    idx = np.asarray(index)
-    if idx.size == 0:
+    """(offset, [(size, stride), ...] outermost first) of the address sequence `index` (read in C order), with
+    the fewest dimensions: the shape of the buffer descriptor(s) that read it. Raises when no affine pattern
+    produces the sequence."""
+    flat = np.asarray(index).reshape(-1)
+    if flat.size == 0:
         raise DesignError("an empty transfer")
-    dims = []
-    for axis, n in enumerate(idx.shape):
-        if n > 1 or axis == idx.ndim - 1:  # the innermost axis stays: it is the contiguous run, even of one
-            step = 1 if n == 1 else int(np.take(idx, 1, axis=axis).flat[0] - np.take(idx, 0, axis=axis).flat[0])
-            dims.append((n, step))
-    merged: list[tuple[int, int]] = []
-    for n, s in dims:
-        if merged and merged[-1][1] == n * s:
-            merged[-1] = (merged[-1][0] * n, s)
+    offset, dims = int(flat[0]), []
+    while flat.size > 1:
+        step = int(flat[1] - flat[0])
+        run = int(np.argmax(np.diff(flat) != step)) + 1 if (np.diff(flat) != step).any() else flat.size
+        for size in range(run, 0, -1):  # the longest run that tiles the sequence into equal blocks
+            if flat.size % size == 0 and size > 1:
+                blocks = flat.reshape(-1, size)
+                if (np.diff(blocks, axis=1) == step).all():
+                    break
         else:
-            merged.append((n, s))
-    offset = int(idx.flat[0])
-    rebuilt = offset + sum(np.arange(n).reshape([-1 if i == j else 1 for j in range(len(merged))]) * s
-                           for i, (n, s) in enumerate(merged)) if merged else np.array(offset)
-    if not np.array_equal(np.asarray(rebuilt).reshape(-1), idx.reshape(-1)):
-        raise DesignError("an operand view is not an affine access pattern")
-    return offset, merged or [(1, 1)]
+            raise DesignError("an operand view is not an affine access pattern")
+        dims.append((size, step))
+        flat = blocks[:, 0]
+    if not dims:
+        dims = [(1, 1)]
+    dims.reverse()
+    if dims[-1][1] != 1 and len(dims) >= 1 and np.asarray(index).shape and np.asarray(index).shape[-1] == 1:
+        dims.append((1, 1))  # a run of one element per step (a scalar per piece)
+    return offset, dims
 
 
 def taps(io, operand_: Operand, index: np.ndarray, max_dims: int = 4) -> list:

@@ -153,7 +153,9 @@ class Handle:
         if self.held > self.depth:
             raise ValueError(f"{self.fifo.name}: {self.held} objects held, depth {self.depth}")
         self.count += n * _MULT[-1]
-        return Element(self.fifo.obj_type, self.fifo.name)
+        if n == 1:
+            return Element(self.fifo.obj_type, self.fifo.name)
+        return [Element(self.fifo.obj_type, self.fifo.name) for _ in range(n)]
 
     def release(self, n):
         if n > self.held:

@@ -38,7 +38,7 @@ KNOWN_GAPS = [
     r"data-dependent", r"innermost access stride is 0", r"not a whole 32-bit word", r"not multiples of the tile n",
     r"needs channel-chunked accumulation", r"with a bias: the design streams taps only",
     r"element-granular transpose", r"a constant fill", r"pad rows to even", r"needs a padded activation buffer",
-    r"bmm with a batched B", r"between dtypes",
+    r"bmm with a batched B", r"between dtypes", r"does not pack into A objects", r"two residuals",
 ]
 
 

@@ -210,6 +210,40 @@ def test_gemm_tiles_match_emu(lib, record_parity, mac, epilogue):
     check(record_parity, f"gemm{R}x{S}x{T}{'+' if chain else ''}{'+'.join(c['op'] for c in chain)}", out, ref)
 
 
+@pytest.mark.parametrize("mac", [(4, 8, 4), (8, 8, 8)], ids=["npu1", "npu2"])
+def test_gemm_residual_epilogue_matches_emu(lib, record_parity, mac):
+    """linear + residual add (fp32 residual stream): the residual tile rides on the A stream as A-sized objects,
+    blocked like A tiles by the memtile; gemm_store_residual reads it back out of them."""
+    R, S, T = mac
+    M, K, N, m, k, n = 16, 32, 32, 8, 16, 16
+    g = rng(18)
+    x, w, b = bf16(g.normal(size=(M, K))), g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
+    res = g.normal(size=(M, N)).astype(np.float32)
+    recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
+    packed = layout.pack(recipe, {"w": w})
+    chain = chain_of(("add", 3, True))
+    tiling = {"M": M, "K": K, "N": N, "m": m, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16"}
+    ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b, "res": res}, out_dtype=np.float32,
+                 chain=chain, tiling=tiling, n_head=3)
+    gemm = lib("gemm", MMUL_R=R, MMUL_S=S, MMUL_T=T)
+    words, imms = dataflow.encode_chain(chain, 3)
+    out = np.zeros((M, N), np.float32)
+    a_bytes = m * k * 2
+    for i in range(M // m):
+        for j in range(N // n):
+            acc = np.zeros(m * n, np.float32)
+            call(gemm, "gemm_zero", acc, m, n)
+            for q in range(K // k):
+                call(gemm, "gemm_mac", blocked(x[i * m:(i + 1) * m, q * k:(q + 1) * k], R, S), 0,
+                     blocked(packed[q, j], S, T), acc, m, k, n)
+            tile = np.ascontiguousarray(res[i * m:(i + 1) * m, j * n:(j + 1) * n]).view(np.uint8).reshape(-1)  # 2 A objs
+            objs = [blocked(tile[o * a_bytes:(o + 1) * a_bytes].view(BF16).reshape(m, k), R, S) for o in range(2)]
+            c = np.zeros(m * n, np.float32)
+            call(gemm, "gemm_store_residual", acc, b, 1, j * n, c, 1, m, n, words, 1, imms, objs[0], objs[1], 1, 2, k)
+            out[i * m:(i + 1) * m, j * n:(j + 1) * n] = unblocked(c, m, n, R, T)
+    check(record_parity, f"gemm{R}x{S}x{T}+residual", out, ref)
+
+
 def test_gemv_matches_emu(lib, record_parity):
     K, N, k, n = 48, 64, 16, 32
     g = rng(2)

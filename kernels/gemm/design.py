@@ -53,9 +53,10 @@ def build(target: str, step, buffers: dict, params: dict):
             raise df.DesignError(f"M = {M} is below the MAC shape's {R} rows: needs a padded activation buffer")
     if t["Kp"] != K:
         raise df.DesignError(f"K = {K} is not a multiple of the tile k = {k}: needs a padded activation buffer")
-    if any(c["operand"] is not None for c in step.attrs["chain"]):
-        raise df.DesignError("a GEMM epilogue that reads an operand tile (a residual add) needs a third input "
-                             "stream per core; a core has two input DMA channels (A, and B with the bias)")
+    n_operands = sum(1 for c in step.attrs["chain"] if c["operand"] is not None)
+    if n_operands > 1:
+        raise df.DesignError("a GEMM epilogue that reads an operand tile more than once (two residuals): "
+                             "a core has two input DMA channels")
     if "prologue" in step.attrs:
         raise df.DesignError("a norm prologue on the A rows (whole-row statistics, gamma and beta inside the "
                              "GEMM) is not expressed by this design")
@@ -92,6 +93,10 @@ def build(target: str, step, buffers: dict, params: dict):
         raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}: the output buffer "
                              f"needs padding to {t['Np']} columns")
 
+    if n_operands:
+        if step.op != "gemm" or len(outs) > 1 or "state_writes" in step.attrs:
+            raise df.DesignError("an epilogue that reads an operand, on a bmm or merged projections: not expressed")
+        return _build_residual(target, step, params, a, a_idx, b, b_idx, bias, outs[0], buffers)
     grid = _grid(hw, Mt, Nt, t["cores"])
     cols, rows, shim = grid["cols"], grid["rows"], grid["shim"]
     it, jt = Mt // rows, Nt // cols                                  # tiles per core along M and N
@@ -186,6 +191,150 @@ def build(target: str, step, buffers: dict, params: dict):
                     rt.drain(c_l3[c].cons(), out_args[o], tap=tap, placement=io.Tile(c, 0), wait=True)
     params.update({"m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
                    "tiles_per_core": it * jt, "k_steps": Kt})
+    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+
+
+def _build_residual(target, step, params, a, a_idx, b, b_idx, bias, out, buffers):
+    """GEMM + residual add: each core gets its own A stream (split per column in the memtile instead of
+    broadcast along a core row), and after the K steps of each output tile the residual tile follows on it as
+    A-sized objects; gemm_store_residual reads the residual out of them. A core still reads two streams."""
+    io = df.iron()
+    hw = TARGETS[target]
+    t = step.attrs["tiling"]
+    M, K, N, m, k, n = t["M"], t["K"], t["N"], t["m"], t["k"], t["n"]
+    R, S, T = hw.mac_shape
+    if M < m:
+        m = (M // R) * R
+    Mt, Kt, Nt = math.ceil(M / m), t["Kp"] // k, t["Np"] // n
+    slot = next(c["operand"] for c in step.attrs["chain"] if c["operand"] is not None)
+    r = df.operand(step.inputs[slot], buffers[step.inputs[slot]], step.attrs["views"][slot])
+    if r.dtype.itemsize < a.dtype.itemsize:
+        raise df.DesignError("a bf16 residual beside an fp32 A: not expressed")
+    r_idx = np.broadcast_to(r.index, tuple(r.index.shape[:-2]) + (r.index.shape[-2], N)).reshape(M, N) \
+        if r.index.size != M * N else r.index.reshape(M, N)
+    a_bytes, r_bytes = m * k * a.dtype.itemsize, m * n * r.dtype.itemsize
+    if a_bytes >= r_bytes and a_bytes % r_bytes == 0:
+        res_objs, repeat = 1, a_bytes // r_bytes
+    elif r_bytes % a_bytes == 0 and r_bytes // a_bytes <= 2 and m % (r_bytes // a_bytes) == 0:
+        res_objs, repeat = r_bytes // a_bytes, 1
+    else:
+        raise df.DesignError(f"a residual tile of {r_bytes} bytes does not pack into A objects of {a_bytes}")
+    has_bias = bias is not None
+    take = df.shim_allotter(hw)
+    grid = None
+    for cores in range(min(t["cores"], hw.cores), 0, -1):
+        for rows in (4, 3, 2, 1):
+            cols = cores // rows
+            if cores % rows == 0 and Mt % rows == 0 and cols <= hw.columns and Nt % cols == 0 \
+                    and 2 * cols <= hw.shim_channels * hw.columns:
+                grid = (cols, rows)
+                break
+        if grid:
+            break
+    cols, rows = grid
+    it, jt = Mt // rows, Nt // cols
+    g = math.gcd(2 * jt, k)
+    bias_objects, bias_repeat = (2 * jt // g, k // g) if has_bias else (0, 0)
+    floats_per_object = k * n // 2
+    a_f32, out_f32, r_f32 = df.is_f32(a), df.is_f32(out), df.is_f32(r)
+    a_ty, b_ty, c_ty = df.tensor(m * k, a.dtype), df.tensor(k * n), df.tensor(m * n, out.dtype)
+    acc_ty, bias_ty = df.tensor(m * n, np.float32), df.tensor(max(jt * n, 1), np.float32)
+    vec_i, vec_f, i32 = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32), np.int32
+    kernels = [io.Kernel("gemm_zero", "gemm.o", [acc_ty, i32, i32]),
+               io.Kernel("gemm_mac", "gemm.o", [a_ty, i32, b_ty, acc_ty, i32, i32, i32]),
+               io.Kernel("gemm_bias_load", "gemm.o", [b_ty, bias_ty, i32, i32, i32, i32]),
+               io.Kernel("gemm_store_residual", "gemm.o", [acc_ty, bias_ty, i32, i32, c_ty, i32, i32, i32, vec_i,
+                                                           i32, vec_f, a_ty, a_ty, i32, i32, i32])]
+    words, imms = df.encode_chain(step.attrs["chain"], step.attrs.get("n_head", 3))
+    n_chain = len(step.attrs["chain"])
+
+    a_l3 = [io.ObjectFifo(df.tensor(rows * m * k, a.dtype), depth=2, name=f"gemm_a_c{c}") for c in range(cols)]
+    a_l2 = [a_l3[c].cons().split([q * m * k for q in range(rows)], placement=io.Tile(c, 1), obj_types=[a_ty] * rows,
+                                 depths=[2] * rows, dims_to_stream=[blocking(m, k, R, S)] * rows,
+                                 names=[f"gemm_a_c{c}r{q}" for q in range(rows)]) for c in range(cols)]
+    b_l3 = [io.ObjectFifo(b_ty, depth=2, name=f"gemm_b{c}") for c in range(cols)]
+    b_l2 = [b_l3[c].cons().forward(placement=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
+                                   dims_to_stream=blocking(k, n, S, T)) for c in range(cols)]
+    c_l3 = [io.ObjectFifo(df.tensor(rows * m * n, out.dtype), depth=2, name=f"gemm_c{c}",
+                          dims_to_stream=unblocking(rows, m, n, R, T)) for c in range(cols)]
+    c_l2 = [c_l3[c].prod().join([q * m * n for q in range(rows)], placement=io.Tile(c, 1), obj_types=[c_ty] * rows,
+                                depths=[2] * rows, names=[f"gemm_c{c}r{q}" for q in range(rows)]) for c in range(cols)]
+
+    def body(a_in, b_in, c_out, acc, bias_buf, chain, imm, zero, mac, load_bias, store, tiles, k_steps):
+        for q in range(bias_objects):
+            first = q * floats_per_object
+            bt = b_in.acquire(1)
+            load_bias(bt, bias_buf, first, max(0, min(floats_per_object, jt * n - first)), k, n)
+            b_in.release(1)
+        for jl in range(jt):
+            for _ in io.range_(tiles // jt):
+                zero(acc, m, n)
+                for _ in io.range_(k_steps):
+                    at, bt = a_in.acquire(1), b_in.acquire(1)
+                    mac(at, a_f32, bt, acc, m, k, n)
+                    a_in.release(1)
+                    b_in.release(1)
+                res = a_in.acquire(res_objs)  # one object, or an indexable pair
+                r0, r1 = (res[0], res[1]) if res_objs == 2 else (res, res)
+                ct = c_out.acquire(1)
+                store(acc, bias_buf, int(has_bias), jl * n, ct, out_f32, m, n, chain, n_chain, imm, r0, r1, r_f32,
+                      a.dtype.itemsize, k)
+                c_out.release(1)
+                a_in.release(res_objs)
+
+    workers = []
+    for c in range(cols):
+        for q in range(rows):
+            bufs = [io.GlobalBuffer(acc_ty, name=f"gemm_acc_c{c}r{q}"), io.GlobalBuffer(bias_ty, name=f"gemm_bias_c{c}r{q}"),
+                    io.GlobalBuffer(vec_i, initial_value=words, name=f"gemm_chain_c{c}r{q}"),
+                    io.GlobalBuffer(vec_f, initial_value=imms, name=f"gemm_imm_c{c}r{q}")]
+            workers.append(io.Worker(body, [a_l2[c][q].cons(), b_l2[c].cons(), c_l2[c][q].prod(), *bufs,
+                                            *kernels, it * jt, Kt], placement=io.Tile(c, 2 + q),
+                                     stack_size=df.STACK_BYTES))
+    shims = {c: (take(c), take(c)) for c in range(cols)}           # (A + residual, B + bias) per column
+    group_il = max(1, (hw.shim_bds - 6) // 2)
+    operands = [a, b, r] + ([bias] if has_bias else []) + [out]
+    rt = io.Runtime()
+    with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
+        a_arg, b_arg, r_arg = args[0], args[1], args[2]
+        bias_arg, out_arg = (args[3] if has_bias else None), args[-1]
+        rt.start(*workers)
+        resident = rt.task_group()
+        if has_bias:
+            for c in range(cols):
+                bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
+                for tap in df.taps(io, bias, bi):
+                    rt.fill(b_l3[c].prod(), bias_arg, tap=tap, task_group=resident, placement=io.Tile(shims[c][1], 0))
+        for jl in range(jt):
+            for il0 in range(0, it, group_il):
+                ils = range(il0, min(it, il0 + group_il))
+                tg = rt.task_group()
+                for c in range(cols):
+                    j = jl * cols + c
+                    bt = np.broadcast_to(b_idx[:, j][None], (len(ils), Kt, k * n))
+                    for tap in df.taps(io, b, bt):
+                        rt.fill(b_l3[c].prod(), b_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][1], 0))
+                    for il in ils:
+                        starts = [min((il * rows + q) * m, M - m) for q in range(rows)]
+                        at = np.stack([a_idx[s0:s0 + m].reshape(m, Kt, k).transpose(1, 0, 2) for s0 in starts], axis=1)
+                        for tap in df.taps(io, a, at):                                    # [Kt, core, m, k]
+                            rt.fill(a_l3[c].prod(), a_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][0], 0))
+                        tiles = np.stack([r_idx[s0:s0 + m, j * n:(j + 1) * n] for s0 in starts])  # [core, m, n]
+                        if res_objs == 2:  # each A-sized object holds half the tile's rows
+                            ri = tiles.reshape(rows, 2, m // 2, n).transpose(1, 0, 2, 3)
+                        else:              # the tile, repeated to fill one A-sized object
+                            ri = np.broadcast_to(tiles[:, None], (rows, repeat, m, n))
+                        for tap in df.taps(io, r, ri):
+                            rt.fill(a_l3[c].prod(), r_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][0], 0))
+                    oi = out.index.reshape(-1, N)
+                    tiles = np.stack([oi[min((il * rows + q) * m, M - m):min((il * rows + q) * m, M - m) + m,
+                                         j * n:(j + 1) * n] for il in ils for q in range(rows)])
+                    for tap in df.taps(io, out, tiles):
+                        rt.drain(c_l3[c].cons(), out_arg, tap=tap, task_group=tg, placement=io.Tile(c, 0), wait=True)
+                rt.finish_task_group(tg)
+        rt.finish_task_group(resident)
+    params.update({"m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
+                   "tiles_per_core": it * jt, "k_steps": Kt, "residual_objects": res_objs})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 

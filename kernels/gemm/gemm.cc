@@ -107,3 +107,41 @@ NPU_KERNEL void gemm_store(const float *acc, const float *bias, int32_t has_bias
     npu_put(out, out_f32, e, npu_epilogue_unary(v, chain, n_chain, imm));
   }
 }
+
+// The residual-add epilogue: the residual tile (same [m x n] as C; fp32 for the residual stream, or bf16)
+// rides on the core's own A stream as `res_objs` extra A objects after the K steps, so a core still reads two
+// streams. The memtile blocked those objects like A tiles ([m/R][k/S][R][S] of A's elements, a_size bytes
+// each); gemm_residual finds element (row, col) of the residual in them.
+static inline float gemm_residual(const void *r0, const void *r1, int32_t r_f32, int32_t a_size, int32_t row, int32_t col,
+                                  int32_t m, int32_t n, int32_t k) {
+  const int32_t r_size = r_f32 ? 4 : 2;
+  const int32_t u = (row * n + col) * (r_size / a_size), per = m * k;  // in A elements, before blocking
+  const char *obj = (const char *)(u / per ? r1 : r0);
+  const int32_t w = u % per, rr = w / k, cc = w % k;
+  const int32_t at = ((rr / MMUL_R) * (k / MMUL_S) + cc / MMUL_S) * MMUL_R * MMUL_S + (rr % MMUL_R) * MMUL_S + cc % MMUL_S;
+  if (r_f32) {
+    float v;
+    memcpy(&v, obj + at * a_size, 4);
+    return v;
+  }
+  bf16 b;
+  memcpy(&b, obj + at * a_size, 2);
+  return to_f32(b);
+}
+
+NPU_KERNEL void gemm_store_residual(const float *acc, const float *bias, int32_t has_bias, int32_t j0, void *out,
+                                    int32_t out_f32, int32_t m, int32_t n, const int32_t *chain, int32_t n_chain,
+                                    const float *imm, const void *r0, const void *r1, int32_t r_f32, int32_t a_size,
+                                    int32_t k) {
+  NPU_ROUND_EVEN();
+  const int32_t nb = n / MMUL_T, block = MMUL_R * MMUL_T;
+  for (int32_t e = 0; e < m * n; ++e) {
+    const int32_t ib = e / (nb * block), jb = (e / block) % nb, r = (e % block) / MMUL_T, t = e % MMUL_T;
+    const int32_t row = ib * MMUL_R + r, col = jb * MMUL_T + t;
+    float v = acc[e];
+    if (has_bias) v += bias[j0 + col];
+    float res = gemm_residual(r0, r1, r_f32, a_size, row, col, m, n, k);
+    const npu_vec operands[2] = {{&res, 1, 1}, {&res, 1, 1}};
+    npu_put(out, out_f32, e, npu_epilogue(v, e, chain, n_chain, imm, operands));
+  }
+}
