@@ -1,9 +1,9 @@
 """Whisper tiny.en on the CPU: our cpu backend vs transformers (PyTorch eager), 2 threads, one process.
 
-    python bench/whisper.py
+    python bench/whisper.py [decoder] [encoder] [clips]     # default: all three
 Reports (1) the decoder per token: 32 greedy steps with the KV cache from an empty cache, ours
 (`decode_greedy`: step + Whisper's filters + argmax) vs transformers' decoder + proj_out + argmax with a
-DynamicCache; (2) the encoder per 30 s window; (3) the real-time factor of transcribing the 5 LibriVox clips
+EncoderDecoderCache (cross K/V computed once, as ours); (2) the encoder per 30 s window; (3) the real-time factor of transcribing the 5 LibriVox clips
 (features + encoder + greedy decoding with timestamps), ours `Transcriber.transcribe` vs transformers'
 WhisperFeatureExtractor + `generate(return_timestamps=True)`. ONNX Runtime is not included: exporting
 Whisper's cached decoder step needs the optimum exporter, which is not installed here.
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import sys
 
 from harness import compare, print_table, threads, torch_threads
 
@@ -48,7 +50,8 @@ def hf_model(t: Transcriber):
 
 def main():
     torch = torch_threads()
-    from transformers import DynamicCache, WhisperFeatureExtractor
+    from transformers import DynamicCache, EncoderDecoderCache, WhisperFeatureExtractor
+    sections = sys.argv[1:] or ["decoder", "encoder", "clips"]
     ours = Transcriber("whisper-tiny.en", device="cpu")
     model = hf_model(ours)
     fe = WhisperFeatureExtractor(feature_size=80)
@@ -61,23 +64,28 @@ def main():
         enc = model.model.encoder(torch.from_numpy(mel)).last_hidden_state
 
     def ours_steps():
-        token = ours.tokenizer.sot
+        tokens = [ours.tokenizer.sot]
         for pos in range(STEPS):
-            out = s.run("decode_greedy", state, tokens=np.array([[token]], np.int32), pos=pos, first=0,
-                        lo1=0, hi1=tb, lo2=tb, hi2=ours.cfg.vocab_size)
-            token = int(out["token"][0])
+            out = s.run("decode_greedy", state, tokens=np.array([[tokens[-1]]], np.int32), pos=pos, first=0,
+                        lo1=0, hi1=ours.cfg.vocab_size, lo2=0, hi2=0)  # no filters: plain argmax, as torch
+            tokens.append(int(out["token"][0]))
+        return tokens
 
     def torch_steps():
-        cache, token = DynamicCache(), ours.tokenizer.sot
+        cache, tokens = EncoderDecoderCache(DynamicCache(), DynamicCache()), [ours.tokenizer.sot]
         with torch.no_grad():
             for _ in range(STEPS):
-                h = model.model.decoder(input_ids=torch.tensor([[token]]), encoder_hidden_states=enc,
-                                        past_key_values=cache, use_cache=True).last_hidden_state
-                token = int(model.proj_out(h)[0, -1].argmax())
+                h = model.model.decoder(input_ids=torch.tensor([[tokens[-1]]]), encoder_hidden_states=enc,
+                                        cache=cache, use_cache=True).last_hidden_state
+                tokens.append(int(model.proj_out(h)[0, -1].argmax()))
+        return tokens
 
-    med = print_table(f"decoder, {STEPS} greedy steps from an empty cache (per step)",
-                      {k: [t / STEPS for t in v] for k, v in compare({"ours": ours_steps, "torch": torch_steps}).items()})
-    print(f"  (transformers ~19.6 ms/token measured earlier on this machine; ours {med['ours'] * 1e3:.1f})")
+    if "decoder" in sections:
+        print(f"  (check: the same {STEPS} greedy tokens: {ours_steps() == torch_steps()})")
+        med = print_table(f"decoder, {STEPS} greedy steps from an empty cache (per step)",
+                          {k: [t / STEPS for t in v]
+                           for k, v in compare({"ours": ours_steps, "torch": torch_steps}).items()})
+        print(f"  (transformers ~19.6 ms/token measured earlier on this machine; ours {med['ours'] * 1e3:.1f})")
 
     def ours_encode():
         s.run("encode", state, mel=mel)
@@ -86,7 +94,8 @@ def main():
         with torch.no_grad():
             model.model.encoder(torch.from_numpy(mel))
 
-    print_table("encoder, one 30 s window", compare({"ours": ours_encode, "torch": torch_encode}, min_blocks=3))
+    if "encoder" in sections:
+        print_table("encoder, one 30 s window", compare({"ours": ours_encode, "torch": torch_encode}, min_blocks=3))
 
     def ours_clips():
         return [ours.transcribe(a).text for a in audio]
@@ -100,6 +109,8 @@ def main():
                 out.append(ours.tokenizer.decode(ids).strip())
         return out
 
+    if "clips" not in sections:
+        return
     same = ours_clips() == torch_clips()
     stats = compare({"ours": ours_clips, "torch": torch_clips}, warmup=0, min_blocks=2, block_s=0.0)
     med = print_table(f"5 LibriVox clips ({seconds:.1f} s of audio), whole transcription", stats, unit=1, unit_name="s")
