@@ -84,7 +84,7 @@ def test_audio_fed_before_ready_is_transcribed():
     from pipelines.asr import Transcriber
     import soxr
 
-    wav, reference = librivox_clips()[1]
+    wav, reference = librivox_clips()[4]
     clip, _ = soundfile.read(str(wav), dtype="float32")
     clip44 = soxr.resample(clip, RATE, 44100)
     loading = threading.Event()
@@ -106,9 +106,10 @@ def test_audio_fed_before_ready_is_transcribed():
 
 
 def test_long_speech_is_committed_before_it_ends(transcriber):
-    """No VAD, 30 s of speech without pauses: agreed segments become final early and the window slides."""
-    audio = np.concatenate([soundfile.read(str(w), dtype="float32")[0] for w, _ in librivox_clips()] * 2)[:30 * RATE]
-    options = DictationOptions(vad=False, commit_after=12.0)
+    """No VAD, 20 s of speech without pauses: agreed segments become final early and the window slides.
+    (A partial every 3 s whatever the decode time, so that the test does not depend on this machine's speed.)"""
+    audio = np.concatenate([soundfile.read(str(w), dtype="float32")[0] for w, _ in librivox_clips()])[:20 * RATE]
+    options = DictationOptions(vad=False, commit_after=8.0, max_utterance=16.0, partial_every=3.0, partial_share=1e3)
     rec = Recognizer(transcriber, options)
     events = []
     for i in range(0, len(audio), RATE // 2):
@@ -122,7 +123,7 @@ def test_long_speech_is_committed_before_it_ends(transcriber):
         assert a.end <= b.start + 1e-6, "finals overlap in audio time"
     assert all(f.end - f.start <= options.max_utterance + 0.1 for _, f in finals)
     text = " ".join(f.text for _, f in finals)
-    reference = " ".join(ref for _, ref in librivox_clips()) * 2
+    reference = " ".join(ref for _, ref in librivox_clips())
     head = " ".join(reference.split()[:len(text.split())])
     assert wer(head, text) <= 0.3, text
 
