@@ -171,7 +171,7 @@ def classify(
         err(stats.summary())
         r = clf.report()
         err(f"  device: requested {r['device_requested']}, effective {r['device_effective']}"
-            + (f", NPU share {r['npu_fraction']:.0%}" if "npu_fraction" in r else ""))
+            + (f", NPU share {r['npu_fraction']['flops']:.0%} of FLOPs" if "npu_fraction" in r else ""))
     if failures:
         raise typer.Exit(1)
 
