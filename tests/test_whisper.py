@@ -155,3 +155,72 @@ def test_real_tiny_en_logits_vs_transformers(record_parity):
     ours = np.stack([s.run("decode_step", state, tokens=np.array([[t]], np.int32), pos=p)["logits"][0, 0]
                      for p, t in enumerate(tokens)])
     assert record_parity("whisper-tiny.en.logits", ours, ref)[0] <= 1e-3
+
+
+# ---- the Transcriber's multilingual path on the TINY model (no multilingual weights exist offline) ----------
+
+SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|fr|>", "<|translate|>",
+            "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    """The TINY checkpoint plus a word-level tokenizer.json with Whisper's special tokens at ids 70-80
+    and timestamps from 81."""
+    import shutil
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    for f in (FIX / "hf").iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    vocab = {f"w{i}": i for i in range(70)} | {s: 70 + i for i, s in enumerate(SPECIALS)}
+    vocab |= {f"<|{0.02 * i:.2f}|>": 81 + i for i in range(15)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(SPECIALS)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    return tmp_path
+
+
+def _fed(transcriber):
+    """Record (entry, token, pos) of every decoder call."""
+    calls, run = [], transcriber.session.run
+
+    def spy(entry, state=None, **inputs):
+        if "tokens" in inputs:
+            calls.append((entry, int(inputs["tokens"][0, 0]), int(inputs["pos"])))
+        return run(entry, state, **inputs)
+    transcriber.session.run = spy
+    return calls
+
+
+@pytest.mark.parametrize("language", [None, "de"])
+def test_multilingual_prompt_and_language_detection(tiny_folder, language):
+    from pipelines.asr import Transcriber, TranscribeOptions
+    t = Transcriber(str(tiny_folder), device="cpu")
+    assert t.tokenizer.timestamp_begin == 81 and set(t.tokenizer.languages) == {"en", "de", "fr"}
+    t.english_only = False  # the TINY vocabulary is far below Whisper's multilingual 51865
+    t.options = TranscribeOptions(language=language, task="translate")
+    calls = _fed(t)
+    audio = np.random.default_rng(0).standard_normal(16000 * 2).astype(np.float32) * 0.1
+    result = t.transcribe(audio)
+    assert result.language in ("en", "de", "fr") and (language is None or result.language == language)
+    prompt = [(e, tok) for e, tok, pos in calls if pos < 3][-3:]
+    assert [tok for _, tok in prompt] == [71, t.tokenizer.languages[result.language], 75]  # sot, lang, translate
+    if language is None:  # detection reads <|startoftranscript|>'s logits among the language tokens
+        assert calls[0] == ("decode_step", 71, 0)
+
+
+def test_temperature_fallback_samples_reproducibly(tiny_folder):
+    """A log-prob threshold no output can meet forces every temperature; sampling is seeded."""
+    from pipelines.asr import Transcriber, TranscribeOptions
+    options = TranscribeOptions(temperatures=(0.0, 0.5, 1.0), logprob_threshold=0.0, no_speech_threshold=None)
+    audio = np.random.default_rng(0).standard_normal(16000 * 2).astype(np.float32) * 0.1
+    texts = []
+    for _ in range(2):
+        t = Transcriber(str(tiny_folder), device="cpu", options=options)
+        calls = _fed(t)
+        texts.append(t.transcribe(audio).text)
+        greedy = [c for c in calls if c[0] == "decode_greedy"]
+        sampled_steps = [c for c in calls if c[0] == "decode_step" and c[2] > 0]
+        assert greedy and sampled_steps  # temperature 0 ran on the device, the fallbacks sampled full logits
+    assert texts[0] == texts[1]
