@@ -446,6 +446,11 @@ def check(rec: Record, target) -> list[str]:
 
 def _check_calls(rec):
     found = []
+    declared: dict[str, list] = {}
+    for kernel, _, _ in rec.calls:  # an MLIR function has one signature
+        first = declared.setdefault(kernel.name, kernel.arg_types)
+        if [str(t) for t in first] != [str(t) for t in kernel.arg_types]:
+            found.append(f"{kernel.name} is declared with two different signatures")
     for kernel, args, worker in rec.calls:
         sigs = kernel_signatures(kernel.bin_name)
         if kernel.name not in sigs:

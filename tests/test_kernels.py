@@ -244,6 +244,51 @@ def test_gemm_residual_epilogue_matches_emu(lib, record_parity, mac):
     check(record_parity, f"gemm{R}x{S}x{T}+residual", out, ref)
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_gemm_norm_prologue_matches_emu(lib, record_parity, op):
+    """A norm fused into the GEMM that reads it: statistics over whole A rows (two passes over the A tiles),
+    then each A tile normalised into bf16 and multiplied."""
+    R, S, T = 4, 8, 4
+    M, K, N, m, k, n = 8, 32, 16, 8, 16, 16
+    g = rng(19)
+    x = (g.normal(size=(M, K)) * 2 + 0.5).astype(np.float32)             # the residual stream: fp32 A
+    w, b = g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
+    gamma, beta = g.normal(size=K).astype(np.float32), g.normal(size=K).astype(np.float32)
+    recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
+    packed = layout.pack(recipe, {"w": w})
+    tiling = {"M": M, "K": K, "N": N, "m": m, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16"}
+    norm_inputs = {"gamma": gamma, "beta": beta} if op == "layer_norm" else {"gamma": gamma}
+    prologue = {"op": op, "attrs": {"eps": 1e-5}, "operands": list(range(3, 3 + len(norm_inputs)))}
+    ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b, **norm_inputs}, chain=[],
+                 tiling=tiling, n_head=3, prologue=prologue)
+    gemm = lib("gemm", MMUL_R=R, MMUL_S=S, MMUL_T=T)
+    centred = int(op == "layer_norm")
+    st, kpos, a_norm = np.zeros(2 * m, np.float32), np.zeros(1, np.int32), np.zeros(m * k, BF16)
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    out = np.zeros((M, N), np.float32)
+    for j in range(N // n):
+        tiles = [blocked(x[:, q * k:(q + 1) * k], R, S) for q in range(K // k)]
+        call(gemm, "gemm_prologue_begin", st, kpos, m)
+        if centred:
+            for t in tiles:
+                call(gemm, "gemm_prologue_sum", t, 1, st, m, k)
+        for t in tiles:
+            call(gemm, "gemm_prologue_squares", t, 1, st, m, k, K, centred)
+        acc = np.zeros(m * n, np.float32)
+        call(gemm, "gemm_zero", acc, m, n)
+        for q, t in enumerate(tiles):
+            bt = blocked(packed[q, j], S, T)
+            if centred:
+                call(gemm, "gemm_prologue_apply", t, 1, gamma, beta, centred, st, kpos, a_norm, m, k, K, centred, 1e-5)
+                call(gemm, "gemm_mac", a_norm, 0, bt, acc, m, k, n)
+            else:  # the one call the design makes: normalise, then multiply
+                call(gemm, "gemm_prologue_mac", t, 1, gamma, beta, 0, st, kpos, a_norm, bt, acc, m, k, n, K, 0, 1e-5)
+        c = np.zeros(m * n, BF16)
+        call(gemm, "gemm_store", acc, b, 1, j * n, c, 0, m, n, chain, 0, imm)
+        out[:, j * n:(j + 1) * n] = unblocked(c.astype(np.float32), m, n, R, T)
+    check(record_parity, f"gemm with a {op} prologue", out, ref)
+
+
 def test_gemv_matches_emu(lib, record_parity):
     K, N, k, n = 48, 64, 16, 32
     g = rng(2)

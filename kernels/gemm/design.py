@@ -57,9 +57,6 @@ def build(target: str, step, buffers: dict, params: dict):
     if n_operands > 1:
         raise df.DesignError("a GEMM epilogue that reads an operand tile more than once (two residuals): "
                              "a core has two input DMA channels")
-    if "prologue" in step.attrs:
-        raise df.DesignError("a norm prologue on the A rows (whole-row statistics, gamma and beta inside the "
-                             "GEMM) is not expressed by this design")
     if "state_writes" in step.attrs:
         raise df.DesignError("an output written into the KV cache at the runtime position needs a "
                              "dynamic-offset drain (a scratchpad parameter), not expressed by this design")
@@ -93,10 +90,10 @@ def build(target: str, step, buffers: dict, params: dict):
         raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}: the output buffer "
                              f"needs padding to {t['Np']} columns")
 
-    if n_operands:
-        if step.op != "gemm" or len(outs) > 1 or "state_writes" in step.attrs:
+    if n_operands or "prologue" in step.attrs:
+        if step.op != "gemm" or (n_operands and len(outs) > 1) or "state_writes" in step.attrs:
             raise df.DesignError("an epilogue that reads an operand, on a bmm or merged projections: not expressed")
-        return _build_residual(target, step, params, a, a_idx, b, b_idx, bias, outs[0], buffers)
+        return _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers)
     grid = _grid(hw, Mt, Nt, t["cores"])
     cols, rows, shim = grid["cols"], grid["rows"], grid["shim"]
     it, jt = Mt // rows, Nt // cols                                  # tiles per core along M and N
@@ -194,10 +191,12 @@ def build(target: str, step, buffers: dict, params: dict):
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 
-def _build_residual(target, step, params, a, a_idx, b, b_idx, bias, out, buffers):
-    """GEMM + residual add: each core gets its own A stream (split per column in the memtile instead of
-    broadcast along a core row), and after the K steps of each output tile the residual tile follows on it as
-    A-sized objects; gemm_store_residual reads the residual out of them. A core still reads two streams."""
+def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers):
+    """GEMM with a residual add and / or a norm prologue: each core gets its own A stream (split per column in
+    the memtile instead of broadcast along a core row). With a prologue the A row tiles stream once more per
+    statistic before the K loop, and gamma / beta lead the B stream (after the bias) into L1; with a residual,
+    after the K steps of each output tile the residual tile follows on the A stream as A-sized objects, read
+    back by gemm_store_residual. A core still reads two streams."""
     io = df.iron()
     hw = TARGETS[target]
     t = step.attrs["tiling"]
@@ -206,19 +205,31 @@ def _build_residual(target, step, params, a, a_idx, b, b_idx, bias, out, buffers
     if M < m:
         m = (M // R) * R
     Mt, Kt, Nt = math.ceil(M / m), t["Kp"] // k, t["Np"] // n
-    slot = next(c["operand"] for c in step.attrs["chain"] if c["operand"] is not None)
-    r = df.operand(step.inputs[slot], buffers[step.inputs[slot]], step.attrs["views"][slot])
-    if r.dtype.itemsize < a.dtype.itemsize:
-        raise df.DesignError("a bf16 residual beside an fp32 A: not expressed")
-    r_idx = np.broadcast_to(r.index, tuple(r.index.shape[:-2]) + (r.index.shape[-2], N)).reshape(M, N) \
-        if r.index.size != M * N else r.index.reshape(M, N)
-    a_bytes, r_bytes = m * k * a.dtype.itemsize, m * n * r.dtype.itemsize
-    if a_bytes >= r_bytes and a_bytes % r_bytes == 0:
-        res_objs, repeat = 1, a_bytes // r_bytes
-    elif r_bytes % a_bytes == 0 and r_bytes // a_bytes <= 2 and m % (r_bytes // a_bytes) == 0:
-        res_objs, repeat = r_bytes // a_bytes, 1
-    else:
-        raise df.DesignError(f"a residual tile of {r_bytes} bytes does not pack into A objects of {a_bytes}")
+    out = outs[0]
+    slot = next((c["operand"] for c in step.attrs["chain"] if c["operand"] is not None), None)
+    res_objs, repeat, r = 0, 0, None
+    if slot is not None:
+        r = df.operand(step.inputs[slot], buffers[step.inputs[slot]], step.attrs["views"][slot])
+        if r.dtype.itemsize < a.dtype.itemsize:
+            raise df.DesignError("a bf16 residual beside an fp32 A: not expressed")
+        r_idx = np.broadcast_to(r.index, tuple(r.index.shape[:-2]) + (r.index.shape[-2], N)).reshape(M, N) \
+            if r.index.size != M * N else r.index.reshape(M, N)
+        a_bytes, r_bytes = m * k * a.dtype.itemsize, m * n * r.dtype.itemsize
+        if a_bytes >= r_bytes and a_bytes % r_bytes == 0:
+            res_objs, repeat = 1, a_bytes // r_bytes
+        elif r_bytes % a_bytes == 0 and r_bytes // a_bytes <= 2 and m % (r_bytes // a_bytes) == 0:
+            res_objs, repeat = r_bytes // a_bytes, 1
+        else:
+            raise df.DesignError(f"a residual tile of {r_bytes} bytes does not pack into A objects of {a_bytes}")
+    pro = step.attrs.get("prologue")
+    gb = [df.operand(step.inputs[i], buffers[step.inputs[i]], step.attrs["views"][i]) for i in pro["operands"]] \
+        if pro else []
+    centred = int(bool(pro) and pro["op"] == "layer_norm")
+    has_beta = int(len(gb) > 1)
+    eps = float(pro["attrs"]["eps"]) if pro else 0.0
+    if any(o.dtype != np.float32 for o in gb):
+        raise df.DesignError("norm prologue weights that are not fp32 vectors")
+    a_passes = 1 + (1 if pro else 0) + centred              # the A tiles stream once per statistic, then the K loop
     has_bias = bias is not None
     take = df.shim_allotter(hw)
     grid = None
@@ -236,15 +247,25 @@ def _build_residual(target, step, params, a, a_idx, b, b_idx, bias, out, buffers
     g = math.gcd(2 * jt, k)
     bias_objects, bias_repeat = (2 * jt // g, k // g) if has_bias else (0, 0)
     floats_per_object = k * n // 2
-    a_f32, out_f32, r_f32 = df.is_f32(a), df.is_f32(out), df.is_f32(r)
+    a_f32, out_f32, r_f32 = df.is_f32(a), df.is_f32(out), (df.is_f32(r) if r is not None else 0)
+    vec_objects = [math.ceil(K / floats_per_object) for _ in gb]  # gamma (and beta) after the bias on B
     a_ty, b_ty, c_ty = df.tensor(m * k, a.dtype), df.tensor(k * n), df.tensor(m * n, out.dtype)
-    acc_ty, bias_ty = df.tensor(m * n, np.float32), df.tensor(max(jt * n, 1), np.float32)
+    acc_ty = df.tensor(m * n, np.float32)
     vec_i, vec_f, i32 = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32), np.int32
+    # bias, gamma and beta share one L1 vector type: gemm_bias_load loads all three (one MLIR signature)
+    bias_ty = kvec_ty = df.tensor(max(jt * n, K if pro else 1), np.float32)
+    st_ty, kpos_ty, an_ty = df.tensor(2 * m, np.float32), df.tensor(1, np.int32), df.tensor(m * k)
     kernels = [io.Kernel("gemm_zero", "gemm.o", [acc_ty, i32, i32]),
                io.Kernel("gemm_mac", "gemm.o", [a_ty, i32, b_ty, acc_ty, i32, i32, i32]),
                io.Kernel("gemm_bias_load", "gemm.o", [b_ty, bias_ty, i32, i32, i32, i32]),
                io.Kernel("gemm_store_residual", "gemm.o", [acc_ty, bias_ty, i32, i32, c_ty, i32, i32, i32, vec_i,
-                                                           i32, vec_f, a_ty, a_ty, i32, i32, i32])]
+                                                           i32, vec_f, a_ty, a_ty, i32, i32, i32]),
+               io.Kernel("gemm_store", "gemm.o", [acc_ty, bias_ty, i32, i32, c_ty, i32, i32, i32, vec_i, i32, vec_f]),
+               io.Kernel("gemm_prologue_begin", "gemm.o", [st_ty, kpos_ty, i32]),
+               io.Kernel("gemm_prologue_sum", "gemm.o", [a_ty, i32, st_ty, i32, i32]),
+               io.Kernel("gemm_prologue_squares", "gemm.o", [a_ty, i32, st_ty, i32, i32, i32, i32]),
+               io.Kernel("gemm_prologue_mac", "gemm.o", [a_ty, i32, kvec_ty, kvec_ty, i32, st_ty, kpos_ty, an_ty, b_ty,
+                                                        acc_ty, i32, i32, i32, i32, i32, np.float32])]
     words, imms = df.encode_chain(step.attrs["chain"], step.attrs.get("n_head", 3))
     n_chain = len(step.attrs["chain"])
 
@@ -260,27 +281,50 @@ def _build_residual(target, step, params, a, a_idx, b, b_idx, bias, out, buffers
     c_l2 = [c_l3[c].prod().join([q * m * n for q in range(rows)], placement=io.Tile(c, 1), obj_types=[c_ty] * rows,
                                 depths=[2] * rows, names=[f"gemm_c{c}r{q}" for q in range(rows)]) for c in range(cols)]
 
-    def body(a_in, b_in, c_out, acc, bias_buf, chain, imm, zero, mac, load_bias, store, tiles, k_steps):
+    def body(a_in, b_in, c_out, acc, bias_buf, chain, imm, gamma, beta, st, kpos, a_norm, zero, mac, load_vec,
+             store_res, store, begin, ksum, squares, pro_mac, tiles, k_steps):
+        load_bias = load_vec
         for q in range(bias_objects):
             first = q * floats_per_object
             bt = b_in.acquire(1)
             load_bias(bt, bias_buf, first, max(0, min(floats_per_object, jt * n - first)), k, n)
             b_in.release(1)
+        for dst, count in zip((gamma, beta), vec_objects):
+            for q in range(count):
+                bt = b_in.acquire(1)
+                load_vec(bt, dst, q * floats_per_object, min(floats_per_object, K - q * floats_per_object), k, n)
+                b_in.release(1)
         for jl in range(jt):
             for _ in io.range_(tiles // jt):
                 zero(acc, m, n)
+                if pro:
+                    begin(st, kpos, m)
+                    for stat in ((ksum,) if centred else ()) + (squares,):
+                        for _ in io.range_(k_steps):
+                            at = a_in.acquire(1)
+                            if stat is ksum:
+                                ksum(at, a_f32, st, m, k)
+                            else:
+                                squares(at, a_f32, st, m, k, K, centred)
+                            a_in.release(1)
                 for _ in io.range_(k_steps):
                     at, bt = a_in.acquire(1), b_in.acquire(1)
-                    mac(at, a_f32, bt, acc, m, k, n)
+                    if pro:
+                        pro_mac(at, a_f32, gamma, beta, has_beta, st, kpos, a_norm, bt, acc, m, k, n, K, centred, eps)
+                    else:
+                        mac(at, a_f32, bt, acc, m, k, n)
                     a_in.release(1)
                     b_in.release(1)
-                res = a_in.acquire(res_objs)  # one object, or an indexable pair
-                r0, r1 = (res[0], res[1]) if res_objs == 2 else (res, res)
                 ct = c_out.acquire(1)
-                store(acc, bias_buf, int(has_bias), jl * n, ct, out_f32, m, n, chain, n_chain, imm, r0, r1, r_f32,
-                      a.dtype.itemsize, k)
+                if res_objs:
+                    res = a_in.acquire(res_objs)  # one object, or an indexable pair
+                    r0, r1 = (res[0], res[1]) if res_objs == 2 else (res, res)
+                    store_res(acc, bias_buf, int(has_bias), jl * n, ct, out_f32, m, n, chain, n_chain, imm, r0, r1,
+                              r_f32, a.dtype.itemsize, k)
+                    a_in.release(res_objs)
+                else:
+                    store(acc, bias_buf, int(has_bias), jl * n, ct, out_f32, m, n, chain, n_chain, imm)
                 c_out.release(1)
-                a_in.release(res_objs)
 
     workers = []
     for c in range(cols):
@@ -288,23 +332,37 @@ def _build_residual(target, step, params, a, a_idx, b, b_idx, bias, out, buffers
             bufs = [io.GlobalBuffer(acc_ty, name=f"gemm_acc_c{c}r{q}"), io.GlobalBuffer(bias_ty, name=f"gemm_bias_c{c}r{q}"),
                     io.GlobalBuffer(vec_i, initial_value=words, name=f"gemm_chain_c{c}r{q}"),
                     io.GlobalBuffer(vec_f, initial_value=imms, name=f"gemm_imm_c{c}r{q}")]
+            if pro:  # the norm's gamma / beta for the whole K, its statistics, the normalised A tile
+                bufs += [io.GlobalBuffer(kvec_ty, name=f"gemm_gamma_c{c}r{q}"), io.GlobalBuffer(kvec_ty, name=f"gemm_beta_c{c}r{q}"),
+                         io.GlobalBuffer(st_ty, name=f"gemm_st_c{c}r{q}"), io.GlobalBuffer(kpos_ty, name=f"gemm_kpos_c{c}r{q}"),
+                         io.GlobalBuffer(an_ty, name=f"gemm_anorm_c{c}r{q}")]
+            else:
+                bufs += [None] * 5
             workers.append(io.Worker(body, [a_l2[c][q].cons(), b_l2[c].cons(), c_l2[c][q].prod(), *bufs,
                                             *kernels, it * jt, Kt], placement=io.Tile(c, 2 + q),
                                      stack_size=df.STACK_BYTES))
     shims = {c: (take(c), take(c)) for c in range(cols)}           # (A + residual, B + bias) per column
     group_il = max(1, (hw.shim_bds - 6) // 2)
-    operands = [a, b, r] + ([bias] if has_bias else []) + [out]
+    operands = [a, b] + ([r] if r is not None else []) + ([bias] if has_bias else []) + gb + list(outs)
+    splits = step.attrs.get("n_splits") or [N]
     rt = io.Runtime()
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
-        a_arg, b_arg, r_arg = args[0], args[1], args[2]
-        bias_arg, out_arg = (args[3] if has_bias else None), args[-1]
+        a_arg, b_arg = args[0], args[1]
+        r_arg = args[2] if r is not None else None
+        bias_arg = args[2 + (r is not None)] if has_bias else None
+        gb_args = args[2 + (r is not None) + has_bias:len(args) - len(outs)]
+        out_args = args[len(args) - len(outs):]
         rt.start(*workers)
         resident = rt.task_group()
-        if has_bias:
-            for c in range(cols):
+        for c in range(cols):
+            if has_bias:
                 bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
                 for tap in df.taps(io, bias, bi):
                     rt.fill(b_l3[c].prod(), bias_arg, tap=tap, task_group=resident, placement=io.Tile(shims[c][1], 0))
+            for vec, arg, count in zip(gb, gb_args, vec_objects):  # gamma, beta: K floats, whole objects
+                vi = np.resize(vec.index, count * floats_per_object).reshape(count, floats_per_object)
+                for tap in df.taps(io, vec, vi):
+                    rt.fill(b_l3[c].prod(), arg, tap=tap, task_group=resident, placement=io.Tile(shims[c][1], 0))
         for jl in range(jt):
             for il0 in range(0, it, group_il):
                 ils = range(il0, min(it, il0 + group_il))
@@ -317,8 +375,11 @@ def _build_residual(target, step, params, a, a_idx, b, b_idx, bias, out, buffers
                     for il in ils:
                         starts = [min((il * rows + q) * m, M - m) for q in range(rows)]
                         at = np.stack([a_idx[s0:s0 + m].reshape(m, Kt, k).transpose(1, 0, 2) for s0 in starts], axis=1)
-                        for tap in df.taps(io, a, at):                                    # [Kt, core, m, k]
+                        at = np.broadcast_to(at[None], (a_passes,) + at.shape)           # [pass, Kt, core, m, k]
+                        for tap in df.taps(io, a, at):
                             rt.fill(a_l3[c].prod(), a_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][0], 0))
+                        if not res_objs:
+                            continue
                         tiles = np.stack([r_idx[s0:s0 + m, j * n:(j + 1) * n] for s0 in starts])  # [core, m, n]
                         if res_objs == 2:  # each A-sized object holds half the tile's rows
                             ri = tiles.reshape(rows, 2, m // 2, n).transpose(1, 0, 2, 3)
@@ -326,15 +387,19 @@ def _build_residual(target, step, params, a, a_idx, b, b_idx, bias, out, buffers
                             ri = np.broadcast_to(tiles[:, None], (rows, repeat, m, n))
                         for tap in df.taps(io, r, ri):
                             rt.fill(a_l3[c].prod(), r_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][0], 0))
-                    oi = out.index.reshape(-1, N)
+                    o = _owner(splits, j * n)
+                    lo = sum(splits[:o])
+                    oi = outs[o].index.reshape(-1, outs[o].shape[-1])
                     tiles = np.stack([oi[min((il * rows + q) * m, M - m):min((il * rows + q) * m, M - m) + m,
-                                         j * n:(j + 1) * n] for il in ils for q in range(rows)])
-                    for tap in df.taps(io, out, tiles):
-                        rt.drain(c_l3[c].cons(), out_arg, tap=tap, task_group=tg, placement=io.Tile(c, 0), wait=True)
+                                         j * n - lo:(j + 1) * n - lo] for il in ils for q in range(rows)])
+                    for tap in df.taps(io, outs[o], tiles):
+                        rt.drain(c_l3[c].cons(), out_args[o], tap=tap, task_group=tg, placement=io.Tile(c, 0),
+                                 wait=True)
                 rt.finish_task_group(tg)
         rt.finish_task_group(resident)
     params.update({"m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
-                   "tiles_per_core": it * jt, "k_steps": Kt, "residual_objects": res_objs})
+                   "tiles_per_core": it * jt, "k_steps": Kt, "residual_objects": res_objs,
+                   "prologue": pro["op"] if pro else None})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 

@@ -145,3 +145,69 @@ NPU_KERNEL void gemm_store_residual(const float *acc, const float *bias, int32_t
     npu_put(out, out_f32, e, npu_epilogue(v, e, chain, n_chain, imm, operands));
   }
 }
+
+// The norm prologue (a layer_norm / rms_norm whose only reader is this GEMM, fused by the compiler): the
+// core streams each A row tile through itself once more per statistic (sum, then centred squares; rms_norm
+// only the squares) before the K loop, keeps gamma and beta for the whole K in L1 (loaded like the bias, from
+// the first objects of the B stream), and normalises each A tile into a bf16 tile the MACs read, exactly as
+// emu.py's _gemm rounds the normalised rows to bf16. st: [sum[m], squares[m]]; kpos: the K offset of the next
+// tile (advanced by gemm_prologue_apply, wrapping at K).
+static inline int32_t gemm_a_at(int32_t row, int32_t col, int32_t k) {
+  return ((row / MMUL_R) * (k / MMUL_S) + col / MMUL_S) * MMUL_R * MMUL_S + (row % MMUL_R) * MMUL_S + col % MMUL_S;
+}
+
+NPU_KERNEL void gemm_prologue_begin(float *st, int32_t *kpos, int32_t m) {
+  for (int32_t i = 0; i < 2 * m; ++i) st[i] = 0.0f;
+  *kpos = 0;
+}
+
+NPU_KERNEL void gemm_prologue_sum(const void *a, int32_t a_f32, float *st, int32_t m, int32_t k) {
+  const npu_vec av = {a, a_f32, 0};
+  for (int32_t row = 0; row < m; ++row) {
+    float s = 0.0f;
+    for (int32_t col = 0; col < k; ++col) s += npu_get(av, gemm_a_at(row, col, k));
+    st[row] += s;
+  }
+}
+
+NPU_KERNEL void gemm_prologue_squares(const void *a, int32_t a_f32, float *st, int32_t m, int32_t k, int32_t K,
+                                      int32_t centred) {
+  const npu_vec av = {a, a_f32, 0};
+  for (int32_t row = 0; row < m; ++row) {
+    const float mu = centred ? st[row] / (float)K : 0.0f;
+    float s = 0.0f;
+    for (int32_t col = 0; col < k; ++col) {
+      float d = npu_get(av, gemm_a_at(row, col, k)) - mu;
+      s += d * d;
+    }
+    st[m + row] += s;
+  }
+}
+
+NPU_KERNEL void gemm_prologue_apply(const void *a, int32_t a_f32, const float *gamma, const float *beta,
+                                    int32_t has_beta, float *st, int32_t *kpos, bf16 *a_norm, int32_t m, int32_t k,
+                                    int32_t K, int32_t centred, float eps) {
+  NPU_ROUND_EVEN();
+  const npu_vec av = {a, a_f32, 0};
+  const int32_t k0 = *kpos;
+  for (int32_t row = 0; row < m; ++row) {
+    const float mu = centred ? st[row] / (float)K : 0.0f;
+    const float denom = __builtin_sqrtf(st[m + row] / (float)K + eps);
+    for (int32_t col = 0; col < k; ++col) {
+      const int32_t at = gemm_a_at(row, col, k);
+      float v = (npu_get(av, at) - mu) / denom * gamma[k0 + col];
+      if (has_beta) v += beta[k0 + col];
+      a_norm[at] = to_bf16(v);
+    }
+  }
+  *kpos = k0 + k == K ? 0 : k0 + k;
+}
+
+// gemm_prologue_apply then gemm_mac on the normalised tile: one call, so the design declares gemm_mac with one
+// A type only (an MLIR function has one signature).
+NPU_KERNEL void gemm_prologue_mac(const void *a, int32_t a_f32, const float *gamma, const float *beta, int32_t has_beta,
+                                  float *st, int32_t *kpos, bf16 *a_norm, const bf16 *b, float *acc, int32_t m,
+                                  int32_t k, int32_t n, int32_t K, int32_t centred, float eps) {
+  gemm_prologue_apply(a, a_f32, gamma, beta, has_beta, st, kpos, a_norm, m, k, K, centred, eps);
+  gemm_mac(a_norm, 0, b, acc, m, k, n);
+}
