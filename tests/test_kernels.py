@@ -315,6 +315,33 @@ def test_gemv_matches_emu(lib, record_parity):
     check(record_parity, "gemv+gelu_tanh", out, ref[0])
 
 
+def test_gemv_residual_epilogue_matches_emu(lib, record_parity):
+    K, N, k, n = 32, 32, 16, 16
+    g = rng(20)
+    x, w, b = bf16(g.normal(size=(1, K))), g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
+    res = g.normal(size=(1, N)).astype(np.float32)
+    recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
+    packed = layout.pack(recipe, {"w": w})
+    chain = chain_of(("add", 3, False))
+    tiling = {"M": 1, "K": K, "N": N, "m": 4, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16"}
+    ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b, "res": res}, out_dtype=np.float32,
+                 chain=chain, tiling=tiling, n_head=3)
+    gemv = lib("gemv")
+    words, imms = dataflow.encode_chain(chain, 3)
+    out = np.zeros(N, np.float32)
+    for j in range(N // n):
+        acc = np.zeros(n, np.float32)
+        call(gemv, "gemv_zero", acc, n)
+        for q in range(K // k):
+            call(gemv, "gemv_mac", np.ascontiguousarray(x[0, q * k:(q + 1) * k]), 0,
+                 np.ascontiguousarray(packed[q, j].reshape(-1)), acc, k, n)
+        r_obj = np.ascontiguousarray(np.tile(res[0, j * n:(j + 1) * n], k // 2))   # one W-sized object
+        y = np.zeros(n, np.float32)
+        call(gemv, "gemv_store_residual", acc, b, 1, j * n, y, 1, n, words, 1, imms, r_obj, 1)
+        out[j * n:(j + 1) * n] = y
+    check(record_parity, "gemv+residual", out, ref[0])
+
+
 # ---- streaming kernels: joined operand objects ------------------------------------------------------------
 
 def joined(*operands):

@@ -19,7 +19,8 @@ def build(target: str, step, buffers: dict, params: dict):
     hw = TARGETS[target]
     t = step.attrs["tiling"]
     K, N, k, n = t["K"], t["N"], t["k"], t["n"]
-    for what, refused in (("an epilogue that reads an operand", any(c["operand"] is not None for c in step.attrs["chain"])),
+    slots = [c["operand"] for c in step.attrs["chain"] if c["operand"] is not None]
+    for what, refused in (("an epilogue that reads two operands", len(slots) > 1),
                           ("a norm prologue", "prologue" in step.attrs),
                           ("an output into the KV cache at the runtime position", "state_writes" in step.attrs)):
         if refused:
@@ -42,6 +43,11 @@ def build(target: str, step, buffers: dict, params: dict):
     bias_objects, bias_repeat = (2 * jt // g, k // g) if has_bias else (0, 0)
     floats_per_object = k * n // 2
     x_f32, y_f32 = df.is_f32(x), df.is_f32(outs[0])
+    r = df.operand(step.inputs[slots[0]], buffers[step.inputs[slots[0]]], step.attrs["views"][slots[0]]) \
+        if slots else None
+    if r is not None and (len(outs) > 1 or (2 * k * n) % (n * r.dtype.itemsize)):
+        raise df.DesignError("GEMV with an epilogue that reads an operand, on merged projections or odd tiles")
+    r_repeat = 2 * k * n // (n * r.dtype.itemsize) if r is not None else 0
 
     io = df.iron()
     i32 = np.int32
@@ -51,11 +57,13 @@ def build(target: str, step, buffers: dict, params: dict):
     kernels = [io.Kernel("gemv_zero", "gemv.o", [acc_t, i32]),
                io.Kernel("gemv_mac", "gemv.o", [x_t, i32, w_t, acc_t, i32, i32]),
                io.Kernel("gemv_bias_load", "gemv.o", [w_t, bias_t, i32, i32]),
-               io.Kernel("gemv_store", "gemv.o", [acc_t, bias_t, i32, i32, y_t, i32, i32, vec_i, i32, vec_f])]
+               io.Kernel("gemv_store", "gemv.o", [acc_t, bias_t, i32, i32, y_t, i32, i32, vec_i, i32, vec_f]),
+               io.Kernel("gemv_store_residual", "gemv.o", [acc_t, bias_t, i32, i32, y_t, i32, i32, vec_i, i32, vec_f,
+                                                           w_t, i32])]
     words, imms = df.encode_chain(step.attrs["chain"], 3)
     n_chain = len(step.attrs["chain"])
 
-    def body(x_in, w_in, y_out, acc, bias_buf, chain, imm, zero, mac, load_bias, store, k_steps):
+    def body(x_in, w_in, y_out, acc, bias_buf, chain, imm, zero, mac, load_bias, store, store_res, k_steps):
         for q in range(bias_objects):
             first = q * floats_per_object
             wt = w_in.acquire(1)
@@ -69,10 +77,17 @@ def build(target: str, step, buffers: dict, params: dict):
                 x_in.release(1)
                 w_in.release(1)
             y = y_out.acquire(1)
-            store(acc, bias_buf, int(has_bias), jl * n, y, y_f32, n, chain, n_chain, imm)
+            if r is not None:  # the residual slice follows the tile's weights on the W stream
+                rt_obj = w_in.acquire(1)
+                store_res(acc, bias_buf, int(has_bias), jl * n, y, y_f32, n, chain, n_chain, imm, rt_obj,
+                          df.is_f32(r))
+                w_in.release(1)
+            else:
+                store(acc, bias_buf, int(has_bias), jl * n, y, y_f32, n, chain, n_chain, imm)
             y_out.release(1)
 
     take = df.shim_allotter(hw)
+    operands_base = 3 if has_bias else 2          # the residual's position among the runtime operands
     x_l3 = io.ObjectFifo(x_t, depth=2, name="gemv_x")
     x_bc = x_l3.cons().forward(placement=io.Tile(0, 1), name="gemv_x_bc", depth=2)
     x_shim = take(0)
@@ -95,14 +110,21 @@ def build(target: str, step, buffers: dict, params: dict):
         if has_bias:
             bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cores][None], (bias_repeat, jt, n))
             fills.append((w_fifo, 2, bi, shim))
-        fills.append((w_fifo, 1, wi[:, c::cores].transpose(1, 0, 2), shim))
+        if r is None:
+            fills.append((w_fifo, 1, wi[:, c::cores].transpose(1, 0, 2), shim))
+        else:  # per column tile: its weights, then its residual slice repeated to one W object
+            for jl in range(jt):
+                j = jl * cores + c
+                fills.append((w_fifo, 1, wi[:, j], shim))
+                fills.append((w_fifo, operands_base, np.broadcast_to(r.index.reshape(-1)[j * n:(j + 1) * n],
+                                                                          (r_repeat, n)), shim))
         for jl in range(jt):
             j = jl * cores + c
             o = int(np.searchsorted(np.cumsum(splits), j * n, side="right"))
             lo = sum(splits[:o])
             drains.append((y_fifo, o, outs[o].index.reshape(-1)[j * n - lo:(j + 1) * n - lo], col))
 
-    operands = [x, w] + ([bias] if has_bias else []) + outs
+    operands = [x, w] + ([bias] if has_bias else []) + ([r] if r is not None else []) + outs
     rt = io.Runtime()
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
         rt.start(*workers)

@@ -50,3 +50,18 @@ NPU_KERNEL void gemv_store(const float *acc, const float *bias, int32_t has_bias
     npu_put(out, out_f32, j, npu_epilogue_unary(v, chain, n_chain, imm));
   }
 }
+
+// The residual-add epilogue: the residual slice [n] (fp32 for the residual stream, or bf16) rides on the core's
+// own W stream as one W-sized object after each column tile's K steps (the slice repeated to fill it).
+NPU_KERNEL void gemv_store_residual(const float *acc, const float *bias, int32_t has_bias, int32_t j0, void *out,
+                                    int32_t out_f32, int32_t n, const int32_t *chain, int32_t n_chain,
+                                    const float *imm, const void *r_obj, int32_t r_f32) {
+  NPU_ROUND_EVEN();
+  const npu_vec res = {r_obj, r_f32, 0};
+  for (int32_t j = 0; j < n; ++j) {
+    float v = acc[j] + (has_bias ? bias[j0 + j] : 0.0f);
+    float r = npu_get(res, j);
+    const npu_vec operands[2] = {{&r, 1, 1}, {&r, 1, 1}};
+    npu_put(out, out_f32, j, npu_epilogue(v, j, chain, n_chain, imm, operands));
+  }
+}
