@@ -342,6 +342,44 @@ def test_gemv_residual_epilogue_matches_emu(lib, record_parity):
     check(record_parity, "gemv+residual", out, ref[0])
 
 
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_gemv_norm_prologue_matches_emu(lib, record_parity, op):
+    K, N, k, n = 32, 32, 16, 16
+    g = rng(21)
+    x = (g.normal(size=(1, K)) * 2 + 0.5).astype(np.float32)
+    w, b = g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
+    gamma, beta = g.normal(size=K).astype(np.float32), g.normal(size=K).astype(np.float32)
+    recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
+    packed = layout.pack(recipe, {"w": w})
+    tiling = {"M": 1, "K": K, "N": N, "m": 4, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16"}
+    norm_inputs = {"gamma": gamma, "beta": beta} if op == "layer_norm" else {"gamma": gamma}
+    prologue = {"op": op, "attrs": {"eps": 1e-5}, "operands": list(range(3, 3 + len(norm_inputs)))}
+    ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b, **norm_inputs}, tiling=tiling, n_head=3,
+                 prologue=prologue)
+    gemv = lib("gemv")
+    centred = int(op == "layer_norm")
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    st, kpos, x_norm = np.zeros(2, np.float32), np.zeros(1, np.int32), np.zeros(k, BF16)
+    chunks = [np.ascontiguousarray(x[0, q * k:(q + 1) * k]) for q in range(K // k)]
+    out = np.zeros(N, np.float32)
+    for j in range(N // n):
+        call(gemv, "gemv_prologue_begin", st, kpos)
+        if centred:
+            for c in chunks:
+                call(gemv, "gemv_prologue_sum", c, 1, st, k)
+        for c in chunks:
+            call(gemv, "gemv_prologue_squares", c, 1, st, k, K, centred)
+        acc = np.zeros(n, np.float32)
+        call(gemv, "gemv_zero", acc, n)
+        for q, c in enumerate(chunks):
+            call(gemv, "gemv_prologue_mac", c, 1, gamma, beta, centred, st, kpos, x_norm,
+                 np.ascontiguousarray(packed[q, j].reshape(-1)), acc, k, n, K, centred, 1e-5)
+        y = np.zeros(n, BF16)
+        call(gemv, "gemv_store", acc, b, 1, j * n, y, 0, n, chain, 0, imm)
+        out[j * n:(j + 1) * n] = y.astype(np.float32)
+    check(record_parity, f"gemv with a {op} prologue", out, ref[0])
+
+
 # ---- streaming kernels: joined operand objects ------------------------------------------------------------
 
 def joined(*operands):

@@ -21,7 +21,6 @@ def build(target: str, step, buffers: dict, params: dict):
     K, N, k, n = t["K"], t["N"], t["k"], t["n"]
     slots = [c["operand"] for c in step.attrs["chain"] if c["operand"] is not None]
     for what, refused in (("an epilogue that reads two operands", len(slots) > 1),
-                          ("a norm prologue", "prologue" in step.attrs),
                           ("an output into the KV cache at the runtime position", "state_writes" in step.attrs)):
         if refused:
             raise df.DesignError(f"GEMV with {what}: not expressed by this design (kernels/README.md)")
@@ -48,32 +47,67 @@ def build(target: str, step, buffers: dict, params: dict):
     if r is not None and (len(outs) > 1 or (2 * k * n) % (n * r.dtype.itemsize)):
         raise df.DesignError("GEMV with an epilogue that reads an operand, on merged projections or odd tiles")
     r_repeat = 2 * k * n // (n * r.dtype.itemsize) if r is not None else 0
+    pro = step.attrs.get("prologue")
+    gb = [df.operand(step.inputs[i], buffers[step.inputs[i]], step.attrs["views"][i]) for i in pro["operands"]] \
+        if pro else []
+    if pro and (Kt * k != K or any(o.dtype != np.float32 for o in gb)):
+        raise df.DesignError("GEMV with a norm prologue over a padded K or non-fp32 weights: not expressed")
+    centred, has_beta = int(bool(pro) and pro["op"] == "layer_norm"), int(len(gb) > 1)
+    eps = float(pro["attrs"]["eps"]) if pro else 0.0
+    x_passes = 1 + (1 if pro else 0) + centred            # the row streams once per statistic, then the K loop
 
     io = df.iron()
     i32 = np.int32
     x_t, w_t, y_t = df.tensor(k, x.dtype), df.tensor(k * n), df.tensor(n, outs[0].dtype)
-    acc_t, bias_t = df.tensor(n, np.float32), df.tensor(max(jt * n, 1), np.float32)
+    acc_t = df.tensor(n, np.float32)
+    bias_t = kvec_t = df.tensor(max(jt * n, K if pro else 1), np.float32)   # one type: gemv_bias_load fills all
+    st_t, kpos_t, xn_t = df.tensor(2, np.float32), df.tensor(1, np.int32), df.tensor(k)
     vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
     kernels = [io.Kernel("gemv_zero", "gemv.o", [acc_t, i32]),
                io.Kernel("gemv_mac", "gemv.o", [x_t, i32, w_t, acc_t, i32, i32]),
                io.Kernel("gemv_bias_load", "gemv.o", [w_t, bias_t, i32, i32]),
                io.Kernel("gemv_store", "gemv.o", [acc_t, bias_t, i32, i32, y_t, i32, i32, vec_i, i32, vec_f]),
                io.Kernel("gemv_store_residual", "gemv.o", [acc_t, bias_t, i32, i32, y_t, i32, i32, vec_i, i32, vec_f,
-                                                           w_t, i32])]
+                                                           w_t, i32]),
+               io.Kernel("gemv_prologue_begin", "gemv.o", [st_t, kpos_t]),
+               io.Kernel("gemv_prologue_sum", "gemv.o", [x_t, i32, st_t, i32]),
+               io.Kernel("gemv_prologue_squares", "gemv.o", [x_t, i32, st_t, i32, i32, i32]),
+               io.Kernel("gemv_prologue_mac", "gemv.o", [x_t, i32, kvec_t, kvec_t, i32, st_t, kpos_t, xn_t, w_t, acc_t,
+                                                        i32, i32, i32, i32, np.float32])]
+    vec_objects = [math.ceil(K / floats_per_object) for _ in gb]
     words, imms = df.encode_chain(step.attrs["chain"], 3)
     n_chain = len(step.attrs["chain"])
 
-    def body(x_in, w_in, y_out, acc, bias_buf, chain, imm, zero, mac, load_bias, store, store_res, k_steps):
+    def body(x_in, w_in, y_out, acc, bias_buf, chain, imm, gamma, beta, st, kpos, x_norm, zero, mac, load_bias,
+             store, store_res, begin, ksum, squares, pro_mac, k_steps):
         for q in range(bias_objects):
             first = q * floats_per_object
             wt = w_in.acquire(1)
             load_bias(wt, bias_buf, first, max(0, min(floats_per_object, jt * n - first)))
             w_in.release(1)
+        for dst, count in zip((gamma, beta), vec_objects):
+            for q in range(count):
+                wt = w_in.acquire(1)
+                load_bias(wt, dst, q * floats_per_object, min(floats_per_object, K - q * floats_per_object))
+                w_in.release(1)
         for jl in range(jt):  # unrolled: each column tile knows its bias offset
             zero(acc, n)
+            if pro:
+                begin(st, kpos)
+                for stat in ((ksum,) if centred else ()) + (squares,):
+                    for _ in io.range_(k_steps):
+                        xt = x_in.acquire(1)
+                        if stat is ksum:
+                            ksum(xt, x_f32, st, k)
+                        else:
+                            squares(xt, x_f32, st, k, K, centred)
+                        x_in.release(1)
             for _ in io.range_(k_steps):
                 xt, wt = x_in.acquire(1), w_in.acquire(1)
-                mac(xt, x_f32, wt, acc, k, n)
+                if pro:
+                    pro_mac(xt, x_f32, gamma, beta, has_beta, st, kpos, x_norm, wt, acc, k, n, K, centred, eps)
+                else:
+                    mac(xt, x_f32, wt, acc, k, n)
                 x_in.release(1)
                 w_in.release(1)
             y = y_out.acquire(1)
@@ -88,6 +122,7 @@ def build(target: str, step, buffers: dict, params: dict):
 
     take = df.shim_allotter(hw)
     operands_base = 3 if has_bias else 2          # the residual's position among the runtime operands
+    gb_base = operands_base + (r is not None)
     x_l3 = io.ObjectFifo(x_t, depth=2, name="gemv_x")
     x_bc = x_l3.cons().forward(placement=io.Tile(0, 1), name="gemv_x_bc", depth=2)
     x_shim = take(0)
@@ -95,7 +130,7 @@ def build(target: str, step, buffers: dict, params: dict):
     xi = x.index.reshape(-1)
     if Kt * k > K:  # the K padding multiplies B's zero rows: any x values do
         xi = np.concatenate([xi, np.repeat(xi[-1:], Kt * k - K)])
-    x_idx = np.broadcast_to(xi.reshape(Kt, k)[None], (jt * cores, Kt, k))  # once per column tile of any core
+    x_idx = np.broadcast_to(xi.reshape(Kt, k)[None], (jt, x_passes, Kt, k))  # per column tile: stats, then K loop
     wi = w.index.reshape(Kt, Nt, k * n)
     for c in range(cores):
         col, row = c % hw.columns, 2 + c // hw.columns
@@ -104,12 +139,18 @@ def build(target: str, step, buffers: dict, params: dict):
         bufs = [io.GlobalBuffer(acc_t, name=f"gemv_acc{c}"), io.GlobalBuffer(bias_t, name=f"gemv_bias{c}"),
                 io.GlobalBuffer(vec_i, initial_value=words, name=f"gemv_chain{c}"),
                 io.GlobalBuffer(vec_f, initial_value=imms, name=f"gemv_imm{c}")]
+        bufs += ([io.GlobalBuffer(kvec_t, name=f"gemv_gamma{c}"), io.GlobalBuffer(kvec_t, name=f"gemv_beta{c}"),
+                  io.GlobalBuffer(st_t, name=f"gemv_st{c}"), io.GlobalBuffer(kpos_t, name=f"gemv_kpos{c}"),
+                  io.GlobalBuffer(xn_t, name=f"gemv_xnorm{c}")] if pro else [None] * 5)
         workers.append(io.Worker(body, [x_bc.cons(), w_fifo.cons(), y_fifo.prod(), *bufs, *kernels, Kt],
                                  placement=io.Tile(col, row), stack_size=df.STACK_BYTES))
         shim = take(col)
         if has_bias:
             bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cores][None], (bias_repeat, jt, n))
             fills.append((w_fifo, 2, bi, shim))
+        for g_i, (vec, count) in enumerate(zip(gb, vec_objects)):  # gamma, beta: K floats as whole objects
+            fills.append((w_fifo, gb_base + g_i, np.resize(vec.index, count * floats_per_object)
+                          .reshape(count, floats_per_object), shim))
         if r is None:
             fills.append((w_fifo, 1, wi[:, c::cores].transpose(1, 0, 2), shim))
         else:  # per column tile: its weights, then its residual slice repeated to one W object
@@ -124,11 +165,11 @@ def build(target: str, step, buffers: dict, params: dict):
             lo = sum(splits[:o])
             drains.append((y_fifo, o, outs[o].index.reshape(-1)[j * n - lo:(j + 1) * n - lo], col))
 
-    operands = [x, w] + ([bias] if has_bias else []) + ([r] if r is not None else []) + outs
+    operands = [x, w] + ([bias] if has_bias else []) + ([r] if r is not None else []) + gb + outs
     rt = io.Runtime()
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
         rt.start(*workers)
-        for tap in df.taps(io, x, x_idx[:jt]):  # every core reads the broadcast row jt times
+        for tap in df.taps(io, x, x_idx):  # every core reads the broadcast row x_passes times per column tile
             rt.fill(x_l3.prod(), args[0], tap=tap, placement=io.Tile(x_shim, 0))
         for fifo, i, idx, shim in fills:
             for tap in df.taps(io, operands[i], idx):

@@ -65,3 +65,47 @@ NPU_KERNEL void gemv_store_residual(const float *acc, const float *bias, int32_t
     npu_put(out, out_f32, j, npu_epilogue(v, j, chain, n_chain, imm, operands));
   }
 }
+
+// The norm prologue for one activation row: the row streams through twice more before the K loop for its
+// statistics (sum, then centred squares; rms_norm only the squares), gamma / beta for the whole K lead the W
+// stream into L1, and each chunk is normalised to bf16 before the MACs (as emu.py's _gemm does).
+// st: [sum, squares]; kpos: the K offset of the next chunk.
+NPU_KERNEL void gemv_prologue_begin(float *st, int32_t *kpos) {
+  st[0] = st[1] = 0.0f;
+  *kpos = 0;
+}
+
+NPU_KERNEL void gemv_prologue_sum(const void *x, int32_t x_f32, float *st, int32_t k) {
+  const npu_vec xv = {x, x_f32, 0};
+  float s = 0.0f;
+  for (int32_t i = 0; i < k; ++i) s += npu_get(xv, i);
+  st[0] += s;
+}
+
+NPU_KERNEL void gemv_prologue_squares(const void *x, int32_t x_f32, float *st, int32_t k, int32_t K, int32_t centred) {
+  const npu_vec xv = {x, x_f32, 0};
+  const float mu = centred ? st[0] / (float)K : 0.0f;
+  float s = 0.0f;
+  for (int32_t i = 0; i < k; ++i) {
+    float d = npu_get(xv, i) - mu;
+    s += d * d;
+  }
+  st[1] += s;
+}
+
+NPU_KERNEL void gemv_prologue_mac(const void *x, int32_t x_f32, const float *gamma, const float *beta, int32_t has_beta,
+                                  float *st, int32_t *kpos, bf16 *x_norm, const bf16 *w, float *acc, int32_t k, int32_t n,
+                                  int32_t K, int32_t centred, float eps) {
+  NPU_ROUND_EVEN();
+  const npu_vec xv = {x, x_f32, 0};
+  const int32_t k0 = *kpos;
+  const float mu = centred ? st[0] / (float)K : 0.0f;
+  const float denom = __builtin_sqrtf(st[1] / (float)K + eps);
+  for (int32_t i = 0; i < k; ++i) {
+    float v = (npu_get(xv, i) - mu) / denom * gamma[k0 + i];
+    if (has_beta) v += beta[k0 + i];
+    x_norm[i] = to_bf16(v);
+  }
+  *kpos = k0 + k == K ? 0 : k0 + k;
+  gemv_mac(x_norm, 0, w, acc, k, n);
+}
