@@ -1,17 +1,21 @@
 """ESM-2 on the CPU: our cpu backend vs PyTorch eager vs ONNX Runtime, one sequence of 256 tokens, 2 threads.
 
-    python bench/esm.py          # ESM-2 35M shape (12L/480/20h), then 8M shape (6L/320/20h); random weights
+    python bench/esm.py                # ESM-2 35M shape (12L/480/20h), then 8M shape (6L/320/20h); random weights
+    python bench/esm.py --threads 1    # 1 thread is steadier on a busy 2-core machine
 Needs the `reference` extra (torch, transformers, onnxruntime, onnx). No real ESM-2 weights exist offline;
 the timing does not depend on the values. Reference figures on this machine: torch ~168 ms, ORT ~144 ms (35M).
 """
 from __future__ import annotations
 
+import argparse
 import tempfile
 from dataclasses import asdict
 
 from harness import compare, onnx_session, print_table, threads, torch_threads
 
-threads(2)
+parser = argparse.ArgumentParser()
+parser.add_argument("--threads", type=int, default=2)
+threads(parser.parse_args().threads)  # before numpy and torch load their thread pools
 
 import numpy as np  # noqa: E402
 
