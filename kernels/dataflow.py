@@ -197,6 +197,7 @@ class Stream:
     obj_type: type
     per_core: list[np.ndarray]
     lead: tuple | None = None
+    follow: tuple | None = None   # (operand, index per core): one object after each item (a residual row)
 
 
 def per_core_design(target_name: str, name: str, inputs: list[Stream], output: Stream, kernels: list,
@@ -208,7 +209,8 @@ def per_core_design(target_name: str, name: str, inputs: list[Stream], output: S
     cores = len(output.per_core)
     if cores > target.columns or len(inputs) > target.shim_channels:
         raise DesignError(f"{cores} cores with {len(inputs)} inputs each exceed the shims' channels")
-    operands = [s.operand for s in inputs] + [s.lead[0] for s in inputs if s.lead] + [output.operand]
+    operands = [s.operand for s in inputs] + [s.lead[0] for s in inputs if s.lead] \
+        + [s.follow[0] for s in inputs if s.follow] + [output.operand]
     workers, transfers = [], []
     for c in range(cores):
         ins = [io.ObjectFifo(s.obj_type, depth=2, name=f"{name}_in{i}_c{c}") for i, s in enumerate(inputs)]
@@ -222,7 +224,13 @@ def per_core_design(target_name: str, name: str, inputs: list[Stream], output: S
             if st.lead:
                 transfers.append(("fill", f, lead, st.lead[1][c], c))
                 lead += 1
-        transfers += [("fill", f, i, s.per_core[c], c) for i, (f, s) in enumerate(zip(ins, inputs))]
+        follow = len(inputs) + sum(1 for st in inputs if st.lead)
+        for i, (f, st) in enumerate(zip(ins, inputs)):
+            if st.follow:  # item by item: the main object, then the following one
+                transfers.append(("fill_pair", f, (i, follow), (st.per_core[c], st.follow[1][c]), c))
+                follow += 1
+            else:
+                transfers.append(("fill", f, i, st.per_core[c], c))
         transfers.append(("drain", out, len(operands) - 1, output.per_core[c], c))
     # Work items go in task groups small enough that each shim's buffer descriptors are reused: a group's fills
     # and drains are issued, its drains awaited, and its descriptors freed before the next group.
@@ -230,18 +238,30 @@ def per_core_design(target_name: str, name: str, inputs: list[Stream], output: S
     # descriptors are reused (a group's drains are awaited and its descriptors freed before the next group);
     # the others (resident weights) stay in one group open for the whole sequence.
     n_items = output.per_core[0].shape[0]
-    paced = [t for t in transfers if t[3].shape[0] == n_items]
-    steady = [t for t in transfers if t[3].shape[0] != n_items]
+    paced = [t for t in transfers if t[0] == "fill_pair" or t[3].shape[0] == n_items]
+    steady = [t for t in transfers if t[0] != "fill_pair" and t[3].shape[0] != n_items]
     steady_bds = max([sum(len(taps(io, operands[i], idx)) for _, _, i, idx, c2 in steady if c2 == c)
                       for c in range(cores)] or [0])
+    def bds(t, lo, hi):
+        kind, _, i, idx, _ = t
+        if kind == "fill_pair":
+            return sum(len(taps(io, operands[i[0]], idx[0][j])) + len(taps(io, operands[i[1]], idx[1][j]))
+                       for j in range(lo, min(hi, n_items)))
+        return len(taps(io, operands[i], idx[lo:hi]))
+
     group = n_items
-    while group > 1 and steady_bds + sum(len(taps(io, operands[i], idx[:group])) for _, _, i, idx, c in paced
-                                         if c == 0) > target.shim_bds:
+    while group > 1 and steady_bds + sum(bds(t, 0, group) for t in paced if t[4] == 0) > target.shim_bds:
         group = (group + 1) // 2
     rt = io.Runtime()
 
     def issue(batch, tg, lo=None, hi=None):
         for kind, fifo, i, idx, c in batch:
+            if kind == "fill_pair":
+                for j in range(lo, min(hi, n_items)):
+                    for which in (0, 1):
+                        for tap in taps(io, operands[i[which]], idx[which][j]):
+                            rt.fill(fifo.prod(), rt_args[i[which]], tap=tap, task_group=tg, placement=io.Tile(c, 0))
+                continue
             for tap in taps(io, operands[i], idx if lo is None else idx[lo:hi]):
                 if kind == "fill":
                     rt.fill(fifo.prod(), rt_args[i], tap=tap, task_group=tg, placement=io.Tile(c, 0))

@@ -39,7 +39,7 @@ KNOWN_GAPS = [
     r"needs channel-chunked accumulation", r"with a bias: the design streams taps only",
     r"element-granular transpose", r"a constant fill", r"pad rows to even", r"needs a padded activation buffer",
     r"bmm with a batched B", r"between dtypes", r"does not pack into A objects", r"two residuals",
-    r"reads two operands", r"on merged projections or odd tiles",
+    r"reads two operands", r"on merged projections or odd tiles", r"grouped conv2d",
 ]
 
 

@@ -669,10 +669,33 @@ def test_conv2d_rows_match_emu(lib, record_parity, case):
         band = np.ascontiguousarray(x[0][:, rows, :])
         y = np.zeros(cout * wo, BF16)
         call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 0, cin, W, cout, case["groups"], kh, kh,
-             s, p, wo, H, ho, oy, chain, 0, imm)
+             s, p, wo, H, ho, oy, chain, 0, imm, band, 0)
         out[0, :, r] = y.astype(np.float32).reshape(cout, wo)
     assert oy[0] == 0  # the counter wrapped after the last output row
     check(record_parity, f"conv2d {case}", out, ref)
+
+
+def test_conv2d_residual_epilogue_matches_emu(lib, record_parity):
+    """conv + residual add + relu (a ResNet block's second conv): the residual row arrives after each band."""
+    g = rng(22)
+    cin, cout, H, W = 4, 4, 6, 6
+    x, w = bf16(g.normal(size=(1, cin, H, W))), bf16(g.normal(size=(cout, cin, 3, 3)))
+    b, res = g.normal(size=cout).astype(np.float32), g.normal(size=(1, cout, H, W)).astype(np.float32)
+    chain = chain_of(("add", 3, False), ("relu",))
+    attrs = {"stride": 1, "padding": 1, "groups": 1}
+    ref = golden("conv", "conv2d", {"x": x, "w": w, "b": b, "res": res}, out_dtype=np.float32, attrs=attrs,
+                 chain=chain, n_head=3)
+    k = lib("conv2d")
+    words, imms = dataflow.encode_chain(chain, 3)
+    oy, out = np.zeros(1, np.int32), np.zeros((1, cout, H, W), np.float32)
+    for r in range(H):
+        band = np.ascontiguousarray(x[0][:, np.clip(r - 1, 0, H - 3) + np.arange(3), :])
+        row = np.ascontiguousarray(res[0, :, r, :])                        # [cout][wo], the residual row
+        y = np.zeros(cout * W, np.float32)
+        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 1, cin, W, cout, 1, 3, 3, 1, 1, W, H, H,
+             oy, words, len(chain), imms, row, 1)
+        out[0, :, r] = y.reshape(cout, W)
+    check(record_parity, "conv2d + residual + relu", out, ref)
 
 
 def test_dwconv1d_matches_emu(lib, record_parity):

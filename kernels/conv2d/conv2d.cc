@@ -5,7 +5,7 @@
 // output row from the counter `oy` in L1 and skips them). The weight
 // slice w [cout][cin/groups][kh][kw] (bf16, stored plain in the weights arena) and writes y [cout][wo]:
 // y = bias + sum over (ci, kh, kw) w . x, zero padding left and right, fp32 accumulation, then the
-// operand-free epilogue and one store. x and y are bf16, or fp32 (the residual stream) when flagged; the
+// epilogue (its operand, a residual row [cout][wo], rides on the band stream after each band) and one store. x and y are bf16, or fp32 (the residual stream) when flagged; the
 // bias is fp32 (a weight vector). A patch embedding is stride = kernel, pad = 0.
 #include "../include/npu_kernel.h"
 
@@ -18,9 +18,11 @@ NPU_KERNEL void conv_bias_load(const bf16 *w_obj, float *bias, int32_t first, in
 NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const float *bias, int32_t has_bias, int32_t j0, void *y,
                            int32_t y_f32, int32_t cin, int32_t width, int32_t cout, int32_t groups, int32_t kh,
                            int32_t kw, int32_t stride, int32_t pad, int32_t wo, int32_t height, int32_t ho,
-                           int32_t *oy, const int32_t *chain, int32_t n_chain, const float *imm) {
+                           int32_t *oy, const int32_t *chain, int32_t n_chain, const float *imm, const void *res,
+                           int32_t r_f32) {
   NPU_ROUND_EVEN();
   npu_vec xv = {x, x_f32, 0};
+  const npu_vec operands[2] = {{res, r_f32, 0}, {res, r_f32, 0}};  // a residual row [cout][wo], if the chain reads one
   const int32_t cg = cin / groups, og = cout / groups, top = *oy * stride - pad;
   const int32_t bh = kh < height ? kh : height;  // band rows: kh, or the whole image when it is smaller
   const int32_t start = top < 0 ? 0 : (top + bh > height ? height - bh : top);
@@ -40,7 +42,7 @@ NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const fl
                    npu_mac_operand(xv, ((g * cg + c) * bh + band_row) * width + ix);
           }
       if (has_bias) sum += bias[j0 + o];
-      npu_put(y, y_f32, o * wo + ox, npu_epilogue_unary(sum, chain, n_chain, imm));
+      npu_put(y, y_f32, o * wo + ox, npu_epilogue(sum, o * wo + ox, chain, n_chain, imm, operands));
     }
   }
 }

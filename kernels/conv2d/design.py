@@ -22,8 +22,9 @@ L1_BUDGET = 56 * 1024   # what bands, weights, output rows and the bias may take
 def build(target: str, step, buffers: dict, params: dict):
     hw = TARGETS[target]
     attrs = step.attrs["head"]["attrs"]
-    if any(c["operand"] is not None for c in step.attrs["chain"]):
-        raise df.DesignError("a convolution epilogue that reads an operand (a residual add) is not expressed")
+    slots = [c["operand"] for c in step.attrs["chain"] if c["operand"] is not None]
+    if len(slots) > 1:
+        raise df.DesignError("a convolution epilogue that reads two operands: a core has two input channels")
     x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
     w = df.operand(step.inputs[1], buffers[step.inputs[1]])
     has_bias = len(step.inputs) > 2 and step.inputs[2] is not None
@@ -87,15 +88,31 @@ def build(target: str, step, buffers: dict, params: dict):
 
     io = df.iron()
     i32 = np.int32
+    res = df.operand(step.inputs[slots[0]], buffers[step.inputs[slots[0]]], step.attrs["views"][slots[0]]) \
+        if slots else None
+    band_bytes = band * x.dtype.itemsize
+    if res is not None:
+        res_bytes = cout_b * wo * res.dtype.itemsize
+        if band_bytes % res_bytes:
+            raise df.DesignError(f"a residual row of {res_bytes} bytes does not pack into band objects of "
+                                 f"{band_bytes}: a convolution epilogue that reads an operand")
+        r_repeat = band_bytes // res_bytes
+        ri = res.index if not one_d else res.index[:, :, None]
+        ri = np.broadcast_to(ri, oi.shape)
+        r_core = [np.stack([np.broadcast_to(ri[b, j * cout_b:(j + 1) * cout_b].transpose(1, 0, 2)[:, None],
+                                            (ho, r_repeat, cout_b, wo))
+                            for j in range(c, blocks, cores) for b in range(B)]).reshape(-1, r_repeat, cout_b, wo)
+                  for c in range(cores)]
     x_t, w_t = df.tensor(band, x.dtype), df.tensor(wobj)
     y_t, bias_t = df.tensor(cout_b * wo, out.dtype), df.tensor(max(n_bias, 1), np.float32)
     vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
     oy_t = df.tensor(1, np.int32)
     kernels = [io.Kernel("conv_bias_load", "conv2d.o", [w_t, bias_t, i32, i32]),
                io.Kernel("conv2d_row", "conv2d.o", [x_t, i32, w_t, bias_t, i32, i32, y_t, i32, i32, i32, i32, i32, i32,
-                                                   i32, i32, i32, i32, i32, i32, oy_t, vec_i, i32, vec_f])]
+                                                   i32, i32, i32, i32, i32, i32, oy_t, vec_i, i32, vec_f, x_t, i32])]
     words, imms = df.encode_chain(step.attrs["chain"], 3)
     n_chain, x_f32, y_f32 = len(step.attrs["chain"]), df.is_f32(x), df.is_f32(out)
+    r_f32 = df.is_f32(res) if res is not None else 0
     state = {"bias": (max(n_bias, 1), np.float32, None), "oy": (1, np.int32, np.zeros(1, np.int32)),
              "chain": (df.MAX_CHAIN, np.int32, words), "imm": (df.MAX_CHAIN, np.float32, imms)}
 
@@ -108,14 +125,16 @@ def build(target: str, step, buffers: dict, params: dict):
             wt = w_in.acquire(1)
             for _ in io.range_(n_images * ho):
                 xt, yt = x_in.acquire(1), y_out.acquire(1)
+                rt_obj = x_in.acquire(1) if res is not None else xt  # the residual row follows the band
                 conv(xt, x_f32, wt, bias_buf, int(has_bias), blk * cout_b, yt, y_f32, cin, W, cout_b, 1, kh, kw, sw,
-                     pw, wo, H, ho, oy, chain, n_chain, imm)
-                x_in.release(1)
+                     pw, wo, H, ho, oy, chain, n_chain, imm, rt_obj, r_f32)
+                x_in.release(2 if res is not None else 1)
                 y_out.release(1)
             w_in.release(1)
 
     lead = (bias, [wp[0] for wp, _ in w_core]) if has_bias else None
-    inputs = [df.Stream(x, x_t, x_core), df.Stream(w, w_t, [wb for _, wb in w_core], lead)]
+    inputs = [df.Stream(x, x_t, x_core, follow=(res, r_core) if res is not None else None),
+              df.Stream(w, w_t, [wb for _, wb in w_core], lead)]
     params.update({"cout_block": cout_b, "blocks_per_core": mine, "band": band})
     return df.per_core_design(target, "conv2d", inputs, df.Stream(out, y_t, y_core), kernels, state, body,
                               [mine, B], params)
