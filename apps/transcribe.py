@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from sdk.errors import UsageError
+from sdk.errors import InputError, UsageError
 
 from .cli import DeviceOpt, app, command, err
 
@@ -59,14 +59,21 @@ def transcribe(
     task: Annotated[str, typer.Option("--task", help="transcribe or translate (to English)")] = "transcribe",
     device: DeviceOpt = None,
 ):
-    """Transcribe audio files with Whisper (default: tiny.en, offline)."""
+    """Transcribe audio files with Whisper (default: tiny.en, offline). An unreadable file is reported on
+    stderr and skipped; the exit code is then 1."""
     from pipelines.asr import TranscribeOptions
 
     if output_dir is not None and not output_dir.is_dir():
         raise UsageError(f"output directory {output_dir} does not exist", fix="create it first")
     transcriber = _load(model, device, TranscribeOptions(language=language, task=task))
+    failed = 0
     for path in files:
-        result = transcriber.transcribe(path)
+        try:
+            result = transcriber.transcribe(path)
+        except InputError as e:
+            err(f"error: {e.message}" + (f"\n  fix: {e.fix}" if e.fix else ""))
+            failed += 1
+            continue
         text = render(result, fmt)
         if output_dir is None:
             print(text, end="", flush=True)
@@ -74,3 +81,5 @@ def transcribe(
             target = output_dir / f"{path.stem}.{fmt.value}"
             target.write_text(text, encoding="utf-8")
             err(f"wrote {target} ({result.duration:.1f} s of audio, device {result.device_effective})")
+    if failed:
+        raise typer.Exit(1)

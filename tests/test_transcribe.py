@@ -223,5 +223,7 @@ def test_cli_errors(transcriber, tmp_path, monkeypatch):
     (tmp_path / "bad.wav").write_text("not audio")
     r = CliRunner().invoke(app, ["transcribe", str(tmp_path / "bad.wav")])
     assert r.exit_code == 1 and "error: cannot read" in r.stderr and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["transcribe", str(tmp_path / "bad.wav"), str(CLIPS[4])])
+    assert r.exit_code == 1 and "error: cannot read" in r.stderr and "amiable" in r.stdout  # the good file still runs
     r = CliRunner().invoke(app, ["transcribe", str(CLIPS[0]), "--format", "docx"])
     assert r.exit_code == 2
