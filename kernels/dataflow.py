@@ -10,11 +10,14 @@ so the access patterns here are relative to each buffer's start.
 Shared here, used by every design:
 - `iron()`: the IRON names, imported lazily (importing kernels/ never needs mlir-aie);
 - the epilogue chain encoding the kernels' `npu_epilogue` reads (kernels/include/npu_kernel.h);
-- operand access patterns: the element index of each operand (its view chain applied to an arange), merged
-  into (size, stride) dimensions and split into buffer-descriptor-sized TensorAccessPatterns;
-- `Columns`: which columns / rows a design uses, within the DMA channel budget of shim and memtile;
-- `streaming()`: the skeleton of the row-streaming kernels (eltwise, softmax, norm, rope, argmax, reduce,
-  maskgen): rows split over columns, a column's rows split over its cores through the memtile.
+- operand access patterns: the element index of each operand (its view chain applied to an arange), read as
+  an address sequence into (size, stride) dimensions and split into buffer-descriptor-sized
+  TensorAccessPatterns (dims_of, taps);
+- `streaming()`: the skeleton of the row-streaming kernels (eltwise, softmax, norm, rope, argmax, reduce):
+  rows split over cores within the DMA channel budget, each core's per-row operands joined into one object in
+  its column's memtile, the shared ones joined once and broadcast, outputs joined per column;
+- `per_core_design()`: the skeleton of the convolution-like kernels (conv2d, pool, dwconv1d, transpose): one
+  core per column reading from its own shim, transfers in task groups so buffer descriptors are reused.
 """
 from __future__ import annotations
 
