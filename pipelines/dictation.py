@@ -230,11 +230,27 @@ class _Hypothesis:
         return _Hypothesis([self.segments[i] for i in keep], self.words[n:], [self.ends[i] - n for i in keep])
 
 
-def _overlap(before: list[str], after: list[str], *, least: int = 2, most: int = 16) -> int:
-    """Length of the longest run (>= least words) that ends `before` and starts `after`."""
-    for n in range(min(most, len(before), len(after)), least - 1, -1):
-        if [_norm(w) for w in before[-n:]] == [_norm(w) for w in after[:n]]:
-            return n
+def _edit_distance(a: list[str], b: list[str]) -> int:
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        previous, row[0] = row[:], i
+        for j, y in enumerate(b, 1):
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (x != y))
+    return row[-1]
+
+
+def _overlap(before: list[str], after: list[str], *, most: int = 40) -> int:
+    """How many leading words of `after` re-transcribe the end of `before`: the longest k whose first k
+    words end with the last word of `before` and match some tail of it with at most k // 4 word errors."""
+    b = [_norm(w) for w in before[-most:]]
+    a = [_norm(w) for w in after[:most]]
+    for k in range(min(len(a), len(b) + 3), 0, -1):
+        if a[k - 1] != b[-1]:
+            continue
+        allowed = k // 4
+        for m in range(max(1, k - allowed), min(len(b), k + allowed) + 1):
+            if _edit_distance(a[:k], b[-m:]) <= allowed:
+                return k
     return 0
 
 
@@ -370,9 +386,10 @@ class Recognizer:
     # -- decoding
 
     def _decode(self) -> _Hypothesis:
-        """Decode left context + the utterance buffer; keep the segments that reach into the buffer. A first
-        segment that starts inside the context merged both: its words that repeat the end of the last final
-        are dropped, or, when they do not match it, the share of its words that lies before the buffer."""
+        """Decode left context + the utterance buffer; keep the segments that reach into the buffer. When the
+        first of them claims to start inside the context (Whisper's segment times are loose, and it may merge
+        context and utterance into one segment), its leading words that re-transcribe the end of the recent
+        finals are dropped (a fuzzy match: tiny models re-transcribe with small differences)."""
         room = int(self._window / FRAME_SECONDS) - len(self._chunks)
         context = list(self._past)[-min(self._context_frames, room):] if self._context_frames and room > 0 else []
         audio = np.concatenate(context + self._chunks) if self._chunks else np.zeros(FRAME, np.float32)
@@ -387,12 +404,8 @@ class Recognizer:
         hyp = _Hypothesis.from_segments(own, window_end)
         first = hyp.segments[0] if hyp.segments else None
         if first is None or first.start >= self._buffer_start - 0.2:
-            return hyp.without_prefix(_overlap(self._last_final, hyp.words))
-        repeated = _overlap(self._last_final, hyp.words, least=1)
-        if not repeated:
-            share = (self._buffer_start - first.start) / max(min(first.end, window_end) - first.start, 1e-3)
-            repeated = int(hyp.ends[0] * min(max(share, 0.0), 1.0))
-        return hyp.without_prefix(repeated)
+            return hyp
+        return hyp.without_prefix(_overlap(self._last_final, hyp.words))
 
     def _partial(self) -> list[Event]:
         hyp = self._decode()
@@ -455,7 +468,7 @@ class Recognizer:
         return events
 
     def _final(self, words: list[str], start: float, end: float) -> Final:
-        self._last_final = list(words)
+        self._last_final = (self._last_final + list(words))[-40:]  # the recent finals, which the context holds
         return Final(" ".join(words), start, end)
 
 

@@ -151,6 +151,18 @@ def test_repetition_guard():
     assert collapse_repeats("I said. I said. I said.".split()) == ["I", "said."]
 
 
+def test_context_repeats_are_found_in_whisper_output():
+    """Real tiny.en outputs: the left context re-transcribed (with small differences) ahead of new words."""
+    from pipelines.dictation import _overlap
+    last = "Had he married a more amiable woman, he might have been made still more respectable than he was.".split()
+    again = "a woman he might have been made still more respectable than he was. He might even have been".split()
+    assert _overlap(last, again) == 13
+    last = "how much there might be prudently in his power to do for them.".split()
+    merged = "consider how much there might be prudently in his power to do for them. He was not an".split()
+    assert _overlap(last, merged) == 14
+    assert _overlap("selfish is to be ill-disposed.".split(), "Had he married a more".split()) == 0
+
+
 def test_options_are_checked():
     from sdk.errors import UsageError
     with pytest.raises(UsageError):
