@@ -248,7 +248,10 @@ def attention(q, k, v, mask=None, *, scale: float):
     s *= np.float32(scale)
     if mask is not None:
         s += mask
-    return softmax(s, axis=-1) @ v
+    s -= s.max(axis=-1, keepdims=True)  # softmax in place: the same numbers without three score-sized copies
+    np.exp(s, out=s)
+    s /= s.sum(axis=-1, keepdims=True)
+    return s @ v
 
 
 # ---- shape and data movement ---------------------------------------------------------------------
