@@ -5,8 +5,9 @@ Reports (1) the decoder per token: 32 greedy steps with the KV cache from an emp
 (`decode_greedy`: step + Whisper's filters + argmax) vs transformers' decoder + proj_out + argmax with a
 EncoderDecoderCache (cross K/V computed once, as ours); (2) the encoder per 30 s window; (3) the real-time factor of transcribing the 5 LibriVox clips
 (features + encoder + greedy decoding with timestamps), ours `Transcriber.transcribe` vs transformers'
-WhisperFeatureExtractor + `generate(return_timestamps=True)`. ONNX Runtime is not included: exporting
-Whisper's cached decoder step needs the optimum exporter, which is not installed here.
+WhisperFeatureExtractor + `generate(return_timestamps=True)`. ONNX Runtime runs the encoder (exported with
+torch.onnx); it is not in the decoder rows: exporting Whisper's cached decoder step needs the optimum
+exporter, which is not installed here.
 Needs the `reference` extra (torch, transformers) and Debian's pocketsphinx-testdata.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import sys
 
-from harness import compare, print_table, threads, torch_threads
+from harness import compare, onnx_session, print_table, threads, torch_threads
 
 threads(2)
 
@@ -95,7 +96,29 @@ def main():
             model.model.encoder(torch.from_numpy(mel))
 
     if "encoder" in sections:
-        print_table("encoder, one 30 s window", compare({"ours": ours_encode, "torch": torch_encode}, min_blocks=3))
+        import tempfile
+
+        class EncoderOnly(torch.nn.Module):  # the exporter wants tensors in and out
+            def __init__(self):
+                super().__init__()
+                self.encoder = model.model.encoder
+
+            def forward(self, features):
+                return self.encoder(features).last_hidden_state
+
+        path = tempfile.mktemp(suffix=".onnx")
+        with torch.no_grad():
+            torch.onnx.export(EncoderOnly().eval(), (torch.from_numpy(mel),), path, input_names=["mel"],
+                              output_names=["encoder"], dynamo=False, opset_version=17)
+        ort = onnx_session(path)
+
+        def ort_encode():
+            return ort.run(None, {"mel": mel})[0]
+
+        ours_out = s.run("encode", state, mel=mel)["encoder"]
+        print(f"  (check: max-abs ours vs onnxruntime encoder {np.abs(ours_out - ort_encode()).max():.2e})")
+        print_table("encoder, one 30 s window",
+                    compare({"ours": ours_encode, "torch": torch_encode, "onnxruntime": ort_encode}, min_blocks=3))
 
     def ours_clips():
         return [ours.transcribe(a).text for a in audio]
