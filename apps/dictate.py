@@ -346,7 +346,8 @@ def _run_session(settings, *, output, partials, typer_tool, model, input_device,
 
     sink = Sink(output, partials=partials, typer_tool=typer_tool)   # a missing typing tool fails before capture
     source = FileSource(file, pace="fast" if fast else "realtime") if file else Microphone(input_device)
-    options = DictationOptions(vad=vad, silence_timeout=silence_timeout, max_duration=max_duration)
+    options = DictationOptions(vad=vad, silence_timeout=silence_timeout, max_duration=max_duration,
+                               partials=sink.partials)   # nobody sees partials: do not spend decodes on them
 
     def load():
         from pipelines.asr import Transcriber

@@ -65,6 +65,8 @@ class DictationOptions:
     hangover: float = 0.6             # s of quiet that ends an utterance
     partial_every: float = 1.0        # s of new audio between partial decodes of an open utterance ...
     partial_share: float = 0.5        # ... or longer, so partials use at most this share of real time
+    partials: bool = True             # off: no partial events; decodes before the utterance end happen only
+                                      # for long speech (the early commit needs them), so finals come sooner
     commit_after: float = 15.0        # s of open utterance after which agreed segments become final early
     max_utterance: float = 28.0       # s; hard cut (never more than one encoder window)
     silence_timeout: float | None = None   # stop after this long without speech
@@ -312,7 +314,8 @@ class Recognizer:
         # no partial while the talker seems to be stopping: the final is due soon and must not queue behind it
         ending = self.options.vad and self._now() - self.last_speech > self.options.hangover / 3
         every = max(self.options.partial_every, self.decode_seconds / max(self.options.partial_share, 1e-3))
-        if self.in_utterance and self._since_decode >= every and self._enough_voice() and not ending:
+        wanted = self.options.partials or (self.in_utterance and self._duration() >= self._commit_after)
+        if wanted and self.in_utterance and self._since_decode >= every and self._enough_voice() and not ending:
             events += self._partial()
         return events
 
@@ -417,7 +420,7 @@ class Recognizer:
         if self._duration() >= self._commit_after:
             events += self._commit_agreed(hyp)
             hyp = self._previous
-        if hyp is not None and hyp.words:
+        if hyp is not None and hyp.words and self.options.partials:
             events.append(Partial(hyp.text, " ".join(hyp.words[:self._agreed])))
         return events
 
@@ -738,6 +741,7 @@ class Stream:
         self._recording = None
         self.processed = 0        # samples the recognizer has consumed
         self.sim_clock = 0.0      # virtual audio-time clock of a "simulated" FileSource
+        self._wall_start: float | None = None
 
     # -- lifecycle
 
@@ -771,6 +775,8 @@ class Stream:
 
     def _push(self, samples: np.ndarray, sample_rate: int, block: bool) -> None:
         samples = np.asarray(samples, np.float32)
+        if self._wall_start is None:  # the wall-clock moment audio time 0 was captured
+            self._wall_start = time.monotonic() - len(samples) / sample_rate
         if samples.ndim == 2:
             samples = samples.mean(axis=1)
         if samples.ndim != 1:
@@ -938,13 +944,15 @@ class Stream:
             self._put(None)
 
     def _clock(self, pace: str | None) -> float:
-        """Audio time "now", for stamping events: what a live source has captured so far; for a simulated
-        file the virtual clock; for a fast file what has been consumed (so latency = algorithmic latency)."""
+        """Audio time "now", for stamping events: live, the wall time since capture began (which keeps
+        running after a real-time file ends); for a simulated file the virtual clock; for a fast file what
+        has been consumed (so latency = algorithmic latency)."""
         if pace == "simulated":
             return self.sim_clock
         if pace == "fast":
             return self.processed / SAMPLE_RATE
-        return self.ring.written / SAMPLE_RATE
+        wall = time.monotonic() - self._wall_start if self._wall_start is not None else 0.0
+        return max(self.ring.written / SAMPLE_RATE, wall)
 
     def _load(self) -> tuple[object, float]:
         """(transcriber, seconds one decode takes). A factory is called here (states loading, warming) and the
