@@ -246,6 +246,8 @@ def _overlap(before: list[str], after: list[str], *, most: int = 40) -> int:
     words end with the last word of `before` and match some tail of it with at most k // 4 word errors."""
     b = [_norm(w) for w in before[-most:]]
     a = [_norm(w) for w in after[:most]]
+    if not a or not b:
+        return 0
     for k in range(min(len(a), len(b) + 3), 0, -1):
         if a[k - 1] != b[-1]:
             continue

@@ -161,6 +161,7 @@ def test_context_repeats_are_found_in_whisper_output():
     merged = "consider how much there might be prudently in his power to do for them. He was not an".split()
     assert _overlap(last, merged) == 14
     assert _overlap("selfish is to be ill-disposed.".split(), "Had he married a more".split()) == 0
+    assert _overlap([], "nothing was final before".split()) == 0
 
 
 def test_options_are_checked():
