@@ -10,7 +10,9 @@
 How it works, in the order audio flows:
   source (Microphone, FileSource, or `feed()` from the app) -> resampled to 16 kHz -> RingBuffer
   -> worker thread: Recognizer = VAD (energy over an adaptive noise floor + a voicing check) that cuts
-  utterances with pre-roll and hangover -> the utterance (<= one 30 s encoder window) is re-decoded every
+  utterances with pre-roll and hangover -> the utterance, after up to 6 s of the audio before it as left
+  context (tiny models transcribe short isolated utterances worse; the context's own text is recognised
+  as a repeat of the recent finals and dropped), all within one 30 s encoder window, is re-decoded every
   `partial_every` seconds (less often when decoding is slow); words two consecutive decodes agree on are
   stable (LocalAgreement-2) ->
   at the utterance end one last decode becomes the `final`. Utterances longer than `commit_after` seconds
