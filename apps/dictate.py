@@ -18,6 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from enum import Enum
@@ -88,12 +89,17 @@ def choose_typer(requested: str = "auto", session: str | None = None) -> str:
 
 
 def _run_tool(argv: list[str], *, stdin: str | None = None) -> None:
-    try:
-        done = subprocess.run(argv, input=stdin, text=True, capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise DeviceIOError(f"{argv[0]} failed: {e}", fix=f"check that {argv[0]} works in this session") from None
+    # stderr goes to a file, not a pipe: clipboard tools (xclip, wl-copy) leave a child serving the selection
+    # that would hold a pipe open until the timeout
+    with tempfile.TemporaryFile("w+") as errors:
+        try:
+            done = subprocess.run(argv, input=stdin, text=True, stdout=subprocess.DEVNULL, stderr=errors, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise DeviceIOError(f"{argv[0]} failed: {e}", fix=f"check that {argv[0]} works in this session") from None
+        errors.seek(0)
+        message = errors.read().strip()[:300]
     if done.returncode != 0:
-        raise DeviceIOError(f"{argv[0]} failed (exit {done.returncode}): {done.stderr.strip()[:300]}",
+        raise DeviceIOError(f"{argv[0]} failed (exit {done.returncode}): {message}",
                             fix=f"check that {argv[0]} can reach the display/input device (`aie-apps doctor --typing`)")
 
 
