@@ -19,7 +19,7 @@ The program is the contract with the emu and npu backends and with kernels/:
   weight_bytes; GEMMs also n_splits (outputs' widths), prologue {op, attrs, operands} (a norm of A),
   state_writes [{output, axis, views, pos}] (an output stored into a cache at a runtime position).
 - meta: layout (packing recipe per weights buffer, see layout.py; layout.weights_image builds the arena),
-  source_shapes, arenas (bytes per arena), npu_fraction, toolchain, content_key (design sources + steps +
+  source_shapes, arenas (bytes per arena), npu_fraction, toolchain, content_key (kernels/ sources + steps +
   placement + target + toolchain pin: what prebuilt artifacts are stored under).
 """
 from __future__ import annotations
@@ -81,26 +81,23 @@ def _source_shape(graphs, name):
 KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
 
 
-def design_sources(kinds) -> dict[str, str]:
-    """sha256 of each used kernel kind's design and kernel sources (kernels/<kind>/), where the tree has them."""
-    out = {}
-    for kind in sorted(kinds):
-        folder = KERNELS_DIR / kind
-        files = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix in (".cc", ".h", ".py")) \
-            if folder.is_dir() else []
-        h = hashlib.sha256()
-        for f in files:
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
-        out[kind] = h.hexdigest()[:16] if files else "absent"
-    return out
+def design_sources() -> str:
+    """sha256 of every source a build reads under kernels/ (each kernel's .cc, its design, the shared include/
+    and dataflow.py, the fused design, the build itself), relative paths included: a kernel's design may live
+    in another kind's folder, so the whole tree is hashed. Reading bytes is not importing: sdk never imports
+    kernels."""
+    h = hashlib.sha256()
+    for path in sorted(KERNELS_DIR.rglob("*")):
+        if path.is_file() and path.suffix in (".cc", ".h", ".py") and "__pycache__" not in path.parts:
+            h.update(path.relative_to(KERNELS_DIR).as_posix().encode() + b"\0")
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:16]
 
 
 def content_key(program: Program) -> str:
-    """Hash of everything an artifact depends on: the design sources of the kernels it uses, the steps with their
-    tilings, buffer placement, target and toolchain pin."""
-    kinds = {k.op for e in program.entries.values() for s in e.steps for k in s.body}
-    doc = {"target": program.target, "toolchain": TOOLCHAIN_PIN, "designs": design_sources(kinds),
+    """Hash of everything an artifact depends on: the kernel sources (kernels/**), the steps with their tilings,
+    buffer placement, target and toolchain pin. prebuilt/manifest.json stores artifacts under this key."""
+    doc = {"target": program.target, "toolchain": TOOLCHAIN_PIN, "designs": design_sources(),
            "buffers": sorted((b.name, b.shape, b.dtype, b.arena, b.offset) for b in program.buffers.values()),
            "entries": {n: [schedule_doc(s) for s in e.steps] for n, e in program.entries.items()}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:16]
