@@ -18,13 +18,12 @@ Faults to inject through FAKE.faults: "device" (no device), "context" (context c
 (EBUSY), "alloc" (BO allocation fails), "timeout" / "error" (the next runs end in TIMEOUT / ERROR).
 
 Artifacts for it are written by `write_artifacts(program, root)`: a program saved next to a JSON "xclbin"
-or "ELF" naming its dispatches, instruction streams that identify their dispatch, and a manifest entry with
-sha256, exactly where the npu backend looks for real ones.
+or "ELF" naming its dispatches, instruction streams that identify their dispatch, and a manifest entry written
+by the runtime's own writer (npu.manifest_entry / record_artifact), exactly where the npu backend looks.
 """
 from __future__ import annotations
 
 import enum
-import hashlib
 import itertools
 import json
 import types
@@ -144,7 +143,9 @@ class _Design:
             raise RuntimeError(f"{path}: not a {kind}")
         self.doc = doc
         self.program = Program.load(path.parent / doc["program"])
-        self.steps = {s.op: s for e in self.program.entries.values() for s in e.steps if s.kind == "dispatch"}
+        # a dispatch is named by its step (Step.op) or, as a toolchain names it, by its MLIR sequence symbol
+        self.steps = {name: s for e in self.program.entries.values() for s in e.steps if s.kind == "dispatch"
+                      for name in (s.op, npu.sequence_name(s.op))}
         self.executor = _DeviceExecutor(self.program)
 
 
@@ -391,7 +392,7 @@ def _dispatch(design: _Design, name: str, data: list, group_id, first: int) -> r
         FAKE.timeouts += 1
         return run(state=ert_cmd_state.ERT_CMD_STATE_TIMEOUT)
     design.executor.dispatch(step, {a: b.device for a, b in zip(ARENAS, data)})
-    FAKE.dispatches.append(name)
+    FAKE.dispatches.append(step.op)
     return run(state=COMPLETED)
 
 
@@ -437,10 +438,5 @@ def write_artifacts(program: Program, root: Path, budget_s: float | None = None)
                "sequences": {npu.sequence_name(s.op): s.op for s in dispatches}}
         (folder / "design.elf").write_text(json.dumps(doc))
         files["elf"] = folder / "design.elf"
-    manifest_path = Path(root) / "manifest.json"
-    manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"format": 1, "artifacts": {}}
-    manifest["artifacts"][key] = {"target": target, "files": {
-        role: {"path": str(p.relative_to(root)), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
-        for role, p in files.items()}}
-    manifest_path.write_text(json.dumps(manifest, indent=1))
+    npu.record_artifact(root, key, npu.manifest_entry(dp, root, files))
     return key

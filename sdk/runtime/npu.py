@@ -18,7 +18,8 @@ What a session does on the device, in order (DESIGN.md, "the single-dispatch ide
   (the NPU is single-tenant).
 Every failure is a typed error with its fix. pyxrt is imported when the backend is opened, not before.
 
-The manifest (written by the build, read here):
+The manifest (this module reads and writes it: read_manifest, manifest_entry, record_artifact; kernels/build.py
+and the tests' fake build both write through them):
     {"format": 1, "artifacts": {CONTENT_KEY: {"target": "npu1" | "npu2",
         "files": {ROLE: {"path": PATH relative to the manifest's folder, "sha256": HEX}},
         "kernel": "MLIR_AIE",                    # npu1: the xclbin's kernel (optional)
@@ -72,6 +73,7 @@ PAGE = 4096                    # BOs are pinned in whole pages
 SYNC_GAP = 64                  # ranges this close are synced as one (the memory plan aligns buffers to 64 B)
 PREBUILT = Path(__file__).resolve().parents[2] / "prebuilt"
 LOCK_FILE = Path(tempfile.gettempdir()) / "aie-apps-npu.lock"
+MANIFEST_FORMAT = 1
 BUILD_FIX = ("build them on a machine with the mlir-aie toolchain: `aie-apps build MODEL --target {target}` "
              "(see kernels/README.md), or run with --device emu / cpu")
 
@@ -118,17 +120,60 @@ def prebuilt_dirs() -> list[Path]:
 
 
 def read_manifests() -> list[tuple[Path, dict]]:
-    found = []
-    for folder in prebuilt_dirs():
-        path = folder / "manifest.json"
+    """(folder, {content key: artifact entry}) of every prebuilt folder that has a manifest.json."""
+    return [(folder, read_manifest(folder / "manifest.json")) for folder in prebuilt_dirs()
+            if (folder / "manifest.json").is_file()]
+
+
+def read_manifest(path: Path) -> dict:
+    """The artifacts of one manifest.json ({} when it does not exist); a manifest of another shape is an error."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    fix = "rebuild it: `aie-apps build MODEL --target ...` (or delete it)"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ArtifactMissing(f"cannot read {path}: {e}", fix=fix)
+    arts = doc.get("artifacts") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or not isinstance(arts, dict) \
+            or not all(isinstance(a, dict) and isinstance(a.get("files"), dict) for a in arts.values()):
+        raise ArtifactMissing(f"{path} is not a format-{MANIFEST_FORMAT} manifest "
+                              '({"format": 1, "artifacts": {CONTENT_KEY: {"target", "files": {ROLE: ...}}}})', fix=fix)
+    return arts
+
+
+def manifest_entry(program: Program, root: Path, files: Mapping[str, Path], **extra) -> dict:
+    """The manifest entry of `program`'s artifact (program = device_program(...), as the build splits it):
+    `files` maps every required role to its file under `root` (the prebuilt folder); each is recorded with its
+    path relative to root and its sha256, exactly as find_artifact checks them. `extra`: kernel (npu1),
+    sequences (npu2: DISPATCH -> kernel name), and anything informative (model, toolchain, ...)."""
+    root = Path(root).resolve()
+    want, have = required_roles(program), set(files)
+    if set(want) != have:
+        raise ProgramError(f"the artifact's files do not match its program: missing {sorted(set(want) - have)}, "
+                           f"unexpected {sorted(have - set(want))}",
+                           fix="build from npu.device_program(program), one file per required role")
+    recorded = {}
+    for role in want:
+        path = Path(files[role]).resolve()
         if not path.is_file():
-            continue
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise ArtifactMissing(f"cannot read {path}: {e}", fix="rebuild it: `aie-apps build MODEL --target ...`")
-        found.append((folder, doc.get("artifacts", {})))
-    return found
+            raise ProgramError(f"artifact file {path} ({role}) was not written", fix=BUILD_FIX.format(target=program.target))
+        recorded[role] = {"path": path.relative_to(root).as_posix(), "sha256": _sha256(path)}
+    return {**extra, "target": program.target, "files": recorded}
+
+
+def record_artifact(root: Path, key: str, entry: dict) -> Path:
+    """Add (or replace) the artifact `key` in root/manifest.json, written atomically; returns the manifest's path."""
+    path = Path(root) / "manifest.json"
+    arts = read_manifest(path)
+    arts[key] = entry
+    doc = {"format": MANIFEST_FORMAT, "artifacts": dict(sorted(arts.items()))}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+    return path
 
 
 def artifact_keys(target: str) -> list[str]:
