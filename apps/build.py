@@ -1,5 +1,6 @@
 """`aie-apps build MODEL --target npu1|npu2`: compile a model and build its NPU artifacts into prebuilt/
-(kernels/build.py). Needs the pinned AIE toolchain; without it, says what to install and exits 1."""
+(kernels/build.py); MODEL `smoke` builds the program `aie-apps doctor` dispatches. Needs the pinned AIE
+toolchain; without it, says what to install and exits 1."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -13,7 +14,7 @@ from .cli import app, command, out_json
 
 @app.command("build")
 @command
-def build(model: Annotated[str, typer.Argument(help="checkpoint folder or model name")],
+def build(model: Annotated[str, typer.Argument(help="checkpoint folder, model name, or smoke")],
           target: Annotated[str, typer.Option("--target", help="npu1 (Phoenix / Hawk Point) | npu2 (Strix ...)")]):
     """Build a model's NPU artifacts (xclbin + instructions on npu1, one full ELF on npu2) into prebuilt/."""
     try:

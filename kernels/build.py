@@ -1,12 +1,16 @@
-"""Build prebuilt artifacts: a model's graphs -> sdk.compiler Program (npu1 / npu2) -> the fused design
+"""Build prebuilt artifacts: a model's graphs -> sdk.compiler Program (npu1 / npu2) -> the device program the
+runtime runs (sdk.runtime.npu.device_program: dispatches split to fit the driver's watchdog) -> the fused design
 (kernels/fused/design.py) -> Peano-compiled kernel objects + aiecc -> prebuilt/<target>/<key>/, recorded in
-prebuilt/manifest.json (content key, files with sha256, toolchain versions, sequences, arenas, parameters).
+prebuilt/manifest.json through the runtime's own writer (npu.manifest_entry / npu.record_artifact).
 
     python -m kernels.build MODEL --target npu2        (also: aie-apps build MODEL --target npu2)
 
-MODEL is a checkpoint folder (config.json + weights) or a name sdk.hub resolves. The content key hashes the
-design sources (kernels/**), the compiled program's own content key (its steps, tilings and buffer placement),
-the target and the toolchain pin, so an artifact is rebuilt exactly when one of them changes.
+MODEL is a checkpoint folder (config.json + weights), a name sdk.hub resolves, or `smoke` (the one-GEMM program
+`aie-apps doctor` dispatches, sdk.runtime.npu.smoke_graph). The key is the compiled program's content key
+(program.meta["content_key"]: kernels/** sources, steps, tilings, buffer placement, target, toolchain pin), the
+key the runtime looks artifacts up by, so an artifact is rebuilt exactly when one of them changes.
+Files, per the contract in sdk/runtime/npu.py: npu1 "xclbin" (final.xclbin) + "insts/DISPATCH" (insts_SEQ.bin,
+one instruction stream per dispatch step); npu2 "elf" (aie.elf, one runtime sequence per dispatch step).
 
 The toolchain is not on PyPI: without the pinned mlir-aie (IRON + aiecc) and llvm-aie (Peano) this says what
 to install and exits non-zero (ToolchainMissing), before doing any work.
@@ -14,7 +18,6 @@ to install and exits non-zero (ToolchainMissing), before doing any work.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -30,13 +33,15 @@ from sdk.errors import SdkError, UsageError
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "kernels"
 PREBUILT = ROOT / "prebuilt"
-MANIFEST_FORMAT = 1
+SMOKE = "smoke"   # the model name of `aie-apps doctor`'s one-GEMM program
 # Peano target triples and the aiecc flags of the pinned mlir-aie for each target's artifact.
 TRIPLES = {"npu1": "aie2-none-unknown-elf", "npu2": "aie2p-none-unknown-elf"}
+# Output files (in prebuilt/<target>/<key>/) are named by the build, so their roles are known without a search.
+NPU1_XCLBIN, NPU1_INSTS, NPU2_ELF = "final.xclbin", "insts_{sequence}.bin", "aie.elf"
 AIECC_FLAGS = {
-    "npu1": ["--aie-generate-xclbin", "--xclbin-name=final.xclbin", "--aie-generate-npu-insts",
-             "--npu-insts-name=insts_{sequence}.bin", "--expand-load-pdis"],
-    "npu2": ["--aie-generate-full-elf", "--full-elf-name=aie.elf"],
+    "npu1": ["--aie-generate-xclbin", "--xclbin-name={folder}/" + NPU1_XCLBIN, "--aie-generate-npu-insts",
+             "--npu-insts-name={folder}/" + NPU1_INSTS, "--expand-load-pdis"],
+    "npu2": ["--aie-generate-full-elf", "--full-elf-name={folder}/" + NPU2_ELF],
 }
 
 
@@ -97,7 +102,11 @@ def find_toolchain() -> Toolchain:
 
 def model_graphs(model: str):
     """The graphs a model is built at: its checkpoint's config, the model file's graph functions at the shapes
-    the pipelines use by default (one batch; text 128 tokens, proteins 256, ASR windows as the model file says)."""
+    the pipelines use by default (one batch; text 128 tokens, proteins 256, ASR windows as the model file says).
+    `smoke` is the doctor's program (sdk.runtime.npu.smoke_graph)."""
+    if model == SMOKE:
+        from sdk.runtime.npu import smoke_graph
+        return [smoke_graph()]
     from sdk import hub
     from sdk.models import module_for
     from sdk.weights import read_config
@@ -117,43 +126,44 @@ def model_graphs(model: str):
     return [module.graph(cfg, 1, 256 if name == "esm" else 128)]
 
 
-def design_sources_hash() -> str:
-    h = hashlib.sha256()
-    for path in sorted(KERNELS.rglob("*")):
-        if path.suffix in (".cc", ".h", ".py") and "__pycache__" not in path.parts:
-            h.update(str(path.relative_to(KERNELS)).encode())
-            h.update(path.read_bytes())
-    return h.hexdigest()
-
-
-def content_key(program, target: str) -> str:
-    doc = {"sources": design_sources_hash(), "program": program.meta["content_key"], "target": target,
-           "toolchain": pin()}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
-
-
 # ---- the build ---------------------------------------------------------------------------------------------------
 
 def build(model: str, target: str, out: Path = PREBUILT, toolchain: Toolchain | None = None) -> dict:
-    """Build one model for one target into out/<target>/<key>/ and record it in out/manifest.json."""
+    """Build one model (or `smoke`) for one target into out/<target>/<key>/ and record it in out/manifest.json;
+    returns {"key", **its manifest entry}."""
     if target not in TARGETS:
         raise UsageError(f"unknown target {target!r}", fix=f"use one of {sorted(TARGETS)}")
     toolchain = toolchain or find_toolchain()          # first: without it nothing below can run
-    from kernels.fused import design as fused_design
     from sdk.compiler import compile as compile_graphs
-    program = compile_graphs(model_graphs(model), target)
-    key = content_key(program, target)
+    return build_program(compile_graphs(model_graphs(model), target), model, out, toolchain)
+
+
+def build_program(program, model: str, out: Path, toolchain: Toolchain, budget_s: float | None = None) -> dict:
+    """Build a compiled program's artifact as the npu backend loads it: from device_program(program, budget_s)
+    (the backend's budget; default half the watchdog), under program.meta["content_key"]."""
+    from kernels.fused import design as fused_design
+    from sdk.runtime import npu
+    target, key = program.target, program.meta["content_key"]
+    device = npu.device_program(program, budget_s)
+    dispatches = [s.op for e in device.entries.values() for s in e.steps if s.kind == "dispatch"]
     folder = out / target / key
     folder.mkdir(parents=True, exist_ok=True)
-    fused = fused_design.build(program, target)
+    fused = fused_design.build(device, target)
     (folder / "design.mlir").write_text(fused.mlir())
     objects = compile_kernels(fused, target, toolchain, folder / "obj")
-    run_aiecc(fused, target, toolchain, folder, objects)
-    files = {p.name: sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
-    entry = {"key": key, "model": model, "target": target, "program_key": program.meta["content_key"],
-             "files": files, "toolchain": toolchain.versions, **fused.manifest()}
-    record(out / "manifest.json", entry)
-    return entry
+    symbols = {d: fused_design.sequence_symbol(d) for d in dispatches}
+    run_aiecc(fused, target, toolchain, folder, objects, list(symbols.values()))
+    if target == "npu1":
+        files = {"xclbin": folder / NPU1_XCLBIN, **{f"insts/{d}": folder / NPU1_INSTS.format(sequence=s)
+                                                    for d, s in symbols.items()}}
+        names = {"kernel": npu.XCLBIN_KERNEL}
+    else:
+        files = {"elf": folder / NPU2_ELF}
+        names = {"sequences": {d: f"main:{s}" for d, s in symbols.items()}}
+    entry = npu.manifest_entry(device, out, files, **names, model=model, toolchain=toolchain.versions,
+                               design=fused.manifest())
+    npu.record_artifact(out, key, entry)
+    return {"key": key, **entry}
 
 
 def compile_kernels(fused, target: str, toolchain: Toolchain, work: Path) -> list[Path]:
@@ -171,7 +181,10 @@ def compile_kernels(fused, target: str, toolchain: Toolchain, work: Path) -> lis
     return objects
 
 
-def run_aiecc(fused, target: str, toolchain: Toolchain, folder: Path, objects: list[Path]) -> None:
+def run_aiecc(fused, target: str, toolchain: Toolchain, folder: Path, objects: list[Path],
+              sequences: list[str]) -> None:
+    """aiecc on design.mlir (run in obj/, where the designs' link_with finds the kernel objects): npu2 one full
+    ELF; npu1 one xclbin plus one instruction stream per runtime sequence (one per dispatch step)."""
     help_text = subprocess.run([*toolchain.aiecc, "--help"], capture_output=True, text=True).stdout
     flags = AIECC_FLAGS[target]
     for flag in flags:
@@ -181,10 +194,10 @@ def run_aiecc(fused, target: str, toolchain: Toolchain, folder: Path, objects: l
     base = [*toolchain.aiecc, "--no-xchesscc", "--no-xbridge", f"--peano={toolchain.peano}", "--no-compile-host",
             f"--tmpdir={folder / 'aiecc'}"]
     if target == "npu2":
-        run([*base, *flags, str(folder / "design.mlir")], cwd=folder / "obj")
+        run([*base, *[f.format(folder=folder) for f in flags], str(folder / "design.mlir")], cwd=folder / "obj")
         return
-    for sequence in fused.sequences:  # npu1: one xclbin, one instruction stream per dispatch step
-        seq_flags = [f.format(sequence=sequence) for f in flags]
+    for sequence in sequences:
+        seq_flags = [f.format(folder=folder, sequence=sequence) for f in flags]
         run([*base, *seq_flags, f"--sequence-name={sequence}", str(folder / "design.mlir")], cwd=folder / "obj")
 
 
@@ -195,28 +208,9 @@ def run(cmd: list[str], cwd: Path | None = None) -> None:
                        fix="the toolchain version must be the pinned one; see kernels/README.md")
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def empty_manifest() -> dict:
-    return {"format": MANIFEST_FORMAT, "toolchain": pin(), "artifacts": []}
-
-
-def record(path: Path, entry: dict) -> None:
-    """Add (or replace, by model and target) one artifact in the manifest, written atomically."""
-    doc = json.loads(path.read_text()) if path.exists() else empty_manifest()
-    doc["artifacts"] = [a for a in doc["artifacts"] if (a["model"], a["target"]) != (entry["model"], entry["target"])]
-    doc["artifacts"].append(entry)
-    doc["toolchain"] = pin()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kernels.build", description=__doc__.split("\n\n")[0])
-    ap.add_argument("model", help="checkpoint folder or model name")
+    ap.add_argument("model", help="checkpoint folder, model name, or `smoke` (the doctor's one-GEMM program)")
     ap.add_argument("--target", choices=sorted(TARGETS), required=True)
     ap.add_argument("--out", type=Path, default=PREBUILT)
     a = ap.parse_args(argv)
@@ -227,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         if e.fix:
             print(f"  fix: {e.fix}", file=sys.stderr)
         return e.exit_code
-    print(json.dumps({"key": entry["key"], "files": entry["files"]}))
+    print(json.dumps({"key": entry["key"], "target": entry["target"], "files": entry["files"]}))
     return 0
 
 

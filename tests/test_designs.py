@@ -294,17 +294,30 @@ def test_aie_apps_build_exits_nonzero_without_toolchain(monkeypatch):
 
 
 def test_committed_manifest_is_empty_and_valid():
+    """The committed manifest is the runtime's format with no artifact (nothing can be built here)."""
+    from sdk.runtime import npu
     doc = json.loads((kbuild.PREBUILT / "manifest.json").read_text())
-    assert doc == kbuild.empty_manifest()
-    assert doc["toolchain"] == TOOLCHAIN_PIN
+    assert doc == {"format": npu.MANIFEST_FORMAT, "artifacts": {}}
+    assert npu.read_manifest(kbuild.PREBUILT / "manifest.json") == {}
 
 
-def test_content_key_follows_the_design_sources_and_the_target(synthetic_programs, monkeypatch):
+def test_content_key_follows_every_kernel_source_and_the_target(synthetic_programs, monkeypatch, tmp_path):
+    """One content key (the compiler's), over every source under kernels/, also those of kinds whose design
+    lives in another kind's folder (dma, dwconv1d) and the shared include/ and dataflow.py."""
+    from sdk.compiler import npu as npu_compiler
     p1, p2 = synthetic_programs["npu1"], synthetic_programs["npu2"]
-    k1, k2 = kbuild.content_key(p1, "npu1"), kbuild.content_key(p2, "npu2")
-    assert k1 != k2 and k1 == kbuild.content_key(p1, "npu1")
-    monkeypatch.setattr(kbuild, "design_sources_hash", lambda: "changed")
-    assert kbuild.content_key(p1, "npu1") != k1
+    k1 = p1.meta["content_key"]
+    assert k1 != p2.meta["content_key"] and k1 == npu_compiler.content_key(p1)
+    for source in ("include/npu_kernel.h", "dataflow.py", "dma/design.py", "fused/design.py"):
+        tree = tmp_path / source.replace("/", "_")
+        for f in kbuild.KERNELS.rglob("*"):
+            if f.is_file() and "__pycache__" not in f.parts:
+                (tree / f.relative_to(kbuild.KERNELS)).parent.mkdir(parents=True, exist_ok=True)
+                (tree / f.relative_to(kbuild.KERNELS)).write_bytes(f.read_bytes())
+        monkeypatch.setattr(npu_compiler, "KERNELS_DIR", tree)
+        assert npu_compiler.content_key(p1) == k1  # the same bytes: the same key
+        (tree / source).write_bytes((tree / source).read_bytes() + b"\n")
+        assert npu_compiler.content_key(p1) != k1, source
 
 
 # ---- what the fills deliver: the GEMM's A and B tiles reach the cores in the kernel's order ----------------------

@@ -6,7 +6,8 @@ How it is put together (the temporal-fusion recipe of IRON's fusion.py / mlir-ai
 - every kernel step of the program is built by its own design (kernels/<name>/design.py) into an
   `aie.device` with one runtime sequence over one tensor per operand; steps that build the same design
   (same kind, parameters, operand shapes and dtypes: every layer of a model) share one device;
-- a main device holds one runtime sequence per dispatch step of the program (`<entry>_<i>`), whose arguments
+- a main device holds one runtime sequence per dispatch step of the program (named after the step, "forward#0"
+  -> `@forward_0`, split steps "forward#0.1" -> `@forward_0_1`: npu.sequence_name's form), whose arguments
   are the four arenas of the memory plan (weights, state, io, scratch) as byte buffers. For each kernel it
   configures the kernel's device (`aiex.configure`, skipped when the previous kernel used the same device) and
   runs its sequence (`aiex.run`) on typed views (`memref.view`) of the arenas at the operands' offsets;
@@ -29,6 +30,7 @@ import numpy as np
 from kernels import dataflow as df
 from kernels import design_module, design_name
 from sdk.program import Program
+from sdk.runtime.npu import sequence_name
 
 ARENAS = ("weights", "state", "io", "scratch")
 MLIR_TYPES = {"bfloat16": "bf16", "float32": "f32", "int32": "i32"}
@@ -45,7 +47,7 @@ class FusedDesign:
     target: str
     devices: dict[str, str] = field(default_factory=dict)           # device name -> its MLIR module text
     parameters: dict[str, dict] = field(default_factory=dict)       # device name -> design parameters
-    sequences: dict[str, list[Run]] = field(default_factory=dict)   # "<entry>_<i>" -> kernels in order
+    sequences: dict[str, list[Run]] = field(default_factory=dict)   # sequence_symbol(dispatch) -> kernels in order
     arenas: dict[str, int] = field(default_factory=dict)
     params: dict[str, list] = field(default_factory=dict)           # entry -> runtime parameter buffers
 
@@ -99,7 +101,6 @@ def build(program: Program, target: str | None = None) -> FusedDesign:
     for entry in program.entries.values():
         fused.params[entry.name] = sorted({p for s in entry.steps if s.kind == "dispatch"
                                            for p in s.attrs.get("params", [])})
-        dispatch = 0
         for step in entry.steps:
             if step.kind != "dispatch":
                 continue
@@ -111,8 +112,7 @@ def build(program: Program, target: str | None = None) -> FusedDesign:
                     refused.append(f"{k.op} {k.attrs.get('name', '')}: {e.message}")
                     continue
                 runs.append(Run(device, [_placed(program, n) for n in (*k.inputs, *k.outputs) if n is not None]))
-            fused.sequences[f"{_ident(entry.name)}_{dispatch}"] = runs
-            dispatch += 1
+            fused.sequences[sequence_symbol(step.op)] = runs
     if refused:
         raise df.DesignError(f"{len(refused)} kernel steps have no design that expresses them: "
                              + "; ".join(refused[:8]) + ("; ..." if len(refused) > 8 else ""),
@@ -150,8 +150,10 @@ def _named(text: str, name: str) -> str:
     return re.sub(r"(aiex?\.runtime_sequence)\s*(@\w+)?\s*\(", r"\1 @sequence(", body, count=1)
 
 
-def _ident(name: str) -> str:
-    return re.sub(r"\W", "_", name)
+def sequence_symbol(dispatch: str) -> str:
+    """The runtime sequence of a dispatch step in the main device: the runtime's kernel name for it
+    (sdk.runtime.npu.sequence_name, "forward#0.1" -> "main:forward_0_1") without the device."""
+    return sequence_name(dispatch).split(":", 1)[1]
 
 
 def _plain(params: dict) -> dict:
