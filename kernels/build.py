@@ -102,7 +102,8 @@ def find_toolchain() -> Toolchain:
 
 def model_graphs(model: str):
     """The graphs a model is built at: its checkpoint's config, the model file's graph functions at the shapes
-    the pipelines use by default (one batch; text 128 tokens, proteins 256, ASR windows as the model file says).
+    the pipelines use by default (one batch; text 128 tokens, proteins 256, or the config's position count when
+    smaller; ASR windows as the model file says).
     `smoke` is the doctor's program (sdk.runtime.npu.smoke_graph)."""
     if model == SMOKE:
         from sdk.runtime.npu import smoke_graph
@@ -123,7 +124,8 @@ def model_graphs(model: str):
         return [module.image_graph(cfg, 1), module.text_graph(cfg, 1)]
     if name in ("vit", "resnet"):
         return [module.graph(cfg, 1)]
-    return [module.graph(cfg, 1, 256 if name == "esm" else 128)]
+    length = 256 if name == "esm" else 128
+    return [module.graph(cfg, 1, min(length, getattr(cfg, "max_position_embeddings", length)))]  # tiny configs
 
 
 # ---- the build ---------------------------------------------------------------------------------------------------
