@@ -24,7 +24,8 @@ and the tests' fake build both write through them):
         "files": {ROLE: {"path": PATH relative to the manifest's folder, "sha256": HEX}},
         "kernel": "MLIR_AIE",                    # npu1: the xclbin's kernel (optional)
         "sequences": {DISPATCH: KERNEL_NAME}}}}  # npu2: each dispatch's kernel in the ELF (optional)
-ROLE is "xclbin" and "insts/DISPATCH" for every dispatch step of device_program(program) on npu1, and
+CONTENT_KEY is the compiled program's meta["content_key"] (sdk/compiler/npu.py: kernels/** sources, steps,
+placement, target, toolchain pin). ROLE is "xclbin" and "insts/DISPATCH" for every dispatch step of device_program(program) on npu1, and
 "elf" on npu2. DISPATCH is a dispatch step's name (`Step.op`, e.g. "forward#0", or "forward#0.1" when
 split); an npu2 kernel name defaults to sequence_name(DISPATCH), e.g. "main:forward_0".
 """
