@@ -25,9 +25,10 @@ and the tests' fake build both write through them):
         "kernel": "MLIR_AIE",                    # npu1: the xclbin's kernel (optional)
         "sequences": {DISPATCH: KERNEL_NAME}}}}  # npu2: each dispatch's kernel in the ELF (optional)
 CONTENT_KEY is the compiled program's meta["content_key"] (sdk/compiler/npu.py: kernels/** sources, steps,
-placement, target, toolchain pin). ROLE is "xclbin" and "insts/DISPATCH" for every dispatch step of device_program(program) on npu1, and
-"elf" on npu2. DISPATCH is a dispatch step's name (`Step.op`, e.g. "forward#0", or "forward#0.1" when
-split); an npu2 kernel name defaults to sequence_name(DISPATCH), e.g. "main:forward_0".
+placement, target, toolchain pin). ROLE is "xclbin" and "insts/DISPATCH" for every dispatch step of
+device_program(program) on npu1, and "elf" on npu2. DISPATCH is a dispatch step's name (`Step.op`, e.g.
+"forward#0", or "forward#0.1" when split); an npu2 kernel name defaults to sequence_name(DISPATCH), e.g.
+"main:forward_0".
 """
 from __future__ import annotations
 
@@ -159,7 +160,8 @@ def manifest_entry(program: Program, root: Path, files: Mapping[str, Path], **ex
     for role in want:
         path = Path(files[role]).resolve()
         if not path.is_file():
-            raise ProgramError(f"artifact file {path} ({role}) was not written", fix=BUILD_FIX.format(target=program.target))
+            raise ProgramError(f"artifact file {path} ({role}) was not written",
+                               fix=BUILD_FIX.format(target=program.target))
         recorded[role] = {"path": path.relative_to(root).as_posix(), "sha256": _sha256(path)}
     return {**extra, "target": program.target, "files": recorded}
 
