@@ -170,3 +170,22 @@ def test_options_are_checked():
         DictationOptions(max_utterance=40)
     with pytest.raises(UsageError):
         FileSource(np.zeros(10), pace="warp")
+
+
+def test_cli_file_as_microphone_writes_finals_as_json_lines(tmp_path):
+    import json
+    from typer.testing import CliRunner
+    from apps.main import app
+
+    wav, reference = librivox_clips()[4]
+    saved = tmp_path / "copy.wav"
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--output", "jsonl",
+                                      "--save-audio", str(saved)], env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [line["type"] for line in lines] == ["final"]          # a pipe gets finals only
+    assert wer(reference, lines[0]["text"]) <= 0.2 and 0 <= lines[0]["start"] < lines[0]["end"]
+    assert "listening" in result.stderr and "0 dropped blocks" in result.stderr
+    audio, rate = soundfile.read(str(saved))
+    original, _ = soundfile.read(str(wav))
+    assert rate == RATE and len(audio) == len(original)
