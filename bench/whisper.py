@@ -4,7 +4,7 @@
 Reports (1) the decoder per token: 32 greedy steps with the KV cache from an empty cache, ours
 (`decode_greedy`: step + Whisper's filters + argmax) vs transformers' decoder + proj_out + argmax with a
 EncoderDecoderCache (cross K/V computed once, as ours); (2) the encoder per 30 s window; (3) the real-time factor of transcribing the 5 LibriVox clips
-(features + encoder + greedy decoding with timestamps), ours `Transcriber.transcribe` vs transformers'
+(features + encoder + greedy decoding with timestamps), ours `WhisperRecognizer.transcribe` vs transformers'
 WhisperFeatureExtractor + `generate(return_timestamps=True)`. ONNX Runtime runs the encoder (exported with
 torch.onnx); it is not in the decoder rows: exporting Whisper's cached decoder step needs the optimum
 exporter, which is not installed here.
@@ -23,14 +23,14 @@ threads(2)
 
 import numpy as np  # noqa: E402
 
-from pipelines.asr import Transcriber  # noqa: E402
+from pipelines.asr import WhisperRecognizer  # noqa: E402
 from pipelines.audio import load_audio, whisper_log_mel  # noqa: E402
 
 CLIPS = sorted(Path("/usr/share/pocketsphinx/test/data/librivox").glob("*.wav"))
 STEPS = 32
 
 
-def hf_model(t: Transcriber):
+def hf_model(t: WhisperRecognizer):
     import torch
     from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
     from sdk.models import whisper
@@ -53,7 +53,7 @@ def main():
     torch = torch_threads()
     from transformers import DynamicCache, EncoderDecoderCache, WhisperFeatureExtractor
     sections = sys.argv[1:] or ["decoder", "encoder", "clips"]
-    ours = Transcriber("whisper-tiny.en", device="cpu")
+    ours = WhisperRecognizer("whisper-tiny.en", device="cpu")
     model = hf_model(ours)
     fe = WhisperFeatureExtractor(feature_size=80)
     audio = [load_audio(c) for c in CLIPS]

@@ -1,8 +1,13 @@
-"""Speech recognition with Whisper: files and arrays -> a Transcript with timed segments.
+"""Speech recognition: files, arrays and live audio -> text with timed segments.
 
     from sdk import Transcriber
     t = Transcriber()                              # whisper-tiny.en, device auto
     print(t.transcribe("talk.wav").text)
+    t.start(Microphone()); for event in t.events(): ...   # live (pipelines/dictation.py)
+
+`Transcriber` serves every ASR family: Whisper (this file's WhisperRecognizer) and the conformers
+(Parakeet, GigaAM: pipelines/conformer_asr.py), chosen from the checkpoint's config.json. The rest of this
+docstring is about Whisper.
 
 Decoding follows OpenAI's reference `transcribe`: 30 s windows with seek (the next window starts at the last
 complete segment's end timestamp), greedy decoding with Whisper's logit rules (suppress_tokens, blank
@@ -14,7 +19,7 @@ independently (no previous-text prompt), as transformers does by default.
 
 Greedy steps run `decode_greedy` (filters and argmax on the device, a few scalars back); the first step of
 each window and sampled steps read full logits from `decode_step` (see sdk/models/whisper.py).
-One Transcriber holds one session (weights resident) and one decoding state; it serialises its callers.
+One WhisperRecognizer holds one session (weights resident) and one decoding state; it serialises its callers.
 """
 from __future__ import annotations
 
@@ -35,6 +40,7 @@ from sdk.ops import NEG_INF
 from sdk.session import Session
 from sdk.weights import read_config
 
+DEFAULT_MODEL = "whisper-tiny.en"
 TIME_PRECISION = 0.02          # seconds per timestamp token
 FRAME_SECONDS = audio.WHISPER_HOP / audio.SAMPLE_RATE  # 10 ms mel frames
 
@@ -121,11 +127,11 @@ class WhisperTokenizer:
         return self.tok.decode([t for t in tokens if t < self.eot])
 
 
-class Transcriber:
-    def __init__(self, model: str = "whisper-tiny.en", device: str | None = None,
+class WhisperRecognizer:
+    def __init__(self, model: str | hub.ModelSource = DEFAULT_MODEL, device: str | None = None,
                  options: TranscribeOptions = TranscribeOptions()):
         self.options = options
-        self.source = hub.resolve(model)
+        self.source = model if isinstance(model, hub.ModelSource) else hub.resolve(model)
         folder = self.source.path
         self.cfg, weights = whisper.load(folder)
         self.tokenizer = tok = WhisperTokenizer(folder, self.cfg.vocab_size)
@@ -365,3 +371,90 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise WeightError(f"cannot read {path}: {e}", fix="restore the file from the model's source") from None
+
+
+# ---- the facade: every ASR family behind one class ------------------------------------------------------------
+
+CONFORMER_TYPES = ("parakeet_ctc", "parakeet_tdt", "parakeet_rnnt", "gigaam")
+
+
+class Transcriber:
+    """Speech to text with any supported model: Whisper (default), Parakeet, GigaAM.
+
+    Files and arrays go through `transcribe()`; live audio through `start(source)` / `feed()` / `events()` /
+    `stop()`, with `on_partial` / `on_final` / `on_state` callbacks (set them before `start`)."""
+    on_partial = on_final = on_state = None
+
+    def __init__(self, model: str = DEFAULT_MODEL, device: str | None = None,
+                 options: TranscribeOptions = TranscribeOptions()):
+        source = hub.resolve(model)
+        if read_config(source.path).get("model_type") in CONFORMER_TYPES:
+            from pipelines.conformer_asr import ConformerRecognizer
+            self.recognizer = ConformerRecognizer(source.path, device=device)
+        else:
+            self.recognizer = WhisperRecognizer(source, device, options)
+        self._stream = None
+
+    @property
+    def window_seconds(self) -> float:
+        """The longest audio one decode_window() call takes (live dictation sizes its windows by it)."""
+        return float(getattr(self.recognizer, "window_seconds", audio.WHISPER_CHUNK / audio.SAMPLE_RATE))
+
+    def transcribe(self, source: str | Path | np.ndarray, sample_rate: int | None = None) -> Transcript:
+        """Transcribe a file or an array (mono or [frames, channels]; `sample_rate` defaults to 16 kHz)."""
+        if isinstance(self.recognizer, WhisperRecognizer):
+            return self.recognizer.transcribe(source, sample_rate)
+        samples = audio.load_audio(source, sample_rate)
+        segments = self.recognizer.transcribe(samples)
+        report = self.report()
+        return Transcript(" ".join(s.text for s in segments), segments, "", round(len(samples) / audio.SAMPLE_RATE, 3),
+                          report["device_requested"], report["device_effective"],
+                          str(source) if isinstance(source, (str, Path)) else "", report)
+
+    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0) -> list[Segment]:
+        """Segments of one window of at most `window_seconds` of mono 16 kHz audio (see WhisperRecognizer)."""
+        return self.recognizer.decode_window(samples_16k, offset=offset)
+
+    def report(self) -> dict:
+        return self.recognizer.report()
+
+    # -- live audio (pipelines/dictation.py does the work; dictation never imports this module)
+
+    def start(self, source=None, options=None, *, save_audio=None):
+        """Start transcribing `source` (a Microphone, a FileSource, or None to `feed()` audio yourself)."""
+        from pipelines.dictation import DictationOptions, Stream
+        if self._stream is not None:
+            raise UsageError("this Transcriber is already streaming", fix="call stop() first")
+        self._stream = Stream(self, source, options or DictationOptions(), on_partial=self.on_partial,
+                              on_final=self.on_final, on_state=self.on_state, save_audio=save_audio).start()
+        return self._stream
+
+    def feed(self, samples: np.ndarray, sample_rate: int, *, block: bool = True) -> None:
+        """Push audio you captured yourself (any rate; resampled). Starts a stream on first use."""
+        if self._stream is None:
+            self.start()
+        self._stream.feed(samples, sample_rate, block=block)
+
+    def events(self):
+        """Partial, Final and State events of the running stream, in order (a blocking iterator)."""
+        if self._stream is None:
+            raise UsageError("nothing is streaming", fix="call start() or feed() first")
+        return self._stream.events()
+
+    def stop(self, *, cancel: bool = False):
+        """Stop the stream; pending audio is transcribed unless cancel=True. Returns the stream's report."""
+        if self._stream is None:
+            raise UsageError("nothing is streaming", fix="call start() or feed() first")
+        stream, self._stream = self._stream, None
+        return stream.stop(cancel=cancel)
+
+    def close(self):
+        if self._stream is not None:
+            self.stop(cancel=True)
+        self.recognizer.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

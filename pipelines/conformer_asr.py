@@ -24,23 +24,17 @@ import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
 
 import numpy as np
 
 from pipelines import audio
+from pipelines.asr import Segment
 from sdk import hub
 from sdk.errors import InputError, UsageError, WeightError
 from sdk.models import conformer
 from sdk.session import Session
 
 HOP = 160  # 10 ms feature frames at 16 kHz in both families
-
-
-class Segment(NamedTuple):
-    start: float  # seconds
-    end: float
-    text: str
 
 
 @dataclass(frozen=True)

@@ -157,7 +157,7 @@ def test_real_tiny_en_logits_vs_transformers(record_parity):
     assert record_parity("whisper-tiny.en.logits", ours, ref)[0] <= 1e-3
 
 
-# ---- the Transcriber's multilingual path on the TINY model (no multilingual weights exist offline) ----------
+# ---- the Whisper recogniser's multilingual path on the TINY model (no multilingual weights exist offline) ----------
 
 SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|fr|>", "<|translate|>",
             "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
@@ -195,8 +195,8 @@ def _fed(transcriber):
 
 @pytest.mark.parametrize("language", [None, "de"])
 def test_multilingual_prompt_and_language_detection(tiny_folder, language):
-    from pipelines.asr import Transcriber, TranscribeOptions
-    t = Transcriber(str(tiny_folder), device="cpu")
+    from pipelines.asr import TranscribeOptions, WhisperRecognizer
+    t = WhisperRecognizer(str(tiny_folder), device="cpu")
     assert t.tokenizer.timestamp_begin == 81 and set(t.tokenizer.languages) == {"en", "de", "fr"}
     t.english_only = False  # the TINY vocabulary is far below Whisper's multilingual 51865
     t.options = TranscribeOptions(language=language, task="translate")
@@ -212,12 +212,12 @@ def test_multilingual_prompt_and_language_detection(tiny_folder, language):
 
 def test_temperature_fallback_samples_reproducibly(tiny_folder):
     """A log-prob threshold no output can meet forces every temperature; sampling is seeded."""
-    from pipelines.asr import Transcriber, TranscribeOptions
+    from pipelines.asr import TranscribeOptions, WhisperRecognizer
     options = TranscribeOptions(temperatures=(0.0, 0.5, 1.0), logprob_threshold=0.0, no_speech_threshold=None)
     audio = np.random.default_rng(0).standard_normal(16000 * 2).astype(np.float32) * 0.1
     texts = []
     for _ in range(2):
-        t = Transcriber(str(tiny_folder), device="cpu", options=options)
+        t = WhisperRecognizer(str(tiny_folder), device="cpu", options=options)
         calls = _fed(t)
         texts.append(t.transcribe(audio).text)
         greedy = [c for c in calls if c[0] == "decode_greedy"]
