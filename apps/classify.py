@@ -12,7 +12,6 @@ score, inference ms and a smoothed FPS; `q` or Esc closes it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections import deque
@@ -22,6 +21,7 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
+from sdk import settings as sdk_settings
 from sdk.errors import InputError, UsageError
 
 from .cli import DeviceOpt, app, command, err
@@ -38,8 +38,7 @@ def gui_available() -> tuple[bool, str]:
                 if line.strip().startswith("GUI:")), "NONE")
     if gui.upper() == "NONE":
         return False, "this OpenCV has no GUI (opencv-python-headless?); install opencv-python for the window"
-    # the display is the desktop session's, not a setting of ours, so it is read here where it is used
-    if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+    if not sdk_settings.load().has_display:
         return False, "no display (DISPLAY is not set)"
     return True, ""
 

@@ -52,13 +52,6 @@ class Action(str, Enum):
 
 # ----------------------------------------------------------------------------------------------- text sinks
 
-def _session_type(environ=os.environ) -> str:
-    kind = (environ.get("XDG_SESSION_TYPE") or "").lower()
-    if kind in ("wayland", "x11"):
-        return kind
-    return "wayland" if environ.get("WAYLAND_DISPLAY") else "x11" if environ.get("DISPLAY") else "tty"
-
-
 TYPERS = {  # tool -> argv that types TEXT without a trailing Enter
     "xdotool": lambda text: ["xdotool", "type", "--clearmodifiers", "--delay", "4", "--", text],
     "wtype": lambda text: ["wtype", "--", text],
@@ -73,7 +66,7 @@ INSTALL = {"xdotool": "sudo apt install xdotool", "wtype": "sudo apt install wty
 
 
 def choose_typer(requested: str = "auto", session: str | None = None) -> str:
-    session = session or _session_type()
+    session = session or sdk_settings.load().session_type
     if requested != "auto":
         if requested not in TYPERS:
             raise UsageError(f"unknown typing tool {requested!r}", fix=f"use one of auto, {', '.join(TYPERS)}")
@@ -137,7 +130,7 @@ class Sink:
         self.output = output
         self.tty = output == Output.stdout and sys.stdout.isatty()
         self.partials = self.tty if partials is None else partials
-        self.session = _session_type()
+        self.session = sdk_settings.load().session_type
         self.tool = choose_typer(typer_tool, self.session) if output in (Output.type, Output.paste) else None
         self.clip = _clipboard_tools(self.session) if output in (Output.paste, Output.clipboard) else None
         self.text = ""            # everything finalised this session (the clipboard output holds it)

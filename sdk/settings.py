@@ -19,6 +19,11 @@ class Settings:
     offline: bool          # AIE_APPS_OFFLINE or HF_HUB_OFFLINE
     hf_cache: Path         # HF_HUB_CACHE, else ${HF_HOME:-~/.cache/huggingface}/hub
     runtime_dir: Path      # XDG_RUNTIME_DIR (dictation control socket), else the cache home
+    session_type: str      # the desktop session: "x11", "wayland" or "tty" (XDG_SESSION_TYPE, else the displays)
+
+    @property
+    def has_display(self) -> bool:
+        return self.session_type != "tty"
 
     @property
     def models_dir(self) -> Path:
@@ -40,4 +45,12 @@ def load(environ=None) -> Settings:
         offline=_truthy(env.get("AIE_APPS_OFFLINE")) or _truthy(env.get("HF_HUB_OFFLINE")),
         hf_cache=Path(env.get("HF_HUB_CACHE") or hf_home / "hub"),
         runtime_dir=Path(env.get("XDG_RUNTIME_DIR") or home),
+        session_type=_session_type(env),
     )
+
+
+def _session_type(env) -> str:
+    kind = (env.get("XDG_SESSION_TYPE") or "").lower()
+    if kind in ("wayland", "x11"):
+        return kind
+    return "wayland" if env.get("WAYLAND_DISPLAY") else "x11" if env.get("DISPLAY") else "tty"
