@@ -59,8 +59,8 @@ def transcribe(
     task: Annotated[str, typer.Option("--task", help="transcribe or translate (to English)")] = "transcribe",
     device: DeviceOpt = None,
 ):
-    """Transcribe audio files with Whisper (default: tiny.en, offline). An unreadable file is reported on
-    stderr and skipped; the exit code is then 1."""
+    """Transcribe audio files (Whisper tiny.en by default, offline; Parakeet and GigaAM with --model).
+    An unreadable file is reported on stderr and skipped; the exit code is then 1."""
     from pipelines.asr import TranscribeOptions
 
     if output_dir is not None and not output_dir.is_dir():

@@ -1,6 +1,6 @@
 """aie-apps SDK: whole model graphs on the AMD Ryzen AI NPU, and on the CPU where there is none.
 
-    from sdk import TextEmbedder, Transcriber, ImageClassifier, ProteinEmbedder, Session
+    from sdk import TextEmbedder, Transcriber, ImageClassifier, ImageEmbedder, ProteinEmbedder, Session
 
 Importing this package never touches hardware. The pipeline classes are re-exported lazily from
 `pipelines` (the one sanctioned upward import), so `import sdk` stays light.
@@ -16,6 +16,7 @@ _LAZY = {
     "TextEmbedder": "pipelines.text",
     "Transcriber": "pipelines.asr",
     "ImageClassifier": "pipelines.vision",
+    "ImageEmbedder": "pipelines.vision",
     "ProteinEmbedder": "pipelines.protein",
 }
 
