@@ -245,6 +245,8 @@ def test_parakeet_live(kind, tmp_path, record_parity):
 
 
 @pytest.mark.reference
+@pytest.mark.skipif(importlib.util.find_spec("gigaam") is None,
+                    reason="needs the gigaam reference: pip install --no-deps gigaam==0.1.0")
 @pytest.mark.parametrize("head", ["ctc", "rnnt"])
 @pytest.mark.parametrize("attention", ["rotary", "rel_pos"])
 def test_gigaam_live(head, attention, tmp_path, record_parity):
