@@ -28,11 +28,7 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     Reads the format directly (8-byte header length, JSON header, raw data) so that a truncated or
     corrupt file is reported precisely instead of failing deep inside a library."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise WeightError(f"cannot read checkpoint {path}: {e.strerror}", fix="check the path") from None
-    fix = f"the file is damaged: delete {path} and fetch or export it again"
+    data, fix = _read_checkpoint(path)
     if len(data) < 8:
         raise WeightError(f"{path} is not a safetensors file ({len(data)} bytes)", fix=fix)
     (n,) = struct.unpack("<Q", data[:8])
@@ -57,6 +53,14 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
             raise WeightError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
         out[name] = array.reshape(info["shape"])
     return out
+
+
+def _read_checkpoint(path: Path) -> tuple[bytes, str]:
+    """The file's bytes, and the fix to give when they turn out to be damaged."""
+    try:
+        return path.read_bytes(), f"the file is damaged: delete {path} and fetch or export it again"
+    except OSError as e:
+        raise WeightError(f"cannot read checkpoint {path}: {e.strerror}", fix="check the path") from None
 
 
 def _template_regex(template: str) -> re.Pattern:
@@ -121,11 +125,7 @@ def read_ctranslate2(path: str | Path) -> dict[str, np.ndarray]:
     """All variables of a CTranslate2 `model.bin` (format version >= 5) as numpy arrays, aliases resolved
     (an alias maps to the same array as its target). bf16 is widened to float32; other dtypes are kept."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise WeightError(f"cannot read checkpoint {path}: {e.strerror}", fix="check the path") from None
-    fix = f"the file is damaged: delete {path} and fetch or export it again"
+    data, fix = _read_checkpoint(path)
     pos = 0
 
     def take(n: int, what: str) -> bytes:
