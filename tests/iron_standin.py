@@ -281,10 +281,28 @@ class Transfer:
     tap: TensorAccessPattern
     placement: Tile
     task_group: object = None
+    offset_parameter: object = None   # a ScratchpadParameter added to the base address at run time
 
 
 class TaskGroup:
     pass
+
+
+class ScratchpadParameter:
+    """IRON's per-run 32-bit word (`aiex.scratchpad_parameter`): the host writes it before each run; a fill or
+    drain given it as `offset_parameter` adds it (bytes) to its buffer descriptor's base address."""
+    def __init__(self, name, dtype=np.int32):
+        if np.dtype(dtype) != np.int32:
+            raise ValueError("a scratchpad parameter used as an address offset is an int32 word")
+        self.name, self.dtype = name, np.dtype(dtype)
+
+
+def sync_parameters():
+    """`aiex.sync_scratchpad_parameters_from_host`: before the first transfer that reads a parameter."""
+    rt = RECORD.active_runtime
+    if rt is None:
+        raise ValueError("sync_parameters() outside a runtime sequence")
+    rt.synced = True
 
 
 class Runtime:
@@ -292,11 +310,16 @@ class Runtime:
         self.data, self.transfers, self.started, self.open_groups = [], [], [], 0
         self.live: dict = {}       # shim tile -> buffer descriptors in use now
         self.peak: dict = {}       # shim tile -> the most ever in use at once
+        self.synced = False        # sync_parameters() issued in the sequence
 
     @contextlib.contextmanager
     def sequence(self, *types):
         self.data = [RuntimeData(t) for t in types]
-        yield self.data[0] if len(self.data) == 1 else tuple(self.data)
+        RECORD.active_runtime = self
+        try:
+            yield self.data[0] if len(self.data) == 1 else tuple(self.data)
+        finally:
+            RECORD.active_runtime = None
         if self.open_groups:
             raise ValueError("task groups left open")
 
@@ -314,23 +337,29 @@ class Runtime:
     def start(self, *workers):
         self.started += workers
 
-    def _transfer(self, kind, handle, data, tap, task_group, placement):
+    def _transfer(self, kind, handle, data, tap, task_group, placement, offset_parameter=None):
         if data not in self.data:
             raise ValueError("not a RuntimeData of this sequence")
+        if offset_parameter is not None and not isinstance(offset_parameter, ScratchpadParameter):
+            raise TypeError("offset_parameter must be a ScratchpadParameter")
+        if offset_parameter is not None and not self.synced:
+            raise ValueError(f"{kind} reads scratchpad parameter {offset_parameter.name} before sync_parameters()")
         if tap is None:
             tap = TensorAccessPattern((data.elements,), 0, [1, 1, 1, data.elements], [0, 0, 0, 1])
         handle.endpoint = "runtime"
-        self.transfers.append(Transfer(kind, handle, data, tap, placement, task_group))
+        self.transfers.append(Transfer(kind, handle, data, tap, placement, task_group, offset_parameter))
         self.live[placement] = self.live.get(placement, 0) + 1  # one descriptor per transfer until freed
         self.peak[placement] = max(self.peak.get(placement, 0), self.live[placement])
 
-    def fill(self, in_fifo, source, tap=None, task_group=None, wait=False, placement=AnyShimTile):
+    def fill(self, in_fifo, source, tap=None, task_group=None, wait=False, placement=AnyShimTile,
+             offset_parameter=None):
         assert in_fifo.is_prod
-        self._transfer("fill", in_fifo, source, tap, task_group, placement)
+        self._transfer("fill", in_fifo, source, tap, task_group, placement, offset_parameter)
 
-    def drain(self, out_fifo, dest, tap=None, task_group=None, wait=False, placement=AnyShimTile):
+    def drain(self, out_fifo, dest, tap=None, task_group=None, wait=False, placement=AnyShimTile,
+              offset_parameter=None):
         assert not out_fifo.is_prod
-        self._transfer("drain", out_fifo, dest, tap, task_group, placement)
+        self._transfer("drain", out_fifo, dest, tap, task_group, placement, offset_parameter)
 
 
 class Program:
@@ -360,6 +389,7 @@ class Record:
     device: object = None
     runtime: object = None
     current_worker: object = None
+    active_runtime: object = None
 
     def snapshot(self) -> "Record":
         return Record(self.fifos, self.links, self.workers, self.calls, self.device, self.runtime)
@@ -381,7 +411,8 @@ def installed():
     global RECORD
     names = {
         "aie": {}, "aie.iron": {"ObjectFifo": ObjectFifo, "Worker": Worker, "Runtime": Runtime, "Program": Program,
-                                "Kernel": Kernel, "GlobalBuffer": GlobalBuffer},
+                                "Kernel": Kernel, "GlobalBuffer": GlobalBuffer,
+                                "ScratchpadParameter": ScratchpadParameter, "sync_parameters": sync_parameters},
         "aie.iron.device": {"NPU1": NPU1, "NPU2": NPU2, "Tile": Tile, "AnyShimTile": AnyShimTile,
                             "AnyMemTile": AnyMemTile, "AnyComputeTile": AnyComputeTile},
         "aie.iron.placers": {"SequentialPlacer": SequentialPlacer},
@@ -605,11 +636,29 @@ def _check_flow(rec):
     return found
 
 
-def written(rec: Record, data_index: int) -> np.ndarray:
-    """How many times each element of runtime tensor `data_index` is written by the drains."""
+def written(rec: Record, data_index: int, words: dict | None = None) -> np.ndarray:
+    """How many times each element of runtime tensor `data_index` is written by the drains, with the scratchpad
+    parameters at `words` (name -> bytes; absent = 0, the static base)."""
     data = rec.runtime.data[data_index]
     hits = np.zeros(data.elements, np.int64)
     for t in rec.runtime.transfers:
         if t.kind == "drain" and t.data is data:
-            np.add.at(hits, t.tap.addresses(), 1)
+            np.add.at(hits, t.tap.addresses() + shifted(t, words), 1)
     return hits
+
+
+def shifted(t: Transfer, words: dict | None) -> int:
+    """A transfer's run-time shift in elements: its offset parameter's word (bytes) over the element size."""
+    if t.offset_parameter is None:
+        return 0
+    word = (words or {}).get(t.offset_parameter.name, 0)
+    if word % t.data.dtype.itemsize:
+        raise ValueError(f"{t.offset_parameter.name} = {word} bytes is not a whole {t.data.dtype} element")
+    return word // t.data.dtype.itemsize
+
+
+def read(rec: Record, data_index: int, words: dict | None = None) -> np.ndarray:
+    """The element addresses the fills read from runtime tensor `data_index`, in order, at `words`."""
+    data = rec.runtime.data[data_index]
+    return np.concatenate([t.tap.addresses() + shifted(t, words) for t in rec.runtime.transfers
+                           if t.kind == "fill" and t.data is data] or [np.zeros(0, np.int64)])

@@ -77,11 +77,50 @@ def check_step(step, program, target):
     problems = standin.check(rec, TARGETS[target]) + agrees_with_catalog(step, params)
     out_index = len(rec.runtime.data) - len(step.outputs)
     for i in range(len(step.outputs)):
+        if runtime_shifted(rec, out_index + i):
+            continue
         hits = standin.written(rec, out_index + i)
         if name_of(step) not in ("gemm", "gemv") and (hits != 1).any() or (hits < 1).any():
             problems.append(f"output {step.outputs[i]}: {int((hits < 1).sum())} elements never written, "
                             f"{int((hits > 1).sum())} written more than once")
-    return problems, params
+    return problems + runtime_offsets_in_bounds(rec, params), params
+
+
+def runtime_shifted(rec, data_index) -> bool:
+    data = rec.runtime.data[data_index]
+    return any(t.offset_parameter is not None and t.data is data for t in rec.runtime.transfers)
+
+
+def runtime_offsets_in_bounds(rec, params) -> list[str]:
+    """Transfers shifted by scratchpad words (a KV-cache row at the position, a table row by id): at the words'
+    smallest and largest values every address stays inside its tensor, no element is written twice, and a
+    shifted drain writes the same number of elements at both (one cache row per position)."""
+    spec = params.get("scratchpad", {})
+    for t in rec.runtime.transfers:
+        if t.offset_parameter is not None and t.offset_parameter.name not in spec:
+            return [f"scratchpad parameter {t.offset_parameter.name} has no host-side spec"]
+    extremes = [{}, {n: s["limit"] * s["scale"] for n, s in spec.items()}]
+    problems = []
+    for d in range(len(rec.runtime.data)):
+        if not runtime_shifted(rec, d):
+            continue
+        elements = rec.runtime.data[d].elements
+        sums = set()
+        for words in extremes:
+            read = standin.read(rec, d, words)
+            if read.size and (read.min() < 0 or read.max() >= elements):
+                problems.append(f"tensor {d}: a fill reads outside it at words {words}")
+            try:
+                hits = standin.written(rec, d, words)
+            except IndexError:
+                problems.append(f"tensor {d}: a drain writes outside it at words {words}")
+                continue
+            if (hits > 1).any():
+                problems.append(f"tensor {d}: elements written more than once at words {words}")
+            sums.add(int(hits.sum()))
+        if len(sums) > 1:
+            problems.append(f"tensor {d}: a shifted drain writes {sorted(sums)} elements at different words")
+    return problems
 
 
 def name_of(step):

@@ -1,9 +1,10 @@
 """Data-movement designs (catalog kinds copy, concat, pad, state_write, gather): no core code, shim ->
 memtile -> shim transfers whose access patterns do the work. copy reads its operand through its view chain;
 concat writes each input into its slice of the output; assign (a state write of a whole buffer) is a copy.
-What needs addresses only known at run time is refused and listed in kernels/README.md: cache_write at the
-position parameter (a scratchpad-parameter drain offset), gather by token id (data-dependent addresses), and
-pad (a constant fill)."""
+Addresses known only at run time come from scratchpad parameters (dataflow.scratchpad_parameter): cache_write
+drains at its row-0 pattern plus position x row bytes; gather (embedding by token id) reads each row at the
+table's row 0 plus id x row bytes, one word per id. Refused (kernels/README.md): a gather by indices the device
+computes (the host cannot write them), and pad (a constant fill)."""
 from __future__ import annotations
 
 import numpy as np
@@ -17,6 +18,7 @@ OBJ_BYTES = 16 * 1024
 def build(target: str, step, buffers: dict, params: dict):
     op = step.attrs["head"]["op"]
     out = df.operand(step.outputs[0], buffers[step.outputs[0]])
+    word = None   # (buffer, element, scale, limit) of a drain offset set at run time
     if op == "copy":
         sources = [(df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0]), out.index)]
     elif op == "assign":
@@ -30,11 +32,14 @@ def build(target: str, step, buffers: dict, params: dict):
             n = o.shape[axis]
             sources.append((o, np.take(out.index, np.arange(at, at + n), axis=axis)))
             at += n
-    elif op == "cache_write":
-        raise df.DesignError("cache_write at the position parameter needs a drain offset set at run time "
-                             "(a scratchpad parameter); not expressed by this design")
-    elif op == "embedding":
-        raise df.DesignError("gather by token id needs data-dependent DMA addresses; not expressed by this design")
+    elif op == "cache_write":  # inputs (cache, value, pos): the value's rows drain at the runtime position
+        value = df.operand(step.inputs[1], buffers[step.inputs[1]], step.attrs["views"][1])
+        axis = step.attrs["head"]["attrs"]["axis"] % out.index.ndim
+        dst, stride, limit = df.runtime_row(out, value.shape, [], axis)
+        sources = [(value, dst)]
+        word = (step.inputs[2], 0, stride, limit)
+    elif op == "embedding":  # inputs (table, ids): row ids[i] of the table is read at row 0 + ids[i] x row bytes
+        return _gather(target, step, buffers, params, out)
     else:
         raise df.DesignError(f"{op}: a constant fill is not expressed by this design")
     if any(o.dtype != out.dtype for o, _ in sources):
@@ -53,13 +58,51 @@ def build(target: str, step, buffers: dict, params: dict):
         l3 = io.ObjectFifo(df.tensor(piece, o.dtype), depth=2, name=f"dma_in{i}")
         back = l3.cons().forward(placement=io.Tile(i % 4, 1), name=f"dma_out{i}", depth=2)
         fifos.append((l3, back, o, dst, piece, i % 4))
+    shift = df.scratchpad_parameter(io, params, *word) if word else None
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
+        if shift is not None:
+            io.sync_parameters()
         for i, (l3, back, o, dst, piece, col) in enumerate(fifos):
             for tap in df.taps(io, o, o.index):
                 rt.fill(l3.prod(), args[i], tap=tap, placement=io.Tile(col, 0))
             for tap in df.taps(io, out, dst):
-                rt.drain(back.cons(), args[-1], tap=tap, placement=io.Tile(col, 0), wait=True)
+                rt.drain(back.cons(), args[-1], tap=tap, placement=io.Tile(col, 0), wait=True, offset_parameter=shift)
     params.update({"op": op, "pieces": elems})
+    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+
+
+def _gather(target: str, step, buffers: dict, params: dict, out):
+    """Embedding rows by id: one fill per id from the table's row 0, shifted by the id's scratchpad word; the
+    rows stream through one memtile to the output in order. The ids must be a buffer the host writes (io)."""
+    table_name, ids_name = step.inputs[0], step.inputs[1]
+    if buffers[ids_name].arena != "io":
+        raise df.DesignError(f"gather by indices the device computes ({ids_name}): data-dependent DMA addresses "
+                             "need the host to write them; index an io buffer, or slice at the position instead")
+    table = df.operand(table_name, buffers[table_name], step.attrs["views"][0])
+    if table.index.ndim != 2 or table.dtype != out.dtype:
+        raise df.DesignError("gather between dtypes, or from a table that is not 2-D")
+    rows, width = table.index.shape
+    n_ids = int(np.prod(buffers[ids_name].shape))
+    row_bytes = int(table.index[1, 0] - table.index[0, 0]) * table.dtype.itemsize if rows > 1 else 0
+    if width * table.dtype.itemsize % 4:
+        raise df.DesignError(f"a table row of {width} bf16 elements is not a whole 32-bit word: pad rows to even")
+    io = df.iron()
+    rt = io.Runtime()
+    row_t = df.tensor(width, table.dtype)
+    l3 = io.ObjectFifo(row_t, depth=2, name="gather_in")
+    back = l3.cons().forward(placement=io.Tile(0, 1), name="gather_out", depth=2)
+    words = [df.scratchpad_parameter(io, params, ids_name, i, row_bytes, rows - 1) for i in range(n_ids)]
+    out_rows = out.index.reshape(n_ids, width)
+    with rt.sequence(df.tensor(table.elements, table.dtype), df.tensor(out.elements, out.dtype)) as (t_arg, o_arg):
+        io.sync_parameters()
+        for i, word in enumerate(words):  # a task group per row: its two descriptors are freed before the next
+            tg = rt.task_group()
+            for tap in df.taps(io, table, table.index[0]):
+                rt.fill(l3.prod(), t_arg, tap=tap, task_group=tg, placement=io.Tile(0, 0), offset_parameter=word)
+            for tap in df.taps(io, out, out_rows[i]):
+                rt.drain(back.cons(), o_arg, tap=tap, task_group=tg, placement=io.Tile(0, 0), wait=True)
+            rt.finish_task_group(tg)
+    params.update({"op": "embedding", "pieces": [width], "rows": n_ids})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 

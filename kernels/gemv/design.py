@@ -20,10 +20,8 @@ def build(target: str, step, buffers: dict, params: dict):
     t = step.attrs["tiling"]
     K, N, k, n = t["K"], t["N"], t["k"], t["n"]
     slots = [c["operand"] for c in step.attrs["chain"] if c["operand"] is not None]
-    for what, refused in (("an epilogue that reads two operands", len(slots) > 1),
-                          ("an output into the KV cache at the runtime position", "state_writes" in step.attrs)):
-        if refused:
-            raise df.DesignError(f"GEMV with {what}: not expressed by this design (kernels/README.md)")
+    if len(slots) > 1:
+        raise df.DesignError("GEMV with an epilogue that reads two operands: not expressed by this design")
     Kt, Nt = t["Kp"] // k, t["Np"] // n
     x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
     w = df.operand(step.inputs[1], buffers[step.inputs[1]])
@@ -31,6 +29,13 @@ def build(target: str, step, buffers: dict, params: dict):
     bias = df.operand(step.inputs[2], buffers[step.inputs[2]]) if has_bias else None
     outs = [df.operand(o, buffers[o]) for o in step.outputs]
     splits = step.attrs.get("n_splits") or [N]
+    io = df.iron()
+    at = [None] * len(outs)   # an output into a KV cache drains at its row 0 plus the position's scratchpad word
+    for sw in step.attrs.get("state_writes", []):
+        o = sw["output"]
+        index, stride, limit = df.runtime_row(outs[o], (1, splits[o]), sw["views"], sw["axis"])
+        outs[o] = outs[o].rows(index)
+        at[o] = df.scratchpad_parameter(io, params, step.inputs[sw["pos"]], 0, stride, limit)
     if any(s % n for s in splits):
         raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}")
     if K % k and x.dtype.itemsize * (K % k) % 4:
@@ -56,7 +61,6 @@ def build(target: str, step, buffers: dict, params: dict):
     eps = float(pro["attrs"]["eps"]) if pro else 0.0
     x_passes = 1 + (1 if pro else 0) + centred            # the row streams once per statistic, then the K loop
 
-    io = df.iron()
     i32 = np.int32
     x_t, w_t, y_t = df.tensor(k, x.dtype), df.tensor(k * n), df.tensor(n, outs[0].dtype)
     acc_t = df.tensor(n, np.float32)
@@ -169,6 +173,8 @@ def build(target: str, step, buffers: dict, params: dict):
     rt = io.Runtime()
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
         rt.start(*workers)
+        if any(a is not None for a in at):
+            io.sync_parameters()
         for tap in df.taps(io, x, x_idx):  # every core reads the broadcast row x_passes times per column tile
             rt.fill(x_l3.prod(), args[0], tap=tap, placement=io.Tile(x_shim, 0))
         for fifo, i, idx, shim in fills:
@@ -177,7 +183,7 @@ def build(target: str, step, buffers: dict, params: dict):
         for fifo, o, idx, col in drains:
             for tap in df.taps(io, outs[o], idx):
                 rt.drain(fifo.cons(), args[len(operands) - len(outs) + o], tap=tap, placement=io.Tile(col, 0),
-                         wait=True)
+                         wait=True, offset_parameter=at[o])
     params.update({"k": k, "n": n, "cores": cores, "tiles_per_core": jt, "k_steps": Kt})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
