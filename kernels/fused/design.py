@@ -13,7 +13,11 @@ How it is put together (the temporal-fusion recipe of IRON's fusion.py / mlir-ai
   runs its sequence (`aiex.run`) on typed views (`memref.view`) of the arenas at the operands' offsets;
 - weights stay in the weights arena for the life of the session and each layer's kernels stream their own
   weights from it; KV caches live in the state arena; position and valid length are io-arena buffers the
-  maskgen kernel reads on the device, so the sequence never changes between steps.
+  maskgen kernel reads on the device, so the sequence never changes between steps;
+- what the DMAs must address by a per-run value (the KV-cache row at the position, embedding rows by token id)
+  is a scratchpad parameter (`aiex.scratchpad_parameter`, declared at module scope): a 32-bit word the host
+  writes before each run, added to the descriptor's base address. The manifest's `scratchpad` says how the host
+  computes each word from an io-arena buffer it writes anyway: buffer[element] x scale bytes.
 npu2 builds this module as one full ELF (`aiecc --get-full-elf`); npu1, which has no full-ELF dispatch, builds
 one xclbin holding every configuration plus one instruction stream per dispatch step (`--expand-load-pdis`),
 one dispatch per step from one xclbin. Never run on hardware (kernels/README.md).
@@ -50,10 +54,13 @@ class FusedDesign:
     sequences: dict[str, list[Run]] = field(default_factory=dict)   # sequence_symbol(dispatch) -> kernels in order
     arenas: dict[str, int] = field(default_factory=dict)
     params: dict[str, list] = field(default_factory=dict)           # entry -> runtime parameter buffers
+    scratchpad: dict[str, dict] = field(default_factory=dict)       # word name -> {buffer, element, scale, limit}
 
     def mlir(self) -> str:
         """The module aiecc compiles: every kernel device, then the main device with one sequence per dispatch."""
         parts = ["module {"]
+        for name in self.scratchpad:  # hoisted to module scope, as IRON's fusion does; the host writes them per run
+            parts.append(f"  aiex.scratchpad_parameter @{name} : i32")
         for name, text in self.devices.items():
             parts.append(_named(text, name))
         dev = "npu1" if self.target == "npu1" else "npu2"
@@ -85,7 +92,7 @@ class FusedDesign:
 
     def manifest(self) -> dict:
         """What the runtime needs besides the artifact: sequences per entry, arena sizes, parameter buffers."""
-        return {"target": self.target, "arenas": self.arenas, "params": self.params,
+        return {"target": self.target, "arenas": self.arenas, "params": self.params, "scratchpad": self.scratchpad,
                 "sequences": {s: [r.device for r in runs] for s, runs in self.sequences.items()},
                 "devices": self.parameters}
 
@@ -134,6 +141,7 @@ def _device_for(fused: FusedDesign, keys: dict, k, program: Program, target: str
         keys[key] = name
         fused.devices[name] = str(module)
         fused.parameters[name] = {"design": design_name(k), "kind": k.op, **_plain(params)}
+    fused.scratchpad.update(fused.parameters[keys[key]].get("scratchpad", {}))
     return keys[key]
 
 
