@@ -66,13 +66,14 @@ def iron() -> SimpleNamespace:
 # A DMA whose address depends on a per-run value (the KV-cache row at the position, an embedding row by token id)
 # takes a scratchpad parameter (IRON's `ScratchpadParameter`, `aiex.scratchpad_parameter`): a 32-bit word the
 # host writes before each run, added to the BD's static base address (`offset_parameter=` of a fill / drain,
-# UPDATE_REG). The static pattern is the one at value 0. The host computes each word from an int32 io-arena
-# buffer it writes anyway: word = value[element] * scale (bytes). The fused design gathers these specs into the
-# manifest (`scratchpad`), and the runtime writes them (sdk/runtime/npu.py: scratchpad_words).
+# UPDATE_REG) in elements of the transfer's tensor (xdna-engine's hardware probe of mlir-aie's
+# scratchpad_addr_offset test: word 8 on an i32 tensor starts at element 8). The static pattern is the one at
+# value 0. The host computes each word from an int32 io-arena buffer it writes anyway: word = value[element] *
+# scale. The fused design gathers these specs into the manifest (`scratchpad`) for the runtime.
 
 def scratchpad_parameter(io: SimpleNamespace, params: dict, buffer: str, element: int, scale: int, limit: int):
-    """The scratchpad word `buffer[element] * scale` (bytes); `limit` is the largest value the buffer may hold
-    (the address then stays inside the tensor). Recorded in params["scratchpad"] under its name."""
+    """The scratchpad word `buffer[element] * scale` (elements of the transfer's tensor); `limit` is the largest
+    value the buffer may hold (the address then stays inside the tensor). Recorded in params["scratchpad"]."""
     name = "sp_" + "".join(c if c.isalnum() else "_" for c in buffer) + f"_{element}_x{scale}"
     params.setdefault("scratchpad", {})[name] = {"buffer": buffer, "element": int(element), "scale": int(scale),
                                                  "limit": int(limit)}
@@ -81,7 +82,7 @@ def scratchpad_parameter(io: SimpleNamespace, params: dict, buffer: str, element
 
 def runtime_row(cache: "Operand", value_shape: tuple, views, axis: int) -> tuple[np.ndarray, int, int]:
     """Where each element of a value written into `cache` at a runtime position along `axis` lands, at
-    position 0 (the drain's base), in the value's own logical order; plus the byte stride of one position and
+    position 0 (the drain's base), in the value's own logical order; plus the element stride of a position and
     the largest position that keeps the write inside the cache."""
     n = math.prod(value_shape)
     placed = layout.apply_views(np.arange(n, dtype=np.int64).reshape(value_shape), views)
@@ -91,7 +92,7 @@ def runtime_row(cache: "Operand", value_shape: tuple, views, axis: int) -> tuple
     index[placed.reshape(-1)] = slab.reshape(-1)
     stride = int(np.take(cache.index, [1], axis=axis).reshape(-1)[0] - slab.reshape(-1)[0]) \
         if cache.index.shape[axis] > 1 else 0
-    return index.reshape(value_shape), stride * cache.dtype.itemsize, cache.index.shape[axis] - n_new
+    return index.reshape(value_shape), stride, cache.index.shape[axis] - n_new
 
 
 def device(io: SimpleNamespace, target: str):

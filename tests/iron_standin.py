@@ -290,7 +290,8 @@ class TaskGroup:
 
 class ScratchpadParameter:
     """IRON's per-run 32-bit word (`aiex.scratchpad_parameter`): the host writes it before each run; a fill or
-    drain given it as `offset_parameter` adds it (bytes) to its buffer descriptor's base address."""
+    drain given it as `offset_parameter` adds it to its buffer descriptor's base address, in elements of the
+    transfer's tensor (as xdna-engine's hardware probe of mlir-aie's scratchpad_addr_offset test shows)."""
     def __init__(self, name, dtype=np.int32):
         if np.dtype(dtype) != np.int32:
             raise ValueError("a scratchpad parameter used as an address offset is an int32 word")
@@ -638,7 +639,7 @@ def _check_flow(rec):
 
 def written(rec: Record, data_index: int, words: dict | None = None) -> np.ndarray:
     """How many times each element of runtime tensor `data_index` is written by the drains, with the scratchpad
-    parameters at `words` (name -> bytes; absent = 0, the static base)."""
+    parameters at `words` (name -> value in elements; absent = 0, the static base)."""
     data = rec.runtime.data[data_index]
     hits = np.zeros(data.elements, np.int64)
     for t in rec.runtime.transfers:
@@ -648,13 +649,10 @@ def written(rec: Record, data_index: int, words: dict | None = None) -> np.ndarr
 
 
 def shifted(t: Transfer, words: dict | None) -> int:
-    """A transfer's run-time shift in elements: its offset parameter's word (bytes) over the element size."""
+    """A transfer's run-time shift in elements: its offset parameter's word."""
     if t.offset_parameter is None:
         return 0
-    word = (words or {}).get(t.offset_parameter.name, 0)
-    if word % t.data.dtype.itemsize:
-        raise ValueError(f"{t.offset_parameter.name} = {word} bytes is not a whole {t.data.dtype} element")
-    return word // t.data.dtype.itemsize
+    return int((words or {}).get(t.offset_parameter.name, 0))
 
 
 def read(rec: Record, data_index: int, words: dict | None = None) -> np.ndarray:

@@ -2,8 +2,8 @@
 memtile -> shim transfers whose access patterns do the work. copy reads its operand through its view chain;
 concat writes each input into its slice of the output; assign (a state write of a whole buffer) is a copy.
 Addresses known only at run time come from scratchpad parameters (dataflow.scratchpad_parameter): cache_write
-drains at its row-0 pattern plus position x row bytes; gather (embedding by token id) reads each row at the
-table's row 0 plus id x row bytes, one word per id. Refused (kernels/README.md): a gather by indices the device
+drains at its row-0 pattern plus position x row stride; gather (embedding by token id) reads each row at the
+table's row 0 plus id x row stride, one word per id. Refused (kernels/README.md): a gather by indices the device
 computes (the host cannot write them), and pad (a constant fill)."""
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def build(target: str, step, buffers: dict, params: dict):
         dst, stride, limit = df.runtime_row(out, value.shape, [], axis)
         sources = [(value, dst)]
         word = (step.inputs[2], 0, stride, limit)
-    elif op == "embedding":  # inputs (table, ids): row ids[i] of the table is read at row 0 + ids[i] x row bytes
+    elif op == "embedding":  # inputs (table, ids): row ids[i] of the table is read at row 0 + ids[i] x row stride
         return _gather(target, step, buffers, params, out)
     else:
         raise df.DesignError(f"{op}: a constant fill is not expressed by this design")
@@ -83,7 +83,7 @@ def _gather(target: str, step, buffers: dict, params: dict, out):
         raise df.DesignError("gather between dtypes, or from a table that is not 2-D")
     rows, width = table.index.shape
     n_ids = int(np.prod(buffers[ids_name].shape))
-    row_bytes = int(table.index[1, 0] - table.index[0, 0]) * table.dtype.itemsize if rows > 1 else 0
+    row_stride = int(table.index[1, 0] - table.index[0, 0]) if rows > 1 else 0
     if width * table.dtype.itemsize % 4:
         raise df.DesignError(f"a table row of {width} bf16 elements is not a whole 32-bit word: pad rows to even")
     io = df.iron()
@@ -91,7 +91,7 @@ def _gather(target: str, step, buffers: dict, params: dict, out):
     row_t = df.tensor(width, table.dtype)
     l3 = io.ObjectFifo(row_t, depth=2, name="gather_in")
     back = l3.cons().forward(placement=io.Tile(0, 1), name="gather_out", depth=2)
-    words = [df.scratchpad_parameter(io, params, ids_name, i, row_bytes, rows - 1) for i in range(n_ids)]
+    words = [df.scratchpad_parameter(io, params, ids_name, i, row_stride, rows - 1) for i in range(n_ids)]
     out_rows = out.index.reshape(n_ids, width)
     with rt.sequence(df.tensor(table.elements, table.dtype), df.tensor(out.elements, out.dtype)) as (t_arg, o_arg):
         io.sync_parameters()
