@@ -161,7 +161,8 @@ def build_program(program, model: str, out: Path, toolchain: Toolchain, budget_s
         names = {"kernel": npu.XCLBIN_KERNEL}
     else:
         files = {"elf": folder / NPU2_ELF}
-        names = {"sequences": {d: f"main:{s}" for d, s in symbols.items()}}
+        names = {"sequences": {d: f"main:{s}" for d, s in symbols.items()},
+                 "scratchpad": {d: fused.words(s) for d, s in symbols.items() if fused.words(s)}}
     entry = npu.manifest_entry(device, out, files, **names, model=model, toolchain=toolchain.versions,
                                design=fused.manifest())
     npu.record_artifact(out, key, entry)

@@ -80,19 +80,23 @@ def scratchpad_parameter(io: SimpleNamespace, params: dict, buffer: str, element
     return io.ScratchpadParameter(name, np.int32)
 
 
-def runtime_row(cache: "Operand", value_shape: tuple, views, axis: int) -> tuple[np.ndarray, int, int]:
-    """Where each element of a value written into `cache` at a runtime position along `axis` lands, at
-    position 0 (the drain's base), in the value's own logical order; plus the element stride of a position and
-    the largest position that keeps the write inside the cache."""
-    n = math.prod(value_shape)
-    placed = layout.apply_views(np.arange(n, dtype=np.int64).reshape(value_shape), views)
+def runtime_row(cache: "Operand", n: int, views, axis: int) -> tuple[np.ndarray, int, int]:
+    """Where each of the n elements of a value written into `cache` at a runtime position along `axis` lands,
+    at position 0 (the drain's base), in the value's own order; plus the element stride of a position and the
+    largest position that keeps the write inside the cache. `views` (the state write's, from the value to the
+    cache's layout) start with a reshape, or there are none and the value has the cache slab's shape."""
+    if views and views[0][0] != "reshape":
+        raise DesignError("a KV-cache write whose view does not start with a reshape: not expressed")
+    shape = list(cache.index.shape)
+    shape[axis] = n // (math.prod(shape) // shape[axis])
+    placed = layout.apply_views(np.arange(n, dtype=np.int64).reshape((n,) if views else shape), views)
     n_new = placed.shape[axis]
     slab = np.take(cache.index, np.arange(n_new), axis=axis)
     index = np.empty(n, np.int64)
     index[placed.reshape(-1)] = slab.reshape(-1)
     stride = int(np.take(cache.index, [1], axis=axis).reshape(-1)[0] - slab.reshape(-1)[0]) \
         if cache.index.shape[axis] > 1 else 0
-    return index.reshape(value_shape), stride, cache.index.shape[axis] - n_new
+    return index, stride, cache.index.shape[axis] - n_new
 
 
 def device(io: SimpleNamespace, target: str):

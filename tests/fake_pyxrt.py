@@ -13,7 +13,12 @@ What it enforces (a ContractViolation is a bug in the caller; device faults are 
   includes those of other processes, FAKE.other_contexts); the legacy device.load_xclbin fails;
 - memlock: pinned bytes (whole pages) stay within FAKE.memlock, else BO allocation fails like XRT's;
 - watchdog: a dispatch whose device time (the cost model's estimate: a fake has no clock) exceeds
-  FAKE.watchdog_s ends in ERT_CMD_STATE_TIMEOUT and writes nothing.
+  FAKE.watchdog_s ends in ERT_CMD_STATE_TIMEOUT and writes nothing;
+- scratchpad words (an ELF dispatch whose DMAs add per-run words to their addresses, the artifact's
+  "scratchpad"): the run's control scratchpad (`run.get_ctrl_scratchpad_bo()`, ELF runs only) must hold, on the
+  device, word = io[buffer][element] * scale for every word, read from the io BO's device memory; a dispatch
+  started without them, or with a stale or wrong word, is a ContractViolation (real DMAs would move the wrong
+  rows, silently).
 Faults to inject through FAKE.faults: "device" (no device), "context" (context creation fails), "busy"
 (EBUSY), "alloc" (BO allocation fails), "timeout" / "error" (the next runs end in TIMEOUT / ERROR).
 
@@ -280,13 +285,22 @@ def _unpin(n, generation):
 
 class run:
     def __init__(self, k=None, state=ert_cmd_state.ERT_CMD_STATE_NEW):
-        self.kernel, self._state, self.args = k, state, {}
+        self.kernel, self._state, self.args, self._pad = k, state, {}, None
 
     def set_arg(self, index: int, value) -> None:
         self.args[index] = value
 
+    def get_ctrl_scratchpad_bo(self) -> "bo":
+        """The run's control scratchpad (XRT >= 2.26): only a full-ELF kernel whose design declares words has one."""
+        words = getattr(self.kernel, "words", None)
+        if not words:
+            raise RuntimeError("the run's ELF has no control scratchpad")
+        if self._pad is None:
+            self._pad = bo(self.kernel.ctx, 4 * (1 + max(w["index"] for w in words.values())), bo.host_only, 0)
+        return self._pad
+
     def start(self) -> None:
-        self._state = self.kernel._execute([self.args[i] for i in sorted(self.args)])._state
+        self._state = self.kernel._execute([self.args[i] for i in sorted(self.args)], self._pad)._state
 
     def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
         return self._state
@@ -315,7 +329,7 @@ class kernel:
     def __call__(self, *args) -> run:
         return self._execute(list(args))
 
-    def _execute(self, args) -> run:
+    def _execute(self, args, pad=None) -> run:
         if len(args) < 3:
             raise ContractViolation("an xclbin kernel takes (opcode, instruction BO, word count, *data BOs)")
         opcode, insts, words, data = args[0], args[1], args[2], args[3:]
@@ -343,8 +357,11 @@ class _ext:
             if ctx.kind != "elf" or name not in ctx.design.doc["sequences"]:
                 raise RuntimeError(f"No kernel {name!r} in the context's ELF")
             self.ctx, self.dispatch = ctx, ctx.design.doc["sequences"][name]
+            self.words = ctx.design.doc.get("scratchpad", {}).get(self.dispatch, {})
 
-        def _execute(self, args) -> run:
+        def _execute(self, args, pad=None) -> run:
+            if self.words:
+                _check_words(self.ctx.design, self.dispatch, self.words, pad, args)
             return _dispatch(self.ctx.design, self.dispatch, args, self.group_id, self.FIRST_DATA)
 
 
@@ -368,6 +385,23 @@ class runlist:
     def wait(self, timeout_ms: int | None = None):
         states = [r.state() for r in self.runs]
         return next((s for s in states if s != COMPLETED), COMPLETED)
+
+
+def _check_words(design: _Design, dispatch: str, words: dict, pad, data: list) -> None:
+    """The scratchpad a dispatch's DMAs read, on the device, against the io values on the device."""
+    if pad is None:
+        raise ContractViolation(f"dispatch {dispatch} adds {len(words)} scratchpad words to its DMA addresses, but "
+                                "the run was started without them (run.get_ctrl_scratchpad_bo(), write, sync)")
+    table = pad.device.view(np.uint32)
+    io = data[ARENAS.index("io")].device if len(data) == len(ARENAS) else None
+    for name, w in words.items():
+        b = design.program.buffers[w["buffer"]]
+        value = int(io[b.offset:b.offset + 4 * int(np.prod(b.shape, dtype=np.int64))].view(np.int32)[w["element"]])
+        want = (value * w["scale"]) & 0xFFFFFFFF
+        if table[w["index"]] != want:
+            raise ContractViolation(f"scratchpad word {name} (index {w['index']}) is {int(table[w['index']])} on the "
+                                    f"device; {w['buffer']}[{w['element']}] = {value} makes it {want}: written "
+                                    "and synced before the start?")
 
 
 def _dispatch(design: _Design, name: str, data: list, group_id, first: int) -> run:
@@ -413,9 +447,10 @@ class _DeviceExecutor(EmuExecutable):
 
 # ---- fake artifacts, where the backend looks for real ones ---------------------------------------------
 
-def write_artifacts(program: Program, root: Path, budget_s: float | None = None) -> str:
+def write_artifacts(program: Program, root: Path, budget_s: float | None = None,
+                    scratchpad: dict | None = None) -> str:
     """Build `program`'s artifact for its target into root (a prebuilt/ folder) and list it in
-    root/manifest.json; returns the content key."""
+    root/manifest.json; returns the content key. `scratchpad`: {dispatch: {word: spec}}, as a build records it."""
     dp = npu.device_program(program, budget_s)
     key, target = program.meta["content_key"], program.target
     folder = Path(root) / target / key
@@ -434,9 +469,10 @@ def write_artifacts(program: Program, root: Path, budget_s: float | None = None)
             words.tofile(path)
             files[f"insts/{s.op}"] = path
     else:
-        doc = {"fake_pyxrt": "elf", "program": "program",
+        doc = {"fake_pyxrt": "elf", "program": "program", "scratchpad": scratchpad or {},
                "sequences": {npu.sequence_name(s.op): s.op for s in dispatches}}
         (folder / "design.elf").write_text(json.dumps(doc))
         files["elf"] = folder / "design.elf"
-    npu.record_artifact(root, key, npu.manifest_entry(dp, root, files))
+    extra = {"scratchpad": scratchpad} if scratchpad else {}
+    npu.record_artifact(root, key, npu.manifest_entry(dp, root, files, **extra))
     return key

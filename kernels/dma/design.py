@@ -35,8 +35,8 @@ def build(target: str, step, buffers: dict, params: dict):
     elif op == "cache_write":  # inputs (cache, value, pos): the value's rows drain at the runtime position
         value = df.operand(step.inputs[1], buffers[step.inputs[1]], step.attrs["views"][1])
         axis = step.attrs["head"]["attrs"]["axis"] % out.index.ndim
-        dst, stride, limit = df.runtime_row(out, value.shape, [], axis)
-        sources = [(value, dst)]
+        dst, stride, limit = df.runtime_row(out, value.index.size, [], axis)
+        sources = [(value, dst.reshape(value.shape))]
         word = (step.inputs[2], 0, stride, limit)
     elif op == "embedding":  # inputs (table, ids): row ids[i] of the table is read at row 0 + ids[i] x row stride
         return _gather(target, step, buffers, params, out)

@@ -90,6 +90,14 @@ class FusedDesign:
         parts += ["  }", "}"]
         return "\n".join(parts) + "\n"
 
+    def words(self, sequence: str) -> dict[str, dict]:
+        """The scratchpad words one sequence's DMAs read, each with its index in the control scratchpad: the
+        order of the module-scope declarations (to be checked against aiecc's parameter file on the first real
+        build)."""
+        order = list(self.scratchpad)
+        used = {n for run in self.sequences[sequence] for n in self.parameters[run.device].get("scratchpad", {})}
+        return {n: {**self.scratchpad[n], "index": order.index(n)} for n in order if n in used}
+
     def manifest(self) -> dict:
         """What the runtime needs besides the artifact: sequences per entry, arena sizes, parameter buffers."""
         return {"target": self.target, "arenas": self.arenas, "params": self.params, "scratchpad": self.scratchpad,
@@ -120,6 +128,9 @@ def build(program: Program, target: str | None = None) -> FusedDesign:
                     continue
                 runs.append(Run(device, [_placed(program, n) for n in (*k.inputs, *k.outputs) if n is not None]))
             fused.sequences[sequence_symbol(step.op)] = runs
+    if fused.scratchpad and target == "npu1":
+        refused.append(f"{len(fused.scratchpad)} DMA addresses set per run (KV-cache rows, gathers): npu1 has no "
+                       "control scratchpad and per-run instruction patching is not built")
     if refused:
         raise df.DesignError(f"{len(refused)} kernel steps have no design that expresses them: "
                              + "; ".join(refused[:8]) + ("; ..." if len(refused) > 8 else ""),

@@ -33,7 +33,7 @@ def build(target: str, step, buffers: dict, params: dict):
     at = [None] * len(outs)   # an output into a KV cache drains at its row 0 plus the position's scratchpad word
     for sw in step.attrs.get("state_writes", []):
         o = sw["output"]
-        index, stride, limit = df.runtime_row(outs[o], (1, splits[o]), sw["views"], sw["axis"])
+        index, stride, limit = df.runtime_row(outs[o], splits[o], sw["views"], sw["axis"])
         outs[o] = outs[o].rows(index)
         at[o] = df.scratchpad_parameter(io, params, step.inputs[sw["pos"]], 0, stride, limit)
     if any(s % n for s in splits):

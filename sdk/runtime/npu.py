@@ -23,12 +23,18 @@ and the tests' fake build both write through them):
     {"format": 1, "artifacts": {CONTENT_KEY: {"target": "npu1" | "npu2",
         "files": {ROLE: {"path": PATH relative to the manifest's folder, "sha256": HEX}},
         "kernel": "MLIR_AIE",                    # npu1: the xclbin's kernel (optional)
-        "sequences": {DISPATCH: KERNEL_NAME}}}}  # npu2: each dispatch's kernel in the ELF (optional)
+        "sequences": {DISPATCH: KERNEL_NAME},    # npu2: each dispatch's kernel in the ELF (optional)
+        "scratchpad": {DISPATCH: {WORD: {"index", "buffer", "element", "scale", "limit"}}}}}}  # (optional)
 CONTENT_KEY is the compiled program's meta["content_key"] (sdk/compiler/npu.py: kernels/** sources, steps,
 placement, target, toolchain pin). ROLE is "xclbin" and "insts/DISPATCH" for every dispatch step of
 device_program(program) on npu1, and "elf" on npu2. DISPATCH is a dispatch step's name (`Step.op`, e.g.
 "forward#0", or "forward#0.1" when split); an npu2 kernel name defaults to sequence_name(DISPATCH), e.g.
 "main:forward_0".
+"scratchpad" lists the per-run words a dispatch's DMAs add to their base addresses (IRON scratchpad parameters,
+kernels/README.md "Runtime parameters"): before each start the host writes word = buffer[element] * scale (an
+int32 io buffer it writes anyway, e.g. the position or a token id, checked within 0..limit) as uint32 number
+`index` of the run's control scratchpad (`run.get_ctrl_scratchpad_bo()`, which pyxrt binds from XRT 2.26 on) and
+syncs it. Only npu2 (full ELF) has a control scratchpad; an npu1 artifact with words is refused.
 """
 from __future__ import annotations
 
@@ -52,7 +58,7 @@ import numpy as np
 
 from ..compiler import cost, layout
 from ..compiler.hardware import TARGETS
-from ..errors import (ArtifactMissing, ContextLimit, DeviceBusy, DeviceUnavailable, DispatchTimeout,
+from ..errors import (ArtifactMissing, ContextLimit, DeviceBusy, DeviceUnavailable, DispatchTimeout, InputError,
                       MemlockTooLow, ProgramError, UsageError)
 from ..ops import OPS
 from ..program import Program, Step, Usage
@@ -104,6 +110,7 @@ class Artifact:
     files: dict[str, Path]      # role -> checked file
     kernel: str = XCLBIN_KERNEL
     sequences: dict[str, str] = dataclasses.field(default_factory=dict)
+    scratchpad: dict[str, dict] = dataclasses.field(default_factory=dict)   # dispatch -> {word: spec}
 
     def sequence(self, dispatch: str) -> str:
         return self.sequences.get(dispatch, sequence_name(dispatch))
@@ -113,6 +120,21 @@ def sequence_name(dispatch: str) -> str:
     """The default kernel name of a dispatch in a full ELF: device "main", runtime sequence named after the
     dispatch in MLIR symbol characters ("forward#0.1" -> "main:forward_0_1")."""
     return "main:" + re.sub(r"[^A-Za-z0-9_]", "_", dispatch)
+
+
+def scratchpad_words(words: Mapping[str, dict], values: Mapping[str, np.ndarray]) -> dict[int, int]:
+    """One dispatch's control-scratchpad words, {index: uint32}: each is the int32 io value buffer[element] the
+    host writes this run, times scale (an element offset a DMA adds to its base address). A value outside
+    0..limit would move that DMA outside its tensor: an InputError, raised before anything runs."""
+    table = {}
+    for name, w in words.items():
+        value = int(np.asarray(values[w["buffer"]]).reshape(-1)[w["element"]])
+        if not 0 <= value <= w["limit"]:
+            raise InputError(f"{w['buffer']}[{w['element']}] = {value} is outside 0..{w['limit']}: the device would "
+                             f"address outside a buffer ({name})",
+                             fix="pass token ids within the vocabulary and positions within the cache")
+        table[int(w["index"])] = (value * int(w["scale"])) & 0xFFFFFFFF
+    return table
 
 
 def prebuilt_dirs() -> list[Path]:
@@ -213,7 +235,8 @@ def find_artifact(program: Program) -> Artifact:
                 raise ArtifactMissing(f"artifact file {path} does not match its sha256 in the manifest (corrupt or "
                                       "rebuilt without updating the manifest)", fix=fix)
             files[role] = path
-        return Artifact(key, target, files, a.get("kernel", XCLBIN_KERNEL), dict(a.get("sequences", {})))
+        return Artifact(key, target, files, a.get("kernel", XCLBIN_KERNEL), dict(a.get("sequences", {})),
+                        dict(a.get("scratchpad", {})))
     entries = ", ".join(program.entries)
     raise ArtifactMissing(f"no {target} artifact for this program (content key {key}; entries {entries}) in "
                           f"{', '.join(str(f / 'manifest.json') for f, _ in manifests)}", fix=fix)
@@ -390,6 +413,12 @@ class NpuExecutable:
         self.counters = Counters()
         self.pyxrt, self.target = backend.pyxrt, backend.target
         artifact = find_artifact(self.device)
+        self._scratchpad = {d: words for d, words in artifact.scratchpad.items() if words}
+        if self._scratchpad and self.target == "npu1":
+            raise ArtifactMissing(f"the npu1 artifact {artifact.key} has DMA addresses set per run (scratchpad words "
+                                  f"in {sorted(self._scratchpad)}); npu1 has no control scratchpad and patching the "
+                                  "instruction streams per run is not implemented (kernels/README.md)",
+                                  fix="run this model with --device emu or cpu on npu1")
         image = layout.weights_image(program, weights)  # checks the weights before the device is touched
         self._bos: dict[str, object] = {}
         self._host: dict[str, np.ndarray] = {}
@@ -517,6 +546,8 @@ class NpuExecutable:
     def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None) -> dict:
         e = self.device.entry(entry)
         data = check_inputs(self.program, entry, inputs)
+        for s in e.steps:  # a word out of range would move a DMA outside its tensor: refused before anything runs
+            scratchpad_words(self._scratchpad.get(s.op, {}), data)
         if state is None and any(b.arena == "state" for b in self._touched(e)):
             raise UsageError(f"entry {e.name!r} reads or writes state", fix="pass state=session.new_state()")
         if state is not None and (not isinstance(state, NpuState) or state.owner() is not self):
@@ -524,7 +555,7 @@ class NpuExecutable:
         to_dev = self.pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
         with _LOCK:
             self._check_open()
-            self._state = state
+            self._state, self._values = state, data
             try:
                 if state is not None and state.dirty:  # a new or reset state: its zeros go to the device once
                     self._sync("state", to_dev, [(0, self.program.meta["arenas"]["state"])])
@@ -623,15 +654,17 @@ class NpuExecutable:
                self._bos["io"], self._bos["scratch"]]
         assert len(bos) <= MAX_HOST_BUFFERS
         try:
-            if len(group) == 1:
+            if len(group) == 1 and group[0].op not in self._scratchpad:
                 runs = [self._kernel_for(group[0].op)(*self._args(group[0], bos))]  # calling a kernel starts it
                 states = [runs[0].wait(int(2 * WATCHDOG_S * 1000))]  # the driver's watchdog fires first
+            elif len(group) == 1:
+                runs = [self._run(group[0], bos)]
+                runs[0].start()
+                states = [runs[0].wait(int(2 * WATCHDOG_S * 1000))]
             else:
                 batch, runs = x.runlist(self._context), []
                 for step in group:
-                    run = x.run(self._kernel_for(step.op))
-                    for index, arg in enumerate(self._args(step, bos)):
-                        run.set_arg(index, arg)
+                    run = self._run(step, bos)
                     batch.add(run)
                     runs.append(run)
                 batch.execute()
@@ -654,6 +687,21 @@ class NpuExecutable:
             insts, words = self._insts[step.op]
             return [OPCODE_TRANSACTION, insts, words, *bos]
         return bos
+
+    def _run(self, step: Step, bos: list):
+        """A run of one dispatch: its arguments bound and its scratchpad words written and synced."""
+        x = self.pyxrt
+        run = x.run(self._kernel_for(step.op))
+        for index, arg in enumerate(self._args(step, bos)):
+            run.set_arg(index, arg)
+        words = scratchpad_words(self._scratchpad.get(step.op, {}), self._values)
+        if words:
+            pad = run.get_ctrl_scratchpad_bo()
+            table = np.frombuffer(pad.map(), np.uint32)
+            for index, word in words.items():
+                table[index] = word
+            pad.sync(x.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE)
+        return run
 
     @staticmethod
     def _dispatch_fix() -> str:
