@@ -16,7 +16,7 @@ What it enforces (a ContractViolation is a bug in the caller; device faults are 
   FAKE.watchdog_s ends in ERT_CMD_STATE_TIMEOUT and writes nothing;
 - scratchpad words (an ELF dispatch whose DMAs add per-run words to their addresses, the artifact's
   "scratchpad"): the run's control scratchpad (`run.get_ctrl_scratchpad_bo()`, ELF runs only) must hold, on the
-  device, word = io[buffer][element] * scale for every word, read from the io BO's device memory; a dispatch
+  device, word = (io[buffer][element] + add) * scale for every word, read from the io BO's device memory; a dispatch
   started without them, or with a stale or wrong word, is a ContractViolation (real DMAs would move the wrong
   rows, silently).
 Faults to inject through FAKE.faults: "device" (no device), "context" (context creation fails), "busy"
@@ -396,7 +396,8 @@ def _check_words(design: _Design, dispatch: str, words: dict, pad, data: list) -
     io = data[ARENAS.index("io")].device if len(data) == len(ARENAS) else None
     for name, w in words.items():
         b = design.program.buffers[w["buffer"]]
-        value = int(io[b.offset:b.offset + 4 * int(np.prod(b.shape, dtype=np.int64))].view(np.int32)[w["element"]])
+        value = int(io[b.offset:b.offset + 4 * int(np.prod(b.shape, dtype=np.int64))].view(np.int32)[w["element"]]) \
+            + int(w.get("add", 0))
         want = (value * w["scale"]) & 0xFFFFFFFF
         if table[w["index"]] != want:
             raise ContractViolation(f"scratchpad word {name} (index {w['index']}) is {int(table[w['index']])} on the "

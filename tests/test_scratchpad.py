@@ -1,6 +1,6 @@
 """Per-run DMA addresses (scratchpad parameters, kernels/README.md "Runtime parameters") from the design to the
-host: a decode-shaped graph (an embedding gathered by token id, a GEMV whose K and V outputs go into a cache at
-the position) builds as one fused design whose sequence reads scratchpad words; the build records them in the
+host: a decode-shaped graph (embeddings gathered by token id and at the position, through maskgen's positions; a
+GEMV whose K and V outputs go into a cache at the position) builds as one fused design whose sequence reads scratchpad words; the build records them in the
 manifest; the npu backend writes word = value x scale into each run's control scratchpad before the start; and
 tests/fake_pyxrt.py refuses a start whose words on the device do not match the io values on the device.
 EMULATED: the fake executes with the emulator's semantics, and the stand-in of IRON checks the designs."""
@@ -24,11 +24,11 @@ from .fake_pyxrt import ContractViolation
 from .test_npu_backend import fake_npu  # noqa: F401  (the fixture: a fake Ryzen AI laptop)
 
 VOCAB, WIDTH, CACHE = 40, 32, 12
-WEIGHTS = {"table": (VOCAB, WIDTH), "wk": (WIDTH, WIDTH), "wv": (WIDTH, WIDTH)}
+WEIGHTS = {"table": (VOCAB, WIDTH), "pos_table": (CACHE + 4, WIDTH), "wk": (WIDTH, WIDTH), "wv": (WIDTH, WIDTH)}
 
 
 def step(w, tokens, pos, state):
-    x = ops.embedding(w["table"], tokens)                                  # [1, 1, WIDTH]
+    x = ops.embedding(w["table"], tokens) + ops.embedding(w["pos_table"], ops.positions(pos, n=1))  # [1, 1, WIDTH]
     k = ops.cache_write(state["k"], ops.linear(x, w["wk"]), pos, axis=1)
     v = ops.cache_write(state["v"], ops.linear(x, w["wv"]), pos, axis=1)
     return {"k": k, "v": v}
@@ -57,10 +57,10 @@ def built(target="npu2"):
 def test_the_fused_design_reads_the_position_and_the_token_ids_as_scratchpad_words():
     program, words = built()
     (dispatch, table), = words.items()
-    by_buffer = {w["buffer"]: w for w in table.values()}
-    assert set(by_buffer) == {"decode/tokens", "decode/pos"}          # one word per id, one per stride of pos
-    assert by_buffer["decode/tokens"]["scale"] == WIDTH and by_buffer["decode/tokens"]["limit"] == VOCAB - 1
-    assert by_buffer["decode/pos"]["limit"] == CACHE - 1
+    got = {(w["buffer"], w["element"], w["add"], w["scale"], w["limit"]) for w in table.values()}
+    assert got == {("decode/tokens", 0, 0, WIDTH, VOCAB - 1),      # the token's row of the table
+                   ("decode/pos", 0, 0, WIDTH, CACHE + 3),         # pos_table at maskgen's positions(pos, 1)
+                   ("decode/pos", 0, 0, WIDTH, CACHE - 1)}, got    # the cache row K and V go to
     assert sorted(w["index"] for w in table.values()) == list(range(len(table)))
     with standin.installed():
         text = fused_design.build(program, "npu2").mlir()
@@ -128,5 +128,5 @@ def test_emu_agrees_with_numpy_on_the_graph():
     exe = EmuBackend().load(compile_graphs([graph()], "npu2"), w)
     state = exe.new_state()
     out = exe.run("decode", {"tokens": np.array([[7]], np.int32), "pos": np.int32(2)}, state)
-    want = w["table"][7] @ w["wk"].T
+    want = (w["table"][7] + w["pos_table"][2]) @ w["wk"].T
     assert np.allclose(out["k"][0, 2], want, rtol=0.05, atol=0.05)

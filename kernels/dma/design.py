@@ -3,8 +3,7 @@ memtile -> shim transfers whose access patterns do the work. copy reads its oper
 concat writes each input into its slice of the output; assign (a state write of a whole buffer) is a copy.
 Addresses known only at run time come from scratchpad parameters (dataflow.scratchpad_parameter): cache_write
 drains at its row-0 pattern plus position x row stride; gather (embedding by token id) reads each row at the
-table's row 0 plus id x row stride, one word per id. Refused (kernels/README.md): a gather by indices the device
-computes (the host cannot write them), and pad (a constant fill)."""
+table's row 0 plus id x row stride, one word per id. Refused (kernels/README.md): pad (a constant fill)."""
 from __future__ import annotations
 
 import numpy as np
@@ -73,11 +72,9 @@ def build(target: str, step, buffers: dict, params: dict):
 
 def _gather(target: str, step, buffers: dict, params: dict, out):
     """Embedding rows by id: one fill per id from the table's row 0, shifted by the id's scratchpad word; the
-    rows stream through one memtile to the output in order. The ids must be a buffer the host writes (io)."""
+    rows stream through one memtile to the output in order. The host computes the words from the ids, or from
+    the io value they are derived from (the fused design traces that: kernels/fused/design.py _host_word)."""
     table_name, ids_name = step.inputs[0], step.inputs[1]
-    if buffers[ids_name].arena != "io":
-        raise df.DesignError(f"gather by indices the device computes ({ids_name}): data-dependent DMA addresses "
-                             "need the host to write them; index an io buffer, or slice at the position instead")
     table = df.operand(table_name, buffers[table_name], step.attrs["views"][0])
     if table.index.ndim != 2 or table.dtype != out.dtype:
         raise df.DesignError("gather between dtypes, or from a table that is not 2-D")

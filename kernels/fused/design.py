@@ -128,6 +128,11 @@ def build(program: Program, target: str | None = None) -> FusedDesign:
                     continue
                 runs.append(Run(device, [_placed(program, n) for n in (*k.inputs, *k.outputs) if n is not None]))
             fused.sequences[sequence_symbol(step.op)] = runs
+    for name, word in fused.scratchpad.items():
+        try:
+            fused.scratchpad[name] = _host_word(program, word)
+        except df.DesignError as e:
+            refused.append(f"scratchpad word {name}: {e.message}")
     if fused.scratchpad and target == "npu1":
         refused.append(f"{len(fused.scratchpad)} DMA addresses set per run (KV-cache rows, gathers): npu1 has no "
                        "control scratchpad and per-run instruction patching is not built")
@@ -138,12 +143,38 @@ def build(program: Program, target: str | None = None) -> FusedDesign:
     return fused
 
 
+def _host_word(program: Program, word: dict) -> dict:
+    """A scratchpad word as the host computes it: (io[buffer][element] + add) x scale. Indices the host writes
+    are used as they are; indices a kernel derives from them by a known rule are traced back to the io value:
+    maskgen's positions(pos, n) (pos + i) and an add of an int32 constant (CLIP's eos index + row offset)."""
+    name = word["buffer"]
+    if program.buffers[name].arena == "io":
+        return {**word, "add": word.get("add", 0)}
+    producers = [k for e in program.entries.values() for s in e.steps if s.kind == "dispatch" for k in s.body
+                 if name in k.outputs]
+    k = producers[0] if len(producers) == 1 else None
+    head = k.attrs["head"] if k is not None else {}
+    io_inputs = [n for n in (k.inputs if k is not None else ()) if n and program.buffers[n].arena == "io"]
+    if head.get("op") == "positions" and io_inputs:
+        return {**word, "buffer": io_inputs[0], "element": 0, "add": word["element"]}
+    if head.get("op") == "add" and not k.attrs.get("chain") and len(io_inputs) == 1:
+        other = next(n for n in k.inputs if n != io_inputs[0])
+        const = program.constants.get(other)
+        if const is not None and const.shape == tuple(program.buffers[io_inputs[0]].shape):
+            return {**word, "buffer": io_inputs[0], "add": int(np.asarray(const).reshape(-1)[word["element"]])}
+    raise df.DesignError(f"gather by indices the device computes ({name}) by a rule the host cannot follow: "
+                         "data-dependent DMA addresses")
+
+
 def _device_for(fused: FusedDesign, keys: dict, k, program: Program, target: str) -> str:
     operands = [n for n in (*k.inputs, *k.outputs) if n is not None]
     doc = {"design": design_name(k), "target": target, "op": k.op,
-           "attrs": {a: k.attrs[a] for a in ("head", "chain", "tiling", "views", "n_splits", "n_head") if a in k.attrs},
+           "attrs": {a: k.attrs[a] for a in ("head", "chain", "tiling", "views", "n_splits", "n_head", "state_writes")
+                     if a in k.attrs},
            "operands": [(list(program.buffers[n].shape), program.buffers[n].dtype) for n in operands],
-           "inputs": [n is not None for n in k.inputs]}
+           "inputs": [n is not None for n in k.inputs],
+           # scratchpad words are named after the int32 buffers they come from: share a device only with the same
+           "indices": [n for n in operands if program.buffers[n].dtype == "int32"]}
     key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:12]
     if key not in keys:
         params: dict = {}

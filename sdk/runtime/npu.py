@@ -24,16 +24,16 @@ and the tests' fake build both write through them):
         "files": {ROLE: {"path": PATH relative to the manifest's folder, "sha256": HEX}},
         "kernel": "MLIR_AIE",                    # npu1: the xclbin's kernel (optional)
         "sequences": {DISPATCH: KERNEL_NAME},    # npu2: each dispatch's kernel in the ELF (optional)
-        "scratchpad": {DISPATCH: {WORD: {"index", "buffer", "element", "scale", "limit"}}}}}}  # (optional)
+        "scratchpad": {DISPATCH: {WORD: {"index", "buffer", "element", "add", "scale", "limit"}}}}}}  # optional
 CONTENT_KEY is the compiled program's meta["content_key"] (sdk/compiler/npu.py: kernels/** sources, steps,
 placement, target, toolchain pin). ROLE is "xclbin" and "insts/DISPATCH" for every dispatch step of
 device_program(program) on npu1, and "elf" on npu2. DISPATCH is a dispatch step's name (`Step.op`, e.g.
 "forward#0", or "forward#0.1" when split); an npu2 kernel name defaults to sequence_name(DISPATCH), e.g.
 "main:forward_0".
 "scratchpad" lists the per-run words a dispatch's DMAs add to their base addresses (IRON scratchpad parameters,
-kernels/README.md "Runtime parameters"): before each start the host writes word = buffer[element] * scale (an
-int32 io buffer it writes anyway, e.g. the position or a token id, checked within 0..limit) as uint32 number
-`index` of the run's control scratchpad (`run.get_ctrl_scratchpad_bo()`, which pyxrt binds from XRT 2.26 on) and
+kernels/README.md "Runtime parameters"): before each start the host writes word = (buffer[element] + add) * scale
+(an int32 io buffer it writes anyway, e.g. the position or a token id; the sum checked within 0..limit) as uint32
+number `index` of the run's control scratchpad (`run.get_ctrl_scratchpad_bo()`, which pyxrt binds from XRT 2.26 on) and
 syncs it. Only npu2 (full ELF) has a control scratchpad; an npu1 artifact with words is refused.
 """
 from __future__ import annotations
@@ -124,13 +124,15 @@ def sequence_name(dispatch: str) -> str:
 
 def scratchpad_words(words: Mapping[str, dict], values: Mapping[str, np.ndarray]) -> dict[int, int]:
     """One dispatch's control-scratchpad words, {index: uint32}: each is the int32 io value buffer[element] the
-    host writes this run, times scale (an element offset a DMA adds to its base address). A value outside
-    0..limit would move that DMA outside its tensor: an InputError, raised before anything runs."""
+    host writes this run, plus add (a position's offset i, a row offset), times scale (an element offset a DMA
+    adds to its base address). A value outside 0..limit would move that DMA outside its tensor: an InputError,
+    raised before anything runs."""
     table = {}
     for name, w in words.items():
-        value = int(np.asarray(values[w["buffer"]]).reshape(-1)[w["element"]])
+        value = int(np.asarray(values[w["buffer"]]).reshape(-1)[w["element"]]) + int(w.get("add", 0))
         if not 0 <= value <= w["limit"]:
-            raise InputError(f"{w['buffer']}[{w['element']}] = {value} is outside 0..{w['limit']}: the device would "
+            raise InputError(f"{w['buffer']}[{w['element']}] (+ {w.get('add', 0)}) = {value} is outside "
+                             f"0..{w['limit']}: the device would "
                              f"address outside a buffer ({name})",
                              fix="pass token ids within the vocabulary and positions within the cache")
         table[int(w["index"])] = (value * int(w["scale"])) & 0xFFFFFFFF
