@@ -104,9 +104,10 @@ def test_identical_to_transformers_greedy_generate(results, plain):
 
     from .test_whisper import hf_model_from
     from sdk.models import whisper
-    model = hf_model_from(*whisper.load(plain.source.path))
-    config = read_config(plain.source.path)
-    tok = plain.tokenizer
+    whisper_recognizer = plain.recognizer  # the Whisper internals: its folder and tokenizer
+    model = hf_model_from(*whisper.load(whisper_recognizer.source.path))
+    config = read_config(whisper_recognizer.source.path)
+    tok = whisper_recognizer.tokenizer
     model.generation_config = GenerationConfig(
         decoder_start_token_id=tok.sot, eos_token_id=tok.eot, pad_token_id=tok.eot, bos_token_id=tok.sot,
         suppress_tokens=config["suppress_ids"], begin_suppress_tokens=config["suppress_ids_begin"],
