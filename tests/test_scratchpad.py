@@ -27,16 +27,17 @@ VOCAB, WIDTH, CACHE = 40, 32, 12
 WEIGHTS = {"table": (VOCAB, WIDTH), "pos_table": (CACHE + 4, WIDTH), "wk": (WIDTH, WIDTH), "wv": (WIDTH, WIDTH)}
 
 
-def step(w, tokens, pos, state):
-    x = ops.embedding(w["table"], tokens) + ops.embedding(w["pos_table"], ops.positions(pos, n=1))  # [1, 1, WIDTH]
+def step(w, tokens, pos, state, n):
+    x = ops.embedding(w["table"], tokens) + ops.embedding(w["pos_table"], ops.positions(pos, n=n))  # [1, n, WIDTH]
     k = ops.cache_write(state["k"], ops.linear(x, w["wk"]), pos, axis=1)
     v = ops.cache_write(state["v"], ops.linear(x, w["wv"]), pos, axis=1)
     return {"k": k, "v": v}
 
 
-def graph():
-    return trace(step, name="decode", weights=WEIGHTS, inputs={"tokens": ((1, 1), "int32")},
-                 params={"pos": ((), "int32")},
+def graph(n=1):
+    """n = 1: a decode step (GEMVs); n = 8: a prefill of 8 tokens (GEMMs: at least the MAC shape's rows)."""
+    return trace(step, name="decode", weights=WEIGHTS, inputs={"tokens": ((1, n), "int32")},
+                 params={"pos": ((), "int32")}, n=n,
                  state={"k": ((1, CACHE, WIDTH), "float32"), "v": ((1, CACHE, WIDTH), "float32")})
 
 
@@ -45,9 +46,9 @@ def weights():
     return {n: rng.standard_normal(s).astype(np.float32) * 0.3 for n, s in WEIGHTS.items()}
 
 
-def built(target="npu2"):
+def built(target="npu2", n=1):
     """The program, and the scratchpad words per dispatch as kernels/build.py records them."""
-    program = npu.device_program(compile_graphs([graph()], target))
+    program = npu.device_program(compile_graphs([graph(n)], target))
     with standin.installed():
         fused = fused_design.build(program, target)
     return program, {d: fused.words(fused_design.sequence_symbol(d)) for d in
@@ -73,16 +74,17 @@ def test_npu1_refuses_per_run_addresses():
         fused_design.build(program, "npu1")
 
 
-def run_both(prebuilt, words, positions=(0, 3, CACHE - 1), tokens=(5, VOCAB - 1, 0)):
+def run_both(prebuilt, words, positions=(0, 3, CACHE - 1), tokens=(5, VOCAB - 1, 0), n=1):
     from sdk.session import Session
-    program = compile_graphs([graph()], "npu2")
+    program = compile_graphs([graph(n)], "npu2")
     fake_pyxrt.write_artifacts(program, prebuilt, scratchpad=words)
     w = weights()
-    with Session([graph()], w, device="npu") as s_npu, Session([graph()], w, device="emu") as s_emu:
+    with Session([graph(n)], w, device="npu") as s_npu, Session([graph(n)], w, device="emu") as s_emu:
         st_npu, st_emu = s_npu.new_state(), s_emu.new_state()
         for pos, tok in zip(positions, tokens):
-            got = s_npu.run("decode", st_npu, tokens=np.array([[tok]], np.int32), pos=np.int32(pos))
-            want = s_emu.run("decode", st_emu, tokens=np.array([[tok]], np.int32), pos=np.int32(pos))
+            ids = tok + np.arange(n, dtype=np.int32)[None]
+            got = s_npu.run("decode", st_npu, tokens=ids, pos=np.int32(pos))
+            want = s_emu.run("decode", st_emu, tokens=ids, pos=np.int32(pos))
             for name in want:
                 np.testing.assert_array_equal(got[name], want[name])
         return got
@@ -93,6 +95,18 @@ def test_the_backend_writes_the_words_and_the_fake_checks_them(fake_npu):
     _, words = built()
     out = run_both(prebuilt, words)
     assert np.abs(out["k"][0, CACHE - 1]).sum() > 0   # the last position's row was written
+
+
+def test_a_prefill_writes_its_rows_at_the_position(fake_npu):
+    """8 tokens: the GEMMs drain 8 cache rows at the position."""
+    program, words = built(n=8)
+    table, = words.values()
+    assert sum(w["buffer"] == "decode/tokens" for w in table.values()) == 8          # one word per token id
+    limits = {w["limit"] for w in table.values() if w["buffer"] == "decode/pos"}
+    assert limits == {CACHE - 8, CACHE + 3}              # 8 cache rows from pos; pos_table's row pos + i
+    prebuilt = fake_npu("npu2")
+    out = run_both(prebuilt, words, positions=(0, CACHE - 8), tokens=(3, 30), n=8)
+    assert np.abs(out["k"][0, CACHE - 1]).sum() > 0
 
 
 def test_a_wrong_word_is_a_contract_violation(fake_npu, monkeypatch):

@@ -57,9 +57,6 @@ def build(target: str, step, buffers: dict, params: dict):
     if n_operands > 1:
         raise df.DesignError("a GEMM epilogue that reads an operand tile more than once (two residuals): "
                              "a core has two input DMA channels")
-    if "state_writes" in step.attrs:
-        raise df.DesignError("an output written into the KV cache at the runtime position needs a "
-                             "dynamic-offset drain (a scratchpad parameter), not expressed by this design")
     Mt, Kt, Nt = math.ceil(M / m), t["Kp"] // k, t["Np"] // n
     head_inputs = step.attrs.get("n_head", 3)
 
@@ -89,11 +86,12 @@ def build(target: str, step, buffers: dict, params: dict):
     if any(x % n for x in splits):
         raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}: the output buffer "
                              f"needs padding to {t['Np']} columns")
+    shift = _cache_rows(step, params, outs, splits, M)
 
     if n_operands or "prologue" in step.attrs:
-        if step.op != "gemm" or (n_operands and len(outs) > 1) or "state_writes" in step.attrs:
+        if step.op != "gemm" or (n_operands and len(outs) > 1):
             raise df.DesignError("an epilogue that reads an operand, on a bmm or merged projections: not expressed")
-        return _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers)
+        return _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers, shift)
     grid = _grid(hw, Mt, Nt, t["cores"])
     cols, rows, shim = grid["cols"], grid["rows"], grid["shim"]
     it, jt = Mt // rows, Nt // cols                                  # tiles per core along M and N
@@ -166,6 +164,8 @@ def build(target: str, step, buffers: dict, params: dict):
         bias_arg = args[2] if has_bias else None
         out_args = args[2 + has_bias:]
         rt.start(*workers)
+        if any(shift):
+            io.sync_parameters()
         for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
             for tap in df.taps(io, a, a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt)):
                 rt.fill(a_l3[r].prod(), a_arg, tap=tap, placement=io.Tile(shim[("a", r)], 0))
@@ -185,13 +185,27 @@ def build(target: str, step, buffers: dict, params: dict):
                 tiles = np.stack([oi[min(i * m, M - m):min(i * m, M - m) + m, j * n - lo:(j + 1) * n - lo]
                                   for il in range(it) for i in [il * rows + r for r in range(rows)]])
                 for tap in df.taps(io, outs[o], tiles):
-                    rt.drain(c_l3[c].cons(), out_args[o], tap=tap, placement=io.Tile(c, 0), wait=True)
+                    rt.drain(c_l3[c].cons(), out_args[o], tap=tap, placement=io.Tile(c, 0), wait=True,
+                             offset_parameter=shift[o])
     params.update({"m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
                    "tiles_per_core": it * jt, "k_steps": Kt})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 
-def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers):
+def _cache_rows(step, params, outs, splits, M) -> list:
+    """Outputs written into a KV cache at the runtime position (the step's state_writes) drain at the cache
+    rows of position 0 plus the position's scratchpad word: their operands are replaced by those rows (in the
+    output's [M, split] order), and the word of each is returned (None for a plain output)."""
+    at = [None] * len(outs)
+    for sw in step.attrs.get("state_writes", []):
+        o = sw["output"]
+        index, stride, limit = df.runtime_row(outs[o], M * splits[o], sw["views"], sw["axis"])
+        outs[o] = outs[o].rows(index.reshape(M, splits[o]))
+        at[o] = df.scratchpad_parameter(df.iron(), params, step.inputs[sw["pos"]], 0, stride, limit)
+    return at
+
+
+def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers, shift):
     """GEMM with a residual add and / or a norm prologue: each core gets its own A stream (split per column in
     the memtile instead of broadcast along a core row). With a prologue the A row tiles stream once more per
     statistic before the K loop, and gamma / beta lead the B stream (after the bias) into L1; with a residual,
@@ -353,6 +367,8 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
         gb_args = args[2 + (r is not None) + has_bias:len(args) - len(outs)]
         out_args = args[len(args) - len(outs):]
         rt.start(*workers)
+        if any(shift):
+            io.sync_parameters()
         resident = rt.task_group()
         for c in range(cols):
             if has_bias:
@@ -394,7 +410,7 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                                          j * n - lo:(j + 1) * n - lo] for il in ils for q in range(rows)])
                     for tap in df.taps(io, outs[o], tiles):
                         rt.drain(c_l3[c].cons(), out_args[o], tap=tap, task_group=tg, placement=io.Tile(c, 0),
-                                 wait=True)
+                                 wait=True, offset_parameter=shift[o])
                 rt.finish_task_group(tg)
         rt.finish_task_group(resident)
     params.update({"m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
