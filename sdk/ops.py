@@ -107,9 +107,17 @@ def _erfc_abs(x):
     return poly
 
 
+CHUNK = 1 << 15  # elements per piece for multi-pass elementwise ops: the piece's passes stay in L1/L2
+
+
 @_op(_same)
 def gelu(x):
     """Exact GELU: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))."""
+    flat = x.reshape(-1)  # in pieces: the ~25 passes of the erfc polynomial then stay in cache
+    return np.concatenate([_gelu(flat[i:i + CHUNK]) for i in range(0, flat.size, CHUNK)]).reshape(x.shape)
+
+
+def _gelu(x):
     erfc = _erfc_abs(x * np.float32(1 / np.sqrt(2)))  # 1 + erf(v) = 2 - erfc(|v|) for v >= 0, erfc(|v|) below
     one_plus_erf = np.where(x >= 0, np.float32(2.0) - erfc, erfc)
     one_plus_erf *= x
@@ -123,17 +131,27 @@ def gelu_tanh(x):
     return (0.5 * x * (1.0 + np.tanh(np.float32(np.sqrt(2 / np.pi)) * (x + 0.044715 * x ** 3)))).astype(np.float32)
 
 
+def _one_plus_exp_neg(x):
+    """1 + exp(-x) in one new array; exp overflows to inf for x < -88, which gives the right limits below."""
+    e = np.negative(x)
+    with np.errstate(over="ignore"):
+        np.exp(e, out=e)
+    e += np.float32(1.0)
+    return e
+
+
 @_op(_same)
 def sigmoid(x):
-    """1 / (1 + exp(-x)), computed without overflow."""
-    e = np.exp(-np.abs(x))
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e)).astype(x.dtype)
+    """1 / (1 + exp(-x)) (exactly 0 where exp(-x) overflows)."""
+    e = _one_plus_exp_neg(x)
+    return np.reciprocal(e, out=e)
 
 
 @_op(_same)
 def silu(x):
-    """x * sigmoid(x) (a.k.a. swish)."""
-    return (x * sigmoid(x)).astype(x.dtype)
+    """x * sigmoid(x) (a.k.a. swish), as x / (1 + exp(-x)): one array instead of six temporaries."""
+    e = _one_plus_exp_neg(x)
+    return np.divide(x, e, out=e)
 
 
 @_op(_same)
@@ -164,7 +182,9 @@ def _halved(x, *, axis):
 def glu(x, *, axis: int):
     """Gated linear unit along `axis`: first half * sigmoid(second half)."""
     a, b = np.split(x, 2, axis=axis)
-    return (a * sigmoid(b)).astype(x.dtype)
+    gate = sigmoid(b)
+    gate *= a
+    return gate
 
 
 # ---- reductions and normalisation ----------------------------------------------------------------
@@ -188,11 +208,16 @@ def log_softmax(x, *, axis: int = -1):
 @_op(_same)
 def layer_norm(x, w, b, *, eps: float):
     """(x - mean) / sqrt(var + eps) * w + b over the last axis (biased variance)."""
-    mu = x.mean(axis=-1, keepdims=True)
-    xc = x - mu
-    var = np.mean(xc * xc, axis=-1, keepdims=True)
-    y = xc / np.sqrt(var + np.float32(eps))
-    return y * w + b if b is not None else y * w
+    xc = x - x.mean(axis=-1, keepdims=True)
+    inv_std = np.mean(xc * xc, axis=-1, keepdims=True)
+    inv_std += np.float32(eps)
+    np.sqrt(inv_std, out=inv_std)
+    np.reciprocal(inv_std, out=inv_std)
+    xc *= inv_std  # then in place: x-sized temporaries only for xc and xc * xc
+    xc *= w
+    if b is not None:
+        xc += b
+    return xc
 
 
 @_op(_same)
@@ -225,7 +250,9 @@ def linear(x, w, b=None):
     """x @ w.T + b, with w stored [out, in]."""
     # As one 2-D GEMM: numpy's stacked matmul of [1, T, in] with a transposed view skips BLAS (6x slower).
     y = (x.reshape(-1, x.shape[-1]) @ w.T).reshape(*x.shape[:-1], w.shape[0])
-    return y + b if b is not None else y
+    if b is not None:
+        y += b  # in place: y is a fresh array
+    return y
 
 
 def _matmul_shape(a, b, *, transpose_b=False):
@@ -362,7 +389,9 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, groups: int = 1, dilation=1):
     cols = win.reshape(B, groups, Ho * Wo, Cg * KH * KW)
     wg = w.reshape(groups, O // groups, Cg * KH * KW).transpose(0, 2, 1)
     y = (cols @ wg).transpose(0, 1, 3, 2).reshape(B, O, Ho, Wo)  # [B, G, Og, Ho*Wo]
-    return y + b[None, :, None, None] if b is not None else y
+    if b is not None:
+        y += b[None, :, None, None]  # y is a fresh array: the bias goes in place
+    return y
 
 
 def _pool_shape(x, *, kernel, stride, padding=0):
