@@ -86,6 +86,22 @@ def test_tile_major_packing_transposes_pads_and_round_trips():
     assert np.array_equal(packed[0, 1], b[:16, 8:16].astype(layout.BF16))  # each tile contiguous, row-major
 
 
+def test_split_weights_store_fp16_weights_exactly_as_two_bf16_planes(monkeypatch):
+    w = np.random.default_rng(1).normal(size=(24, 16)).astype(np.float16).astype(np.float32)
+    recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": 16, "n": [24], "tk": 16,
+              "tn": 8, "planes": 2}
+    packed = layout.pack(recipe, {"w": w})
+    assert packed.shape == (2, 1, 3, 16, 8) and packed.dtype == layout.BF16
+    assert np.array_equal(layout.untile(packed)[:16, :24], w.T)  # hi + lo: 16 bits, an fp16 weight exactly
+    assert not np.array_equal(layout.untile(packed[0]), w.T)     # one bf16 plane is not
+    monkeypatch.setitem(catalog.SPLIT_WEIGHTS, "npu2", True)
+    p = compiler.compile(whisper.graphs(whisper.TINY), "npu2")
+    planes = {name: {k.attrs["tiling"].get("weight_planes", 1) for s in e.steps for k in s.body if k.op == "gemm"}
+              for name, e in p.entries.items()}
+    assert planes["decode_step"] == {2}  # one token: bound by the weight bytes, the second MAC pass is free
+    assert planes["encode"] == {1}       # 64 rows (1500 at full size): bound by the MACs
+
+
 def test_packing_is_cached_by_content_not_by_name():
     w = np.ones((8, 8), np.float32)
     recipe = {"kind": "plain", "sources": [["w", []]], "shape": [8, 8], "dtype": "bfloat16"}

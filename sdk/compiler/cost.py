@@ -101,7 +101,8 @@ def estimate(program: Program, entry: str | None = None, target: str | None = No
             continue
         for k in step.body:
             moved = dram_bytes(program, k)
-            kernels.append(KernelCost(k.op, k.attrs["flops"], moved, k.attrs["tiling"].get("cores", 1),
+            passes = k.attrs["tiling"].get("weight_planes", 1)  # split weights: one MAC pass per plane
+            kernels.append(KernelCost(k.op, k.attrs["flops"] * passes, moved, k.attrs["tiling"].get("cores", 1),
                                       k.attrs["tiling"].get("precision", "bf16")))
     dispatches = sum(1 for s in e.steps if s.kind == "dispatch")
     return estimate_kernels(kernels, hw, dispatches=dispatches, syncs=2, host_ops=host_ops, entry=e.name)

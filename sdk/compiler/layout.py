@@ -3,9 +3,11 @@
 A GEMM's B operand is stored once in the layout its kernel reads: [K, N] (transposed from PyTorch's
 [out, in] when needed), the projections it merged concatenated along N, zero-padded to multiples of the
 tile (tk, tn) and laid out tile-major, [Kp/tk, Np/tn, tk, tn] in bf16, so that each DMA transfer of one
-tile is contiguous. Its bias is concatenated and padded the same way, in fp32. Every other weight or constant
-is stored as it is: matrices and tables in bf16, vectors in fp32, int32 as int32; kernels read them through
-their access patterns.
+tile is contiguous. A GEMM whose tiling has weight_planes = 2 (catalog.SPLIT_WEIGHTS) stores two such
+images, [2, Kp/tk, Np/tn, tk, tn]: hi = bf16(w) and lo = bf16(w - hi); its kernel accumulates A.hi + A.lo.
+Its bias is concatenated and padded the same way, in fp32. Every other weight or constant is stored as it
+is: matrices and tables in bf16, vectors in fp32, int32 as int32; kernels read them through their access
+patterns.
 
 A packing is described by a recipe in the program (meta["layout"]) and done at load time, never per
 inference; results are cached in-process by the content hash of the recipe and its source bytes.
@@ -133,6 +135,9 @@ def _pack_gemm(f: Fused, k, buffers, recipes):
     recipe = {"kind": "gemm_b", "sources": [[w.value, list(w.views)] for w in weights],
               "transpose_b": k.attrs["transpose_b"], "k": t["K"], "n": ns, "tk": t["k"], "tn": t["n"]}
     shape = (t["Kp"] // t["k"], t["Np"] // t["n"], t["k"], t["n"])
+    if t.get("weight_planes", 1) > 1:
+        recipe["planes"] = t["weight_planes"]
+        shape = (t["weight_planes"], *shape)
     _add(buffers, recipes, name, shape, recipe)
     bias_name = None
     if any(b is not None for b in biases):
@@ -193,7 +198,11 @@ def _gemm_b(recipe, sources):
     K, N = b.shape
     Kp, Np = -(-K // tk) * tk, -(-N // tn) * tn
     b = np.pad(b, ((0, Kp - K), (0, Np - N)))
-    return np.ascontiguousarray(tile_major(b, tk, tn)).astype(BF16)
+    hi = np.ascontiguousarray(tile_major(b, tk, tn)).astype(BF16)
+    if recipe.get("planes", 1) == 1:
+        return hi
+    lo = (tile_major(b, tk, tn) - hi.astype(np.float32)).astype(BF16)  # what rounding to bf16 left out
+    return np.stack([hi, lo])
 
 
 def tile_major(b: np.ndarray, tk: int, tn: int) -> np.ndarray:
@@ -203,7 +212,10 @@ def tile_major(b: np.ndarray, tk: int, tn: int) -> np.ndarray:
 
 
 def untile(packed: np.ndarray) -> np.ndarray:
-    """[Kp/tk, Np/tn, tk, tn] -> [Kp, Np]: what the kernel computes with."""
+    """[Kp/tk, Np/tn, tk, tn] -> [Kp, Np]: what the kernel computes with. Split weights [2, ...] give hi + lo
+    (exact in fp32), which is what the two MAC passes into one fp32 accumulator compute with."""
+    if packed.ndim == 5:
+        packed = packed.astype(np.float32).sum(axis=0)
     kt, nt, tk, tn = packed.shape
     return packed.transpose(0, 2, 1, 3).reshape(kt * tk, nt * tn)
 

@@ -8,6 +8,8 @@ the kernel's DMA reads them, and the NPU's numerics:
   matrices and KV caches; fp32 for the residual stream, weight vectors and io;
 - matmul operands enter the MACs as bf16; fp32 accumulation and fp32 epilogues (bias, activation, residual)
   before the one store per kernel;
+- GEMMs with split weights (weight_planes = 2, see catalog.py) read hi + lo: two bf16 MAC passes, one fp32
+  accumulator;
 - GEMMs whose tiling asks for "bfp16" precision (AIE2P only) round both operands to bfp16 (blocks of 8
   sharing an exponent, 8-bit signed mantissas, round to nearest even);
 - exp as 2^(x log2 e) with a degree-6 polynomial for the fraction, and GELU / SiLU / sigmoid / tanh /
@@ -376,6 +378,7 @@ def validate(program: Program):
                 if k.op == "gemm":
                     t = k.attrs["tiling"]
                     want = (t["Kp"] // t["k"], t["Np"] // t["n"], t["k"], t["n"])
+                    want = (t["weight_planes"], *want) if t.get("weight_planes", 1) > 1 else want
                     if program.buffers[k.inputs[1]].shape != want:
                         raise ProgramError(f"kernel gemm ({k.attrs['name']}): packed weight {k.inputs[1]} has "
                                            f"shape {program.buffers[k.inputs[1]].shape}, its tiling reads {want}")
