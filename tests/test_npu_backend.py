@@ -432,7 +432,7 @@ def test_dictation_on_auto_falls_back_and_loses_no_audio(fake_npu):
             stream.feed(clip[i:i + RATE // 10], RATE, block=False)
         return stream, stream.stop()
     (stream, finals), warned = _auto(talk)
-    assert made[0].session.device_effective == "cpu" and len(warned) == 1
+    assert made[0].report()["device_effective"] == "cpu" and len(warned) == 1
     assert stream.report()["dropped_blocks"] == 0
     assert wer(reference, " ".join(f.text for f in finals)) <= 0.15, finals
 
