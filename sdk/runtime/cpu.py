@@ -10,6 +10,19 @@ from ..program import Program, Usage
 from .backend import Counters, State, check_inputs, check_weights
 
 
+GEMV_ROWS = 8  # a linear over at most this many rows is bound by reading its weight (decoder steps)
+
+
+def gemv_layout(program: Program, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Weights that some `linear` step multiplies with at most GEMV_ROWS rows, stored in Fortran order: the
+    same [out, in] array for ops.linear, but w.T is [in, out] contiguous, which OpenBLAS's GEMV streams about
+    3x faster (Whisper's 51865 x 384 vocab projection: 12 -> 3.6 ms). Chosen once here, at load."""
+    gemv = {s.inputs[1] for e in program.entries.values() for s in e.steps
+            if s.op == "linear" and s.inputs[1] in weights
+            and int(np.prod(program.buffers[s.inputs[0]].shape[:-1])) <= GEMV_ROWS}
+    return {name: np.asfortranarray(w) if name in gemv else w for name, w in weights.items()}
+
+
 class CpuExecutable:
     def __init__(self, program: Program, weights: Mapping[str, np.ndarray]):
         bad = [s.op for e in program.entries.values() for s in e.steps if s.kind != "host"]
@@ -17,7 +30,7 @@ class CpuExecutable:
             raise ValueError(f"the cpu backend runs host steps only; this program has {bad[:3]} (target "
                              f"{program.target})")
         self.program = program
-        self.weights = check_weights(program, weights)
+        self.weights = gemv_layout(program, check_weights(program, weights))
         self.counters = Counters()
 
     def new_state(self) -> State:
