@@ -362,17 +362,21 @@ def test_content_key_follows_every_kernel_source_and_the_target(synthetic_progra
 
 # ---- what the fills deliver: the GEMM's A and B tiles reach the cores in the kernel's order ----------------------
 
+@pytest.mark.parametrize("planes", [1, 2], ids=["bf16", "split"])
 @pytest.mark.parametrize("target", TARGET_NAMES)
-def test_gemm_fills_deliver_the_tiles_each_core_multiplies(target):
+def test_gemm_fills_deliver_the_tiles_each_core_multiplies(target, planes):
     """The addresses the GEMM design's fills read, cut into objects, are the A row tiles and packed B tiles each
-    core multiplies, in its loop order (column tiles, row tiles, K steps), re-derived here independently."""
+    core multiplies, in its loop order (column tiles, row tiles, K steps), re-derived here independently. Split
+    weights ([2, Kt, Nt, k, n]): each B object is a tile's hi plane, then its lo plane."""
     from sdk.program import Buffer, Step, Usage
     M, K, N, m, k, n = 64, 64, 128, 16, 32, 32
     Kt, Nt = K // k, N // n
     buffers = {"a": Buffer("a", (M, K), "bfloat16", Usage.SCRATCH),
-               "w": Buffer("w", (Kt, Nt, k, n), "bfloat16", Usage.WEIGHTS),
+               "w": Buffer("w", (planes, Kt, Nt, k, n)[planes == 1:], "bfloat16", Usage.WEIGHTS),
                "y": Buffer("y", (M, N), "bfloat16", Usage.SCRATCH)}
     tiling = {"M": M, "K": K, "N": N, "m": m, "k": k, "n": n, "Kp": K, "Np": N, "cores": 8, "precision": "bf16"}
+    if planes > 1:
+        tiling["weight_planes"] = planes
     step = Step("kernel", "gemm", ("a", "w", None), ("y",),
                 {"head": {"op": "linear", "attrs": {}}, "chain": [], "views": [[], [], []], "tiling": tiling,
                  "n_splits": [N], "n_head": 3})
@@ -398,11 +402,43 @@ def test_gemm_fills_deliver_the_tiles_each_core_multiplies(target):
         np.testing.assert_array_equal(a_streams[f"gemm_a{r}"], np.concatenate(want))
     b_streams = delivered("gemm_b", 1)
     for c in range(cols):
-        want = [np.arange(Kt * Nt * k * n).reshape(Kt, Nt, k * n)[q, jl * cols + c]
+        want = [np.arange(planes * Kt * Nt * k * n).reshape(planes, Kt, Nt, k * n)[:, q, jl * cols + c].reshape(-1)
                 for jl in range(jt) for _ in range(it) for q in range(Kt)]
         np.testing.assert_array_equal(b_streams[f"gemm_b{c}"], np.concatenate(want))
     # and every output element is drained exactly once
     assert (standin.written(rec, 2) == 1).all()
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_gemv_split_weight_fills_send_hi_then_lo_per_tile(target):
+    """GEMV with split weights ([2, Kt, Nt, k, n]): after its bias, each core's W stream carries, per column tile
+    and K step, one object holding the tile's hi plane, then its lo plane."""
+    from sdk.program import Buffer, Step, Usage
+    K, N, k, n = 64, 128, 32, 32
+    Kt, Nt = K // k, N // n
+    buffers = {"x": Buffer("x", (1, K), "bfloat16", Usage.SCRATCH),
+               "w": Buffer("w", (2, Kt, Nt, k, n), "bfloat16", Usage.WEIGHTS),
+               "b": Buffer("b", (N,), "float32", Usage.WEIGHTS),
+               "y": Buffer("y", (1, N), "bfloat16", Usage.SCRATCH)}
+    tiling = {"M": 1, "K": K, "N": N, "m": 4, "k": k, "n": n, "Kp": K, "Np": N, "cores": 8, "precision": "bf16",
+              "weight_planes": 2}
+    step = Step("kernel", "gemm", ("x", "w", "b"), ("y",),
+                {"head": {"op": "linear", "attrs": {}}, "chain": [], "views": [[], [], []], "tiling": tiling,
+                 "n_splits": [N], "n_head": 3})
+    params = {}
+    with standin.installed():
+        from kernels.gemv import design
+        rec = design.build(target, step, buffers, params)
+    assert standin.check(rec, TARGETS[target]) == []
+    cores, jt = params["cores"], params["tiles_per_core"]
+    w_data = rec.runtime.data[1]
+    for c in range(cores):
+        got = np.concatenate([t.tap.addresses() for t in rec.runtime.transfers
+                              if t.kind == "fill" and t.data is w_data and t.handle.fifo.name == f"gemv_w{c}"])
+        want = [np.arange(2 * Kt * Nt * k * n).reshape(2, Kt, Nt, k * n)[:, q, jl * cores + c].reshape(-1)
+                for jl in range(jt) for q in range(Kt)]
+        np.testing.assert_array_equal(got, np.concatenate(want))
+    assert (standin.written(rec, 3) == 1).all()
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)

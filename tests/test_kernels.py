@@ -203,7 +203,7 @@ def test_gemm_tiles_match_emu(lib, record_parity, mac, epilogue):
             for q in range(Kp // k):
                 a_tile = blocked(xp[i * m:(i + 1) * m, q * k:(q + 1) * k], R, S)
                 b_tile = blocked(packed[q, j], S, T)
-                call(gemm, "gemm_mac", a_tile, int(a_tile.dtype == np.float32), b_tile, acc, m, k, n)
+                call(gemm, "gemm_mac", a_tile, int(a_tile.dtype == np.float32), b_tile, 1, acc, m, k, n)
             c = np.zeros(m * n, BF16)
             call(gemm, "gemm_store", acc, bias, 1, j * n, c, 0, m, n, words, len(chain), imms)
             out[i * m:(i + 1) * m, j * n:(j + 1) * n] = unblocked(c.astype(np.float32), m, n, R, T)
@@ -235,7 +235,7 @@ def test_gemm_residual_epilogue_matches_emu(lib, record_parity, mac):
             call(gemm, "gemm_zero", acc, m, n)
             for q in range(K // k):
                 call(gemm, "gemm_mac", blocked(x[i * m:(i + 1) * m, q * k:(q + 1) * k], R, S), 0,
-                     blocked(packed[q, j], S, T), acc, m, k, n)
+                     blocked(packed[q, j], S, T), 1, acc, m, k, n)
             tile = np.ascontiguousarray(res[i * m:(i + 1) * m, j * n:(j + 1) * n]).view(np.uint8).reshape(-1)  # 2 A objs
             objs = [blocked(tile[o * a_bytes:(o + 1) * a_bytes].view(BF16).reshape(m, k), R, S) for o in range(2)]
             c = np.zeros(m * n, np.float32)
@@ -280,9 +280,9 @@ def test_gemm_norm_prologue_matches_emu(lib, record_parity, op):
             bt = blocked(packed[q, j], S, T)
             if centred:
                 call(gemm, "gemm_prologue_apply", t, 1, gamma, beta, centred, st, kpos, a_norm, m, k, K, centred, 1e-5)
-                call(gemm, "gemm_mac", a_norm, 0, bt, acc, m, k, n)
+                call(gemm, "gemm_mac", a_norm, 0, bt, 1, acc, m, k, n)
             else:  # the one call the design makes: normalise, then multiply
-                call(gemm, "gemm_prologue_mac", t, 1, gamma, beta, 0, st, kpos, a_norm, bt, acc, m, k, n, K, 0, 1e-5)
+                call(gemm, "gemm_prologue_mac", t, 1, gamma, beta, 0, st, kpos, a_norm, bt, 1, acc, m, k, n, K, 0, 1e-5)
         c = np.zeros(m * n, BF16)
         call(gemm, "gemm_store", acc, b, 1, j * n, c, 0, m, n, chain, 0, imm)
         out[:, j * n:(j + 1) * n] = unblocked(c.astype(np.float32), m, n, R, T)
@@ -308,7 +308,7 @@ def test_gemv_matches_emu(lib, record_parity):
         call(gemv, "gemv_zero", acc, n)
         for q in range(K // k):
             call(gemv, "gemv_mac", np.ascontiguousarray(x[0, q * k:(q + 1) * k]), 0,
-                 np.ascontiguousarray(packed[q, j].reshape(-1)), acc, k, n)
+                 np.ascontiguousarray(packed[q, j].reshape(-1)), 1, acc, k, n)
         y = np.zeros(n, BF16)
         call(gemv, "gemv_store", acc, bias, 1, j * n, y, 0, n, words, 1, imms)
         out[j * n:(j + 1) * n] = y.astype(np.float32)
@@ -334,12 +334,83 @@ def test_gemv_residual_epilogue_matches_emu(lib, record_parity):
         call(gemv, "gemv_zero", acc, n)
         for q in range(K // k):
             call(gemv, "gemv_mac", np.ascontiguousarray(x[0, q * k:(q + 1) * k]), 0,
-                 np.ascontiguousarray(packed[q, j].reshape(-1)), acc, k, n)
+                 np.ascontiguousarray(packed[q, j].reshape(-1)), 1, acc, k, n)
         r_obj = np.ascontiguousarray(np.tile(res[0, j * n:(j + 1) * n], k // 2))   # one W-sized object
         y = np.zeros(n, np.float32)
         call(gemv, "gemv_store_residual", acc, b, 1, j * n, y, 1, n, words, 1, imms, r_obj, 1)
         out[j * n:(j + 1) * n] = y
     check(record_parity, "gemv+residual", out, ref[0])
+
+
+def split_case(seed, M, K, N, k, n):
+    """A GEMM with split weights (catalog.SPLIT_WEIGHTS): the weight packed as [2, Kp/k, Np/n, k, n] bf16 hi + lo
+    planes, the emulator's fp32 result for it, and its result from the hi plane alone (what the lo plane fixes)."""
+    g = rng(seed)
+    x, w, b = bf16(g.normal(size=(M, K))), g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
+    recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n,
+              "planes": 2}
+    packed = layout.pack(recipe, {"w": w})
+    tiling = {"M": M, "K": K, "N": N, "m": 4, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16",
+              "weight_planes": 2}
+    ref, hi_only = (golden("gemm", "linear", {"x": x, "w@packed": p, "bias": b}, out_dtype=np.float32, tiling=tiling,
+                           n_head=3) for p in (packed, packed[0]))
+    return x, b, packed, ref, hi_only
+
+
+def check_split(record_parity, label, ours, ref, hi_only):
+    """Both planes' products in one fp32 accumulator: the emulator's result to fp32 summation order, and far
+    closer to it than the hi plane alone comes."""
+    record_parity(label, ours, ref)
+    tol = 1e-5 * np.abs(ref).max()
+    np.testing.assert_allclose(ours, ref, rtol=0, atol=tol)
+    assert np.abs(hi_only - ref).max() > 20 * tol
+
+
+@pytest.mark.parametrize("mac", [(4, 8, 4), (8, 8, 8)], ids=["npu1", "npu2"])
+def test_gemm_split_weights_match_emu(lib, record_parity, mac):
+    """Each B object holds a tile's hi plane then its lo plane ([2k, n], blocked by the memtile as one tile);
+    gemm_mac runs both MAC passes into the accumulator, and the bias rides on the doubled objects."""
+    R, S, T = mac
+    M, K, N, k, n = 8, 32, 32, 16, 16
+    m = M
+    x, b, packed, ref, hi_only = split_case(22, M, K, N, k, n)
+    gemm = lib("gemm", MMUL_R=R, MMUL_S=S, MMUL_T=T)
+    obj = np.zeros(2 * k * n * 2, np.uint8)
+    obj[:N * 4] = np.frombuffer(b.tobytes(), np.uint8)
+    bias = np.zeros(N, np.float32)
+    call(gemm, "gemm_bias_load", blocked(obj.view(BF16).reshape(2 * k, n), S, T), bias, 0, N, 2 * k, n)
+    np.testing.assert_array_equal(bias, b)
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    out = np.zeros((M, N), np.float32)
+    for j in range(N // n):
+        acc = np.zeros(m * n, np.float32)
+        call(gemm, "gemm_zero", acc, m, n)
+        for q in range(K // k):
+            b_obj = blocked(np.concatenate([packed[0, q, j], packed[1, q, j]]), S, T)
+            call(gemm, "gemm_mac", blocked(x[:, q * k:(q + 1) * k], R, S), 0, b_obj, 2, acc, m, k, n)
+        c = np.zeros(m * n, np.float32)
+        call(gemm, "gemm_store", acc, bias, 1, j * n, c, 1, m, n, chain, 0, imm)
+        out[:, j * n:(j + 1) * n] = unblocked(c, m, n, R, T)
+    check_split(record_parity, f"gemm{R}x{S}x{T} split weights", out, ref, hi_only)
+
+
+def test_gemv_split_weights_match_emu(lib, record_parity):
+    """Each W object holds a tile's hi plane then its lo plane; gemv_mac runs both MAC passes."""
+    K, N, k, n = 48, 64, 16, 32
+    x, b, packed, ref, hi_only = split_case(23, 1, K, N, k, n)
+    gemv = lib("gemv")
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+    out = np.zeros(N, np.float32)
+    for j in range(N // n):
+        acc = np.zeros(n, np.float32)
+        call(gemv, "gemv_zero", acc, n)
+        for q in range(K // k):
+            w_obj = np.ascontiguousarray(packed[:, q, j].reshape(-1))
+            call(gemv, "gemv_mac", np.ascontiguousarray(x[0, q * k:(q + 1) * k]), 0, w_obj, 2, acc, k, n)
+        y = np.zeros(n, np.float32)
+        call(gemv, "gemv_store", acc, b, 1, j * n, y, 1, n, chain, 0, imm)
+        out[j * n:(j + 1) * n] = y
+    check_split(record_parity, "gemv split weights", out, ref[0], hi_only[0])
 
 
 @pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
@@ -373,7 +444,7 @@ def test_gemv_norm_prologue_matches_emu(lib, record_parity, op):
         call(gemv, "gemv_zero", acc, n)
         for q, c in enumerate(chunks):
             call(gemv, "gemv_prologue_mac", c, 1, gamma, beta, centred, st, kpos, x_norm,
-                 np.ascontiguousarray(packed[q, j].reshape(-1)), acc, k, n, K, centred, 1e-5)
+                 np.ascontiguousarray(packed[q, j].reshape(-1)), 1, acc, k, n, K, centred, 1e-5)
         y = np.zeros(n, BF16)
         call(gemv, "gemv_store", acc, b, 1, j * n, y, 0, n, chain, 0, imm)
         out[j * n:(j + 1) * n] = y.astype(np.float32)

@@ -7,7 +7,8 @@ i = r mod rows and j = c mod cols, looping j, then i, then the K steps, so that
   order) and B's column tiles down a column (every core of column c reads the same B tiles);
 - B comes tile by tile from the weights arena, where sdk/compiler/layout.py packed it tile-major
   [K/k, N/n, k, n] (so one tile is one contiguous read), or, for `bmm`, from the scratch arena through the
-  operand's access pattern;
+  operand's access pattern; split weights (tiling weight_planes = 2, packed [2, K/k, N/n, k, n]) send each
+  tile's hi and lo planes in one B object of twice the size, which gemm_mac runs both MAC passes over;
 - the memtile blocks each A / B tile into the MAC shape (R x S x T: npu1 4x8x4, npu2 8x8x8) on its way to the
   core (dims_to_stream), and un-blocks the C tiles it joins from the column's cores on the way out;
 - the bias (fp32) rides with B: each column's B stream starts with the column's bias tiles (repeated to
@@ -58,13 +59,14 @@ def build(target: str, step, buffers: dict, params: dict):
         raise df.DesignError("a GEMM epilogue that reads an operand tile more than once (two residuals): "
                              "a core has two input DMA channels")
     Mt, Kt, Nt = math.ceil(M / m), t["Kp"] // k, t["Np"] // n
+    planes = t.get("weight_planes", 1) if step.op == "gemm" else 1  # split weights: hi and lo per B tile
     head_inputs = step.attrs.get("n_head", 3)
 
     a = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
     a_idx = a.index.reshape(-1, K)
     if step.op == "gemm":
-        b = df.operand(step.inputs[1], buffers[step.inputs[1]])             # packed [Kt, Nt, k, n]
-        b_idx = b.index.reshape(Kt, Nt, k * n)
+        b = df.operand(step.inputs[1], buffers[step.inputs[1]])             # packed [planes, Kt, Nt, k, n]
+        b_idx = b.index.reshape(planes, Kt, Nt, k * n).transpose(1, 2, 0, 3).reshape(Kt, Nt, planes * k * n)
         has_bias = step.inputs[2] is not None
         bias = df.operand(step.inputs[2], buffers[step.inputs[2]]) if has_bias else None
     else:
@@ -91,22 +93,23 @@ def build(target: str, step, buffers: dict, params: dict):
     if n_operands or "prologue" in step.attrs:
         if step.op != "gemm" or (n_operands and len(outs) > 1):
             raise df.DesignError("an epilogue that reads an operand, on a bmm or merged projections: not expressed")
-        return _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers, shift)
+        return _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers, shift, planes)
     grid = _grid(hw, Mt, Nt, t["cores"])
     cols, rows, shim = grid["cols"], grid["rows"], grid["shim"]
     it, jt = Mt // rows, Nt // cols                                  # tiles per core along M and N
     # the bias (fp32) leads each column's B stream: its jt tiles, repeated to whole B objects
-    g = math.gcd(2 * jt, k)
-    bias_objects, bias_repeat = (2 * jt // g, k // g) if has_bias else (0, 0)
-    floats_per_object = k * n // 2
+    kb = planes * k                                                   # rows of one B object
+    g = math.gcd(2 * jt, kb)
+    bias_objects, bias_repeat = (2 * jt // g, kb // g) if has_bias else (0, 0)
+    floats_per_object = kb * n // 2
 
     out_f32 = int(outs[0].dtype == np.float32)
     a_f32 = df.is_f32(a)
-    a_ty, b_ty, c_ty = df.tensor(m * k, a.dtype), df.tensor(k * n), df.tensor(m * n, outs[0].dtype)
+    a_ty, b_ty, c_ty = df.tensor(m * k, a.dtype), df.tensor(kb * n), df.tensor(m * n, outs[0].dtype)
     acc_ty = df.tensor(m * n, np.float32)
     vec_i, vec_f, i32 = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32), np.int32
     kzero = io.Kernel("gemm_zero", "gemm.o", [acc_ty, i32, i32])
-    kmac = io.Kernel("gemm_mac", "gemm.o", [a_ty, i32, b_ty, acc_ty, i32, i32, i32])
+    kmac = io.Kernel("gemm_mac", "gemm.o", [a_ty, i32, b_ty, i32, acc_ty, i32, i32, i32])
     bias_ty = df.tensor(max(jt * n, 1), np.float32)
     kbias = io.Kernel("gemm_bias_load", "gemm.o", [b_ty, bias_ty, i32, i32, i32, i32])
     kstore = io.Kernel("gemm_store", "gemm.o", [acc_ty, bias_ty, i32, i32, c_ty, i32, i32, i32, vec_i, i32, vec_f])
@@ -120,7 +123,7 @@ def build(target: str, step, buffers: dict, params: dict):
     # B: one stream per core column (the bias objects first), blocked in the memtile, down the column
     b_l3 = [io.ObjectFifo(b_ty, depth=2, name=f"gemm_b{c}") for c in range(cols)]
     b_l2 = [b_l3[c].cons().forward(placement=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
-                                   dims_to_stream=blocking(k, n, S, T)) for c in range(cols)]
+                                   dims_to_stream=blocking(kb, n, S, T)) for c in range(cols)]
     # C: joined per column in the memtile, un-blocked on the way to the shim
     c_l3 = [io.ObjectFifo(df.tensor(rows * m * n, outs[0].dtype), depth=2, name=f"gemm_c{c}",
                           dims_to_stream=unblocking(rows, m, n, R, T)) for c in range(cols)]
@@ -132,14 +135,14 @@ def build(target: str, step, buffers: dict, params: dict):
         for q in range(bias_objects):  # unrolled: a few objects, each with its constant slice of the bias
             first = q * floats_per_object
             bt = b_in.acquire(1)
-            load_bias(bt, bias, first, max(0, min(floats_per_object, jt * n - first)), k, n)
+            load_bias(bt, bias, first, max(0, min(floats_per_object, jt * n - first)), kb, n)
             b_in.release(1)
         for jl in range(jt):  # unrolled over column tiles: each knows its bias offset
             for _ in io.range_(tiles // jt):
                 zero(acc, m, n)
                 for _ in io.range_(k_steps):
                     at, bt = a_in.acquire(1), b_in.acquire(1)
-                    mac(at, a_f32, bt, acc, m, k, n)
+                    mac(at, a_f32, bt, planes, acc, m, k, n)
                     a_in.release(1)
                     b_in.release(1)
                 ct = c_out.acquire(1)
@@ -174,7 +177,7 @@ def build(target: str, step, buffers: dict, params: dict):
                 bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
                 for tap in df.taps(io, bias, bi):
                     rt.fill(b_l3[c].prod(), bias_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
-            bt = np.broadcast_to(b_idx[:, c::cols].transpose(1, 0, 2)[:, None], (jt, it, Kt, k * n))
+            bt = np.broadcast_to(b_idx[:, c::cols].transpose(1, 0, 2)[:, None], (jt, it, Kt, kb * n))
             for tap in df.taps(io, b, bt):
                 rt.fill(b_l3[c].prod(), b_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
             for jl in range(jt):  # the column's C objects, column tile by column tile, into their output
@@ -205,7 +208,7 @@ def _cache_rows(step, params, outs, splits, M) -> list:
     return at
 
 
-def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers, shift):
+def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers, shift, planes):
     """GEMM with a residual add and / or a norm prologue: each core gets its own A stream (split per column in
     the memtile instead of broadcast along a core row). With a prologue the A row tiles stream once more per
     statistic before the K loop, and gamma / beta lead the B stream (after the bias) into L1; with a residual,
@@ -258,19 +261,20 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
             break
     cols, rows = grid
     it, jt = Mt // rows, Nt // cols
-    g = math.gcd(2 * jt, k)
-    bias_objects, bias_repeat = (2 * jt // g, k // g) if has_bias else (0, 0)
-    floats_per_object = k * n // 2
+    kb = planes * k                                                   # rows of one B object
+    g = math.gcd(2 * jt, kb)
+    bias_objects, bias_repeat = (2 * jt // g, kb // g) if has_bias else (0, 0)
+    floats_per_object = kb * n // 2
     a_f32, out_f32, r_f32 = df.is_f32(a), df.is_f32(out), (df.is_f32(r) if r is not None else 0)
     vec_objects = [math.ceil(K / floats_per_object) for _ in gb]  # gamma (and beta) after the bias on B
-    a_ty, b_ty, c_ty = df.tensor(m * k, a.dtype), df.tensor(k * n), df.tensor(m * n, out.dtype)
+    a_ty, b_ty, c_ty = df.tensor(m * k, a.dtype), df.tensor(kb * n), df.tensor(m * n, out.dtype)
     acc_ty = df.tensor(m * n, np.float32)
     vec_i, vec_f, i32 = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32), np.int32
     # bias, gamma and beta share one L1 vector type: gemm_bias_load loads all three (one MLIR signature)
     bias_ty = kvec_ty = df.tensor(max(jt * n, K if pro else 1), np.float32)
     st_ty, kpos_ty, an_ty = df.tensor(2 * m, np.float32), df.tensor(1, np.int32), df.tensor(m * k)
     kernels = [io.Kernel("gemm_zero", "gemm.o", [acc_ty, i32, i32]),
-               io.Kernel("gemm_mac", "gemm.o", [a_ty, i32, b_ty, acc_ty, i32, i32, i32]),
+               io.Kernel("gemm_mac", "gemm.o", [a_ty, i32, b_ty, i32, acc_ty, i32, i32, i32]),
                io.Kernel("gemm_bias_load", "gemm.o", [b_ty, bias_ty, i32, i32, i32, i32]),
                io.Kernel("gemm_store_residual", "gemm.o", [acc_ty, bias_ty, i32, i32, c_ty, i32, i32, i32, vec_i,
                                                            i32, vec_f, a_ty, a_ty, i32, i32, i32]),
@@ -279,7 +283,7 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                io.Kernel("gemm_prologue_sum", "gemm.o", [a_ty, i32, st_ty, i32, i32]),
                io.Kernel("gemm_prologue_squares", "gemm.o", [a_ty, i32, st_ty, i32, i32, i32, i32]),
                io.Kernel("gemm_prologue_mac", "gemm.o", [a_ty, i32, kvec_ty, kvec_ty, i32, st_ty, kpos_ty, an_ty, b_ty,
-                                                        acc_ty, i32, i32, i32, i32, i32, np.float32])]
+                                                        i32, acc_ty, i32, i32, i32, i32, i32, np.float32])]
     words, imms = df.encode_chain(step.attrs["chain"], step.attrs.get("n_head", 3))
     n_chain = len(step.attrs["chain"])
 
@@ -289,7 +293,7 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                                  names=[f"gemm_a_c{c}r{q}" for q in range(rows)]) for c in range(cols)]
     b_l3 = [io.ObjectFifo(b_ty, depth=2, name=f"gemm_b{c}") for c in range(cols)]
     b_l2 = [b_l3[c].cons().forward(placement=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
-                                   dims_to_stream=blocking(k, n, S, T)) for c in range(cols)]
+                                   dims_to_stream=blocking(kb, n, S, T)) for c in range(cols)]
     c_l3 = [io.ObjectFifo(df.tensor(rows * m * n, out.dtype), depth=2, name=f"gemm_c{c}",
                           dims_to_stream=unblocking(rows, m, n, R, T)) for c in range(cols)]
     c_l2 = [c_l3[c].prod().join([q * m * n for q in range(rows)], placement=io.Tile(c, 1), obj_types=[c_ty] * rows,
@@ -301,12 +305,12 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
         for q in range(bias_objects):
             first = q * floats_per_object
             bt = b_in.acquire(1)
-            load_bias(bt, bias_buf, first, max(0, min(floats_per_object, jt * n - first)), k, n)
+            load_bias(bt, bias_buf, first, max(0, min(floats_per_object, jt * n - first)), kb, n)
             b_in.release(1)
         for dst, count in zip((gamma, beta), vec_objects):
             for q in range(count):
                 bt = b_in.acquire(1)
-                load_vec(bt, dst, q * floats_per_object, min(floats_per_object, K - q * floats_per_object), k, n)
+                load_vec(bt, dst, q * floats_per_object, min(floats_per_object, K - q * floats_per_object), kb, n)
                 b_in.release(1)
         for jl in range(jt):
             for _ in io.range_(tiles // jt):
@@ -324,9 +328,10 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                 for _ in io.range_(k_steps):
                     at, bt = a_in.acquire(1), b_in.acquire(1)
                     if pro:
-                        pro_mac(at, a_f32, gamma, beta, has_beta, st, kpos, a_norm, bt, acc, m, k, n, K, centred, eps)
+                        pro_mac(at, a_f32, gamma, beta, has_beta, st, kpos, a_norm, bt, planes, acc, m, k, n, K, centred,
+                                eps)
                     else:
-                        mac(at, a_f32, bt, acc, m, k, n)
+                        mac(at, a_f32, bt, planes, acc, m, k, n)
                     a_in.release(1)
                     b_in.release(1)
                 ct = c_out.acquire(1)
@@ -385,7 +390,7 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                 tg = rt.task_group()
                 for c in range(cols):
                     j = jl * cols + c
-                    bt = np.broadcast_to(b_idx[:, j][None], (len(ils), Kt, k * n))
+                    bt = np.broadcast_to(b_idx[:, j][None], (len(ils), Kt, kb * n))
                     for tap in df.taps(io, b, bt):
                         rt.fill(b_l3[c].prod(), b_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][1], 0))
                     for il in ils:

@@ -23,6 +23,8 @@ NPU_KERNEL void gemm_zero(float *acc, int32_t m, int32_t n) {
 }
 
 // A is bf16, or fp32 when a_f32 (the residual stream feeding a GEMM): the MACs read it rounded to bf16.
+// B holds `planes` blocked [k x n] tiles back to back: one, or two for split weights (sdk/compiler/catalog.py
+// SPLIT_WEIGHTS: hi = bf16(w), then lo = bf16(w - hi)), whose products go into the same fp32 accumulator.
 #ifdef __AIENGINE__
 // Vector path: one aie::mmul per (R x S) . (S x T) block, accumulating in an fp32 accumulator register.
 template <typename TA>
@@ -37,7 +39,7 @@ static inline aie::vector<bfloat16, MMUL_R * MMUL_S> gemm_a_block(const TA *a) {
 }
 
 template <typename TA>
-static void gemm_mac_vec(const TA *a, const bf16 *b, float *acc, int32_t m, int32_t k, int32_t n) {
+static void gemm_mac_vec(const TA *a, const bf16 *b, int32_t planes, float *acc, int32_t m, int32_t k, int32_t n) {
   using MMUL = aie::mmul<MMUL_R, MMUL_S, MMUL_T, bfloat16, bfloat16, accfloat>;
   const int32_t mb = m / MMUL_R, kb = k / MMUL_S, nb = n / MMUL_T;
   for (int32_t i = 0; i < mb; ++i)
@@ -46,23 +48,26 @@ static void gemm_mac_vec(const TA *a, const bf16 *b, float *acc, int32_t m, int3
       MMUL C(aie::load_v<MMUL_R * MMUL_T>(c));
       for (int32_t kk = 0; kk < kb; ++kk) {
         auto A = gemm_a_block(a + (i * kb + kk) * MMUL_R * MMUL_S);
-        auto B = aie::load_v<MMUL_S * MMUL_T>(b + (kk * nb + j) * MMUL_S * MMUL_T);
-        C.mac(A, B);
+        for (int32_t p = 0; p < planes; ++p)
+          C.mac(A, aie::load_v<MMUL_S * MMUL_T>(b + p * k * n + (kk * nb + j) * MMUL_S * MMUL_T));
       }
       aie::store_v(c, C.template to_vector<float>());
     }
 }
 
-NPU_KERNEL void gemm_mac(const void *a, int32_t a_f32, const bf16 *b, float *acc, int32_t m, int32_t k, int32_t n) {
+NPU_KERNEL void gemm_mac(const void *a, int32_t a_f32, const bf16 *b, int32_t planes, float *acc, int32_t m, int32_t k,
+                         int32_t n) {
   NPU_ROUND_EVEN();
   if (a_f32)
-    gemm_mac_vec((const float *)a, b, acc, m, k, n);
+    gemm_mac_vec((const float *)a, b, planes, acc, m, k, n);
   else
-    gemm_mac_vec((const bf16 *)a, b, acc, m, k, n);
+    gemm_mac_vec((const bf16 *)a, b, planes, acc, m, k, n);
 }
 #else
-// Scalar path (host tests): the same blocked layouts, fp32 accumulation in k order per output element.
-NPU_KERNEL void gemm_mac(const void *a, int32_t a_f32, const bf16 *b, float *acc, int32_t m, int32_t k, int32_t n) {
+// Scalar path (host tests): the same blocked layouts, fp32 accumulation in k order per output element, each
+// weight plane's product in turn.
+NPU_KERNEL void gemm_mac(const void *a, int32_t a_f32, const bf16 *b, int32_t planes, float *acc, int32_t m, int32_t k,
+                         int32_t n) {
   const npu_vec av = {a, a_f32, 0};
   const int32_t kb = k / MMUL_S, nb = n / MMUL_T;
   for (int32_t row = 0; row < m; ++row)
@@ -71,8 +76,9 @@ NPU_KERNEL void gemm_mac(const void *a, int32_t a_f32, const bf16 *b, float *acc
       float sum = acc[(i * nb + j) * MMUL_R * MMUL_T + r * MMUL_T + t];
       for (int32_t kk = 0; kk < k; ++kk) {
         const int32_t q = kk / MMUL_S, s = kk % MMUL_S;
-        sum += npu_mac_operand(av, (i * kb + q) * MMUL_R * MMUL_S + r * MMUL_S + s) *
-               to_f32(b[(q * nb + j) * MMUL_S * MMUL_T + s * MMUL_T + t]);
+        const float x = npu_mac_operand(av, (i * kb + q) * MMUL_R * MMUL_S + r * MMUL_S + s);
+        for (int32_t p = 0; p < planes; ++p)
+          sum += x * to_f32(b[p * k * n + (q * nb + j) * MMUL_S * MMUL_T + s * MMUL_T + t]);
       }
       acc[(i * nb + j) * MMUL_R * MMUL_T + r * MMUL_T + t] = sum;
     }
@@ -82,7 +88,8 @@ NPU_KERNEL void gemm_mac(const void *a, int32_t a_f32, const bf16 *b, float *acc
 // The bias (fp32, sdk/compiler/layout.py) arrives once, at the start, as the first objects of the B stream
 // (the design fills them with this core column's bias tiles, repeated to whole objects); the memtile blocked
 // them like B tiles, so gemm_bias_load undoes the blocking: word u of the object's row-major bytes sits at
-// bf16 unit (2u) of a [k][n] tile blocked [k/S][n/T][S][T].
+// bf16 unit (2u) of a [k][n] tile blocked [k/S][n/T][S][T] (k counts both planes' rows of a split weight's
+// object, which the memtile blocks as one [2k][n] tile: the hi tile's blocks, then the lo tile's).
 NPU_KERNEL void gemm_bias_load(const bf16 *b_obj, float *bias, int32_t first, int32_t count, int32_t k, int32_t n) {
   const int32_t nb = n / MMUL_T;
   for (int32_t w = 0; w < count; ++w) {
@@ -206,8 +213,8 @@ NPU_KERNEL void gemm_prologue_apply(const void *a, int32_t a_f32, const float *g
 // gemm_prologue_apply then gemm_mac on the normalised tile: one call, so the design declares gemm_mac with one
 // A type only (an MLIR function has one signature).
 NPU_KERNEL void gemm_prologue_mac(const void *a, int32_t a_f32, const float *gamma, const float *beta, int32_t has_beta,
-                                  float *st, int32_t *kpos, bf16 *a_norm, const bf16 *b, float *acc, int32_t m,
-                                  int32_t k, int32_t n, int32_t K, int32_t centred, float eps) {
+                                  float *st, int32_t *kpos, bf16 *a_norm, const bf16 *b, int32_t planes, float *acc,
+                                  int32_t m, int32_t k, int32_t n, int32_t K, int32_t centred, float eps) {
   gemm_prologue_apply(a, a_f32, gamma, beta, has_beta, st, kpos, a_norm, m, k, K, centred, eps);
-  gemm_mac(a_norm, 0, b, acc, m, k, n);
+  gemm_mac(a_norm, 0, b, planes, acc, m, k, n);
 }

@@ -2,7 +2,9 @@
 spreads the weight's column tiles over as many cores as the shim channels feed. The activation row is fetched
 once and broadcast from a memtile to every core; each core streams its own packed weight tiles (the same
 tile-major copy prefill's GEMM reads, straight from the weights arena: no blocking), preceded by its bias
-tiles (fp32, kept in L1), and writes its output tiles back directly. kernels/gemv/gemv.cc."""
+tiles (fp32, kept in L1), and writes its output tiles back directly. Split weights (tiling weight_planes = 2,
+packed [2, Kp/k, Np/n, k, n]) send each tile's hi and lo planes in one W object of twice the size, which gemv_mac
+runs both MAC passes over. kernels/gemv/gemv.cc."""
 from __future__ import annotations
 
 import math
@@ -23,6 +25,7 @@ def build(target: str, step, buffers: dict, params: dict):
     if len(slots) > 1:
         raise df.DesignError("GEMV with an epilogue that reads two operands: not expressed by this design")
     Kt, Nt = t["Kp"] // k, t["Np"] // n
+    planes = t.get("weight_planes", 1)  # split weights: hi and lo per W tile
     x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
     w = df.operand(step.inputs[1], buffers[step.inputs[1]])
     has_bias = step.inputs[2] is not None
@@ -43,15 +46,16 @@ def build(target: str, step, buffers: dict, params: dict):
     limit = min(t["cores"], hw.columns * hw.shim_channels - 1, hw.columns * hw.shim_channels)
     cores = max(c for c in range(1, min(limit, Nt) + 1) if Nt % c == 0)
     jt = Nt // cores
-    g = math.gcd(2 * jt, k)
-    bias_objects, bias_repeat = (2 * jt // g, k // g) if has_bias else (0, 0)
-    floats_per_object = k * n // 2
+    kb = planes * k                     # rows of one W object
+    g = math.gcd(2 * jt, kb)
+    bias_objects, bias_repeat = (2 * jt // g, kb // g) if has_bias else (0, 0)
+    floats_per_object = kb * n // 2
     x_f32, y_f32 = df.is_f32(x), df.is_f32(outs[0])
     r = df.operand(step.inputs[slots[0]], buffers[step.inputs[slots[0]]], step.attrs["views"][slots[0]]) \
         if slots else None
-    if r is not None and (len(outs) > 1 or (2 * k * n) % (n * r.dtype.itemsize)):
+    if r is not None and (len(outs) > 1 or (2 * kb * n) % (n * r.dtype.itemsize)):
         raise df.DesignError("GEMV with an epilogue that reads an operand, on merged projections or odd tiles")
-    r_repeat = 2 * k * n // (n * r.dtype.itemsize) if r is not None else 0
+    r_repeat = 2 * kb * n // (n * r.dtype.itemsize) if r is not None else 0
     pro = step.attrs.get("prologue")
     gb = [df.operand(step.inputs[i], buffers[step.inputs[i]], step.attrs["views"][i]) for i in pro["operands"]] \
         if pro else []
@@ -62,13 +66,13 @@ def build(target: str, step, buffers: dict, params: dict):
     x_passes = 1 + (1 if pro else 0) + centred            # the row streams once per statistic, then the K loop
 
     i32 = np.int32
-    x_t, w_t, y_t = df.tensor(k, x.dtype), df.tensor(k * n), df.tensor(n, outs[0].dtype)
+    x_t, w_t, y_t = df.tensor(k, x.dtype), df.tensor(kb * n), df.tensor(n, outs[0].dtype)
     acc_t = df.tensor(n, np.float32)
     bias_t = kvec_t = df.tensor(max(jt * n, K if pro else 1), np.float32)   # one type: gemv_bias_load fills all
     st_t, kpos_t, xn_t = df.tensor(2, np.float32), df.tensor(1, np.int32), df.tensor(k)
     vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
     kernels = [io.Kernel("gemv_zero", "gemv.o", [acc_t, i32]),
-               io.Kernel("gemv_mac", "gemv.o", [x_t, i32, w_t, acc_t, i32, i32]),
+               io.Kernel("gemv_mac", "gemv.o", [x_t, i32, w_t, i32, acc_t, i32, i32]),
                io.Kernel("gemv_bias_load", "gemv.o", [w_t, bias_t, i32, i32]),
                io.Kernel("gemv_store", "gemv.o", [acc_t, bias_t, i32, i32, y_t, i32, i32, vec_i, i32, vec_f]),
                io.Kernel("gemv_store_residual", "gemv.o", [acc_t, bias_t, i32, i32, y_t, i32, i32, vec_i, i32, vec_f,
@@ -76,8 +80,8 @@ def build(target: str, step, buffers: dict, params: dict):
                io.Kernel("gemv_prologue_begin", "gemv.o", [st_t, kpos_t]),
                io.Kernel("gemv_prologue_sum", "gemv.o", [x_t, i32, st_t, i32]),
                io.Kernel("gemv_prologue_squares", "gemv.o", [x_t, i32, st_t, i32, i32, i32]),
-               io.Kernel("gemv_prologue_mac", "gemv.o", [x_t, i32, kvec_t, kvec_t, i32, st_t, kpos_t, xn_t, w_t, acc_t,
-                                                        i32, i32, i32, i32, np.float32])]
+               io.Kernel("gemv_prologue_mac", "gemv.o", [x_t, i32, kvec_t, kvec_t, i32, st_t, kpos_t, xn_t, w_t, i32,
+                                                        acc_t, i32, i32, i32, i32, np.float32])]
     vec_objects = [math.ceil(K / floats_per_object) for _ in gb]
     words, imms = df.encode_chain(step.attrs["chain"], 3)
     n_chain = len(step.attrs["chain"])
@@ -109,9 +113,9 @@ def build(target: str, step, buffers: dict, params: dict):
             for _ in io.range_(k_steps):
                 xt, wt = x_in.acquire(1), w_in.acquire(1)
                 if pro:
-                    pro_mac(xt, x_f32, gamma, beta, has_beta, st, kpos, x_norm, wt, acc, k, n, K, centred, eps)
+                    pro_mac(xt, x_f32, gamma, beta, has_beta, st, kpos, x_norm, wt, planes, acc, k, n, K, centred, eps)
                 else:
-                    mac(xt, x_f32, wt, acc, k, n)
+                    mac(xt, x_f32, wt, planes, acc, k, n)
                 x_in.release(1)
                 w_in.release(1)
             y = y_out.acquire(1)
@@ -135,7 +139,7 @@ def build(target: str, step, buffers: dict, params: dict):
     if Kt * k > K:  # the K padding multiplies B's zero rows: any x values do
         xi = np.concatenate([xi, np.repeat(xi[-1:], Kt * k - K)])
     x_idx = np.broadcast_to(xi.reshape(Kt, k)[None], (jt, x_passes, Kt, k))  # per column tile: stats, then K loop
-    wi = w.index.reshape(Kt, Nt, k * n)
+    wi = w.index.reshape(planes, Kt, Nt, k * n).transpose(1, 2, 0, 3).reshape(Kt, Nt, kb * n)
     for c in range(cores):
         col, row = c % hw.columns, 2 + c // hw.columns
         w_fifo = io.ObjectFifo(w_t, depth=2, name=f"gemv_w{c}")

@@ -9,9 +9,11 @@ NPU_KERNEL void gemv_zero(float *acc, int32_t n) {
 }
 
 // x is bf16, or fp32 when x_f32 (the residual stream), read rounded to bf16 as the MACs see it.
+// w holds `planes` [k x n] tiles back to back: one, or two for split weights (sdk/compiler/catalog.py
+// SPLIT_WEIGHTS: hi = bf16(w), then lo = bf16(w - hi)), whose products go into the same fp32 accumulator.
 #ifdef __AIENGINE__
-// Vector path: 16 output columns at a time, x[kk] broadcast against a row of the weight tile.
-NPU_KERNEL void gemv_mac(const void *x, int32_t x_f32, const bf16 *w, float *acc, int32_t k, int32_t n) {
+// Vector path: 16 output columns at a time, x[kk] broadcast against a row of each plane's weight tile.
+NPU_KERNEL void gemv_mac(const void *x, int32_t x_f32, const bf16 *w, int32_t planes, float *acc, int32_t k, int32_t n) {
   NPU_ROUND_EVEN();
   const npu_vec xv = {x, x_f32, 0};
   for (int32_t j = 0; j < n; j += 16) {
@@ -19,18 +21,21 @@ NPU_KERNEL void gemv_mac(const void *x, int32_t x_f32, const bf16 *w, float *acc
     c.from_vector(aie::load_v<16>(acc + j));
     for (int32_t kk = 0; kk < k; ++kk)
       chess_prepare_for_pipelining {
-        bfloat16 xk = to_bf16(npu_get(xv, kk));
-        c = aie::mac(c, aie::broadcast<bfloat16, 16>(xk), aie::load_v<16>(w + kk * n + j));
+        const auto xk = aie::broadcast<bfloat16, 16>(to_bf16(npu_get(xv, kk)));
+        for (int32_t p = 0; p < planes; ++p) c = aie::mac(c, xk, aie::load_v<16>(w + p * k * n + kk * n + j));
       }
     aie::store_v(acc + j, c.template to_vector<float>());
   }
 }
 #else
-NPU_KERNEL void gemv_mac(const void *x, int32_t x_f32, const bf16 *w, float *acc, int32_t k, int32_t n) {
+NPU_KERNEL void gemv_mac(const void *x, int32_t x_f32, const bf16 *w, int32_t planes, float *acc, int32_t k, int32_t n) {
   const npu_vec xv = {x, x_f32, 0};
   for (int32_t j = 0; j < n; ++j) {
     float sum = acc[j];
-    for (int32_t kk = 0; kk < k; ++kk) sum += npu_mac_operand(xv, kk) * to_f32(w[kk * n + j]);
+    for (int32_t kk = 0; kk < k; ++kk) {
+      const float xk = npu_mac_operand(xv, kk);
+      for (int32_t p = 0; p < planes; ++p) sum += xk * to_f32(w[p * k * n + kk * n + j]);
+    }
     acc[j] = sum;
   }
 }
@@ -94,8 +99,8 @@ NPU_KERNEL void gemv_prologue_squares(const void *x, int32_t x_f32, float *st, i
 }
 
 NPU_KERNEL void gemv_prologue_mac(const void *x, int32_t x_f32, const float *gamma, const float *beta, int32_t has_beta,
-                                  float *st, int32_t *kpos, bf16 *x_norm, const bf16 *w, float *acc, int32_t k, int32_t n,
-                                  int32_t K, int32_t centred, float eps) {
+                                  float *st, int32_t *kpos, bf16 *x_norm, const bf16 *w, int32_t planes, float *acc,
+                                  int32_t k, int32_t n, int32_t K, int32_t centred, float eps) {
   NPU_ROUND_EVEN();
   const npu_vec xv = {x, x_f32, 0};
   const int32_t k0 = *kpos;
@@ -107,5 +112,5 @@ NPU_KERNEL void gemv_prologue_mac(const void *x, int32_t x_f32, const float *gam
     x_norm[i] = to_bf16(v);
   }
   *kpos = k0 + k == K ? 0 : k0 + k;
-  gemv_mac(x_norm, 0, w, acc, k, n);
+  gemv_mac(x_norm, 0, w, planes, acc, k, n);
 }

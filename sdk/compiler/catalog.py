@@ -92,9 +92,9 @@ MATMUL_PRECISION = {"npu1": "bf16", "npu2": "bf16"}
 # AIE2P do this with their bf16 MACs and fp32 accumulators; no fp32 vector unit is involved.
 # Not a vocabulary head (N far wider than K): its rounding feeds no further layer (measured 2e-3 of the logits'
 # rel-L2 for Whisper tiny.en), and it is a decoder's largest weight, whose doubled bytes would cost the most.
-# Off per target until kernels/gemm and kernels/gemv stream the lo plane (their designs read one image today);
-# the emulator and the cost model honour it, and tests/test_emu.py measures Whisper tiny.en with it on.
-SPLIT_WEIGHTS = {"npu1": False, "npu2": False}
+# kernels/gemm and kernels/gemv stream each weight tile's hi and lo planes as one object of twice the size and
+# run both MAC passes (kernels/README.md); the emulator and the cost model honour it too.
+SPLIT_WEIGHTS = {"npu1": True, "npu2": True}
 SPLIT_WEIGHTS_MAX_ROWS, SPLIT_WEIGHTS_MAX_WIDTH = 16, 8
 
 GEMM_TILES = [(64, 64, 32), (32, 64, 32), (32, 32, 32), (16, 32, 16), (8, 32, 8), (8, 16, 8)]
