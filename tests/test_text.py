@@ -64,3 +64,17 @@ def test_unknown_model_offline_is_a_typed_error():
     with pytest.raises(ModelNotFound) as e:
         TextEmbedder("someone/not-a-model")
     assert e.value.exit_code == 4 and "offline" in str(e.value)
+
+
+def test_emulated_npu_embeds_like_the_cpu(embedder):
+    """Every length and batch bucket in one emulated program (batch-1 buckets read split weights, batch-8
+    buckets whole ones): vectors within bf16 error of the cpu's."""
+    texts = ["A man is eating food.", "A man is eating a piece of bread.", "short"]
+    with TextEmbedder(device="emu") as emu:
+        got = emu.embed(texts)
+        assert emu.report()["device_effective"] == "emu"
+        alone = emu.embed(texts[0])
+    want = embedder.embed(texts)
+    assert np.abs(got - want).max() < 2e-2
+    assert float(got[0] @ got[1]) == pytest.approx(0.755, abs=0.01)
+    assert np.abs(alone - want[0]).max() < 2e-2

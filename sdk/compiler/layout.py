@@ -131,13 +131,14 @@ def _pack_gemm(f: Fused, k, buffers, recipes):
     weights, biases = k.attrs["weights"], k.attrs["biases"]
     ns = [apply_views_shape(f.values[w.value].shape, w.views)[0 if k.attrs["transpose_b"] else 1] for w in weights]
     tag = "+".join(w.value for w in weights[:1]) + (f"+{len(weights) - 1}" if len(weights) > 1 else "")
-    name = f"{tag}@gemm{t['k']}x{t['n']}"
+    planes = t.get("weight_planes", 1)  # the same weight may be read split (decode rows) and whole (prefill)
+    name = f"{tag}@gemm{t['k']}x{t['n']}" + (f"x{planes}planes" if planes > 1 else "")
     recipe = {"kind": "gemm_b", "sources": [[w.value, list(w.views)] for w in weights],
               "transpose_b": k.attrs["transpose_b"], "k": t["K"], "n": ns, "tk": t["k"], "tn": t["n"]}
     shape = (t["Kp"] // t["k"], t["Np"] // t["n"], t["k"], t["n"])
-    if t.get("weight_planes", 1) > 1:
-        recipe["planes"] = t["weight_planes"]
-        shape = (t["weight_planes"], *shape)
+    if planes > 1:
+        recipe["planes"] = planes
+        shape = (planes, *shape)
     _add(buffers, recipes, name, shape, recipe)
     bias_name = None
     if any(b is not None for b in biases):
