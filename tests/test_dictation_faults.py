@@ -167,10 +167,17 @@ def test_missing_model_offline_keeps_the_audio(tmp_path):
         stream.feed(speech, RATE)
 
 
-def test_cli_saves_the_audio_when_the_model_is_missing(tmp_path):
+def test_cli_saves_the_audio_when_the_model_is_missing(tmp_path, monkeypatch):
     from typer.testing import CliRunner
     from apps.main import app
+    from sdk import hub
 
+    resolve = hub.resolve
+
+    def slow_resolve(name, **kw):  # the lookup fails only after capture has run a while (deterministic test)
+        time.sleep(0.5)
+        return resolve(name, **kw)
+    monkeypatch.setattr(hub, "resolve", slow_resolve)
     wav, _ = librivox_clips()[1]
     env = {"AIE_APPS_HOME": str(tmp_path / "home"), "XDG_RUNTIME_DIR": str(tmp_path / "run"), "AIE_APPS_OFFLINE": "1"}
     result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--model", "whisper-no-such-model"], env=env)
