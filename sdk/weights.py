@@ -105,6 +105,12 @@ def map_weights(checkpoint: Mapping[str, np.ndarray], table: Sequence[tuple[str,
     return out
 
 
+def known_fields(cls, d: dict, *, skip: tuple[str, ...] = ()) -> dict:
+    """The entries of a config dict that are fields of dataclass `cls` (unknown keys, and `skip`, ignored)."""
+    from dataclasses import fields
+    return {f.name: d[f.name] for f in fields(cls) if f.name in d and f.name not in skip}
+
+
 def read_config(folder: str | Path) -> dict:
     path = Path(folder) / "config.json"
     try:

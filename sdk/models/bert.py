@@ -6,14 +6,14 @@ Reference: transformers' modeling_bert.py (BertModel). Output: last hidden state
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .. import ops
 from ..graph import Graph, trace
-from ..weights import map_weights, read_config, read_safetensors
+from ..weights import known_fields, map_weights, read_config, read_safetensors
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        return cls(**known_fields(cls, d))
 
     @property
     def head_dim(self) -> int:

@@ -11,7 +11,7 @@ Graphs: `text_b{B}_t{T}` (ids, mask, eos -> embeds), `image_b{B}_s{S}` (vit.py),
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ import numpy as np
 from .. import ops
 from ..errors import UsageError
 from ..graph import Graph, trace
-from ..weights import map_weights, read_config, read_safetensors
+from ..weights import known_fields, map_weights, read_config, read_safetensors
 from . import vit
 
 
@@ -53,7 +53,7 @@ class Config:
         if d.get("model_type") != "clip":
             raise UsageError(f"clip.py needs a CLIP checkpoint (model_type 'clip'), got {d.get('model_type')!r}")
         t = d.get("text_config") or {}
-        text = TextConfig(**{f.name: t[f.name] for f in fields(TextConfig) if f.name in t})
+        text = TextConfig(**known_fields(TextConfig, t))
         return cls(text, vit.Config.from_dict(d), d.get("projection_dim", 512))
 
 

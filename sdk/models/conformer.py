@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,7 @@ import numpy as np
 from .. import ops
 from ..errors import UsageError
 from ..graph import Graph, trace
-from ..weights import map_weights, read_config, read_safetensors
+from ..weights import known_fields, map_weights, read_config, read_safetensors
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class Config:
             raise UsageError(f"model_type {kind!r} is not a conformer ASR model",
                              fix="use a Parakeet CTC/TDT/RNN-T (transformers format) or GigaAM checkpoint folder")
         enc = d.get("encoder_config") or {}
-        own = {f.name: enc[f.name] for f in fields(cls) if f.name in enc and f.name != "model_type"}
+        own = known_fields(cls, enc, skip=("model_type",))
         head = {"parakeet_ctc": "ctc", "parakeet_tdt": "tdt", "parakeet_rnnt": "rnnt"}[kind]
         blank = d.get("pad_token_id", 1024) if head == "ctc" else d.get("blank_token_id", 8192)
         dec = d.get("decoder_hidden_size", 640)

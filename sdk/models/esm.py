@@ -9,7 +9,7 @@ after the final layer norm (`emb_layer_norm_after`), exactly like fair-esm's rep
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 from .. import ops
 from ..errors import UsageError, WeightError
 from ..graph import Graph, trace
-from ..weights import map_weights, read_config, read_safetensors
+from ..weights import known_fields, map_weights, read_config, read_safetensors
 
 # ESM-2 was trained with 15% of residues selected and 80% of those replaced by <mask> (then zeroed by
 # "token dropout"); at inference the embeddings are rescaled by the kept fraction, as in the reference.
@@ -43,7 +43,7 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
-        cfg = cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d and d[f.name] is not None})
+        cfg = cls(**{k: v for k, v in known_fields(cls, d).items() if v is not None})
         if cfg.position_embedding_type != "rotary":
             raise UsageError(f"ESM checkpoint with position_embedding_type={cfg.position_embedding_type!r}: "
                              f"only rotary (ESM-2) models are supported",

@@ -10,7 +10,7 @@ Reference: transformers' modeling_resnet.py (ResNetForImageClassification). Our 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +18,7 @@ import numpy as np
 from .. import ops
 from ..errors import UsageError
 from ..graph import Graph, trace
-from ..weights import map_weights, read_config, read_safetensors
+from ..weights import known_fields, map_weights, read_config, read_safetensors
 
 BN_EPS = 1e-5  # torch.nn.BatchNorm2d's default, which transformers' ResNet uses
 
@@ -40,7 +40,7 @@ class Config:
     def from_dict(cls, d: dict) -> "Config":
         if d.get("hidden_act", "relu") != "relu":
             raise UsageError(f"ResNet with activation {d['hidden_act']!r} is not supported", fix="use a relu ResNet")
-        known = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        known = known_fields(cls, d)
         known = {k: tuple(v) if isinstance(v, list) else v for k, v in known.items()}
         classifier = any(a.endswith("ForImageClassification") for a in d.get("architectures") or ())
         known["num_labels"] = len(d.get("id2label") or {}) if classifier else 0

@@ -16,7 +16,7 @@ set). Input: pixels float32 [B, 3, S, S], normalised by the preprocessor.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,7 @@ import numpy as np
 from .. import ops
 from ..errors import UsageError
 from ..graph import Graph, trace
-from ..weights import map_weights, read_config, read_safetensors
+from ..weights import known_fields, map_weights, read_config, read_safetensors
 
 VARIANTS = {"vit": "vit", "dinov2": "dinov2", "dinov2_with_registers": "dinov2", "clip_vision_model": "clip"}
 # transformers' config defaults where they differ from ViT's (a saved config.json may leave defaults out)
@@ -61,7 +61,7 @@ class Config:
         if d.get("use_swiglu_ffn"):
             raise UsageError("DINOv2 with a SwiGLU MLP (giant) is not supported", fix="use dinov2-small/base/large")
         d = {**_DEFAULTS.get(VARIANTS[model_type], {}), **d}
-        known = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        known = known_fields(cls, d)
         known["variant"] = VARIANTS[model_type]
         if known["variant"] == "dinov2":
             known["intermediate_size"] = int(d.get("hidden_size", 768) * d.get("mlp_ratio", 4))

@@ -25,7 +25,7 @@ Entries, all in ONE session so that weights are uploaded once and per-stream sta
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +33,7 @@ import numpy as np
 from .. import ops
 from ..errors import WeightError
 from ..graph import Graph, trace
-from ..weights import map_weights, read_config, read_ctranslate2, read_safetensors
+from ..weights import known_fields, map_weights, read_config, read_ctranslate2, read_safetensors
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Config:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
-        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+        return cls(**known_fields(cls, d))
 
     @classmethod
     def from_ctranslate2(cls, ckpt: dict[str, np.ndarray]) -> "Config":
