@@ -12,6 +12,7 @@ DESIGNS = {
     "gemm": "gemm", "bmm": "gemm", "conv": "conv2d", "mha": "mha", "eltwise": "eltwise", "softmax": "softmax",
     "norm": "norm", "reduce": "reduce", "argmax": "argmax", "rope": "rope", "pool": "pool", "maskgen": "maskgen",
     "gather": "dma", "state_write": "dma", "concat": "dma", "pad": "dma", "copy": "dma",
+    "transpose": "transpose",
 }
 
 

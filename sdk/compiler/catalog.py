@@ -17,6 +17,8 @@ tiling recorded here in each kernel step of a program). Kinds:
   maskgen     causal / length masks and positions from runtime parameters
   state_write cache_write / assign into the state arena at a runtime offset (DMA only)
   concat, pad, copy  data movement by DMA access patterns (no core code)
+  transpose   a bf16 [b, r, c] -> [b, c, r] through the cores, for an operand whose access pattern would need an
+              element-granular innermost stride (layout.route_transposes inserts it)
 Ops without a kind here, integer division and integer math beyond add/sub/mul, dilated or grouped
 (non-depthwise) convolutions run on the host.
 """
@@ -32,7 +34,7 @@ from .hardware import KB, Target
 # and the code each fused epilogue op adds. Estimates from the sizes of comparable mlir-aie aie_kernels objects.
 PROGRAM_BYTES = {"gemm": 6 * KB, "bmm": 6 * KB, "conv": 7 * KB, "mha": 10 * KB, "eltwise": 2 * KB,
                  "softmax": 3 * KB, "norm": 3 * KB, "reduce": 2 * KB, "argmax": 2 * KB, "rope": 3 * KB,
-                 "pool": 3 * KB, "gather": 0, "maskgen": 1 * KB, "state_write": 0, "concat": 0, "pad": 0, "copy": 0}
+                 "pool": 3 * KB, "transpose": 2 * KB, "gather": 0, "maskgen": 1 * KB, "state_write": 0, "concat": 0, "pad": 0, "copy": 0}
 EPILOGUE_OP_BYTES = 512
 PROLOGUE_BYTES = 1536  # a norm run on the A rows inside the GEMM
 INTEGER_ELTWISE = {"add", "sub", "mul"}  # int32 vector ALU ops (index arithmetic); no integer divide on the core

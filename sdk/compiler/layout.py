@@ -7,7 +7,9 @@ tile is contiguous. A GEMM whose tiling has weight_planes = 2 (catalog.SPLIT_WEI
 images, [2, Kp/tk, Np/tn, tk, tn]: hi = bf16(w) and lo = bf16(w - hi); its kernel accumulates A.hi + A.lo.
 Its bias is concatenated and padded the same way, in fp32. Every other weight or constant is stored as it
 is: matrices and tables in bf16, vectors in fp32, int32 as int32; kernels read them through their access
-patterns.
+patterns. A DMA moves bytes and cannot convert, so a weight that a gather or a concat copies into its output
+is stored in that output's dtype, and a table whose rows are an odd number of elements is stored (and
+gathered) in fp32: its rows are then whole 32-bit words (`word_values`).
 
 A packing is described by a recipe in the program (meta["layout"]) and done at load time, never per
 inference; results are cached in-process by the content hash of the recipe and its source bytes.
@@ -26,7 +28,9 @@ import numpy as np
 
 from ..errors import UsageError, WeightError
 from ..program import Buffer, Program, Usage
-from .fuse import Fused, Ref
+from ..graph import Node, Value
+from . import catalog
+from .fuse import Fused, Kernel, Ref
 from .hardware import Target
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -99,23 +103,137 @@ def _access_dims(shape: tuple, views: tuple) -> int:
 def plan(fused: list[Fused], target: Target, constants: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
     """Decide the stored form of every weight the kernels read; rewrite GEMM operands to packed buffers.
     Returns (weight buffers, recipes)."""
+    from .memory import residual_stream  # memory's fp32 activations decide what a DMA copies weights into
+
     buffers: dict[str, Buffer] = {}
     recipes: dict[str, dict] = {}
 
-    def plain(name, value):
+    def plain(name, value, dtype=None):
         if name not in buffers:
-            dtype = stored_dtype(value.shape, value.dtype)
+            dtype = dtype if dtype and value.dtype == "float32" else stored_dtype(value.shape, value.dtype)
             buffers[name] = Buffer(name, value.shape, dtype, Usage.WEIGHTS)
             recipes[name] = {"kind": "plain", "sources": [[name, []]], "shape": list(value.shape), "dtype": dtype}
 
     for f in fused:
+        wide = residual_stream(f)
+        route_transposes(f, wide, target)
         for k in f.kernels:
             if k.kind == "gemm":
                 _pack_gemm(f, k, buffers, recipes)
+            # a gather or concat copies weights into its output as they are stored: store them in its dtype
+            copied = "float32" if k.outputs and k.outputs[0] in wide else "bfloat16"
             for r in k.inputs:
                 if r is not None and r.value in f.values and f.values[r.value].kind in ("weight", "const"):
-                    plain(r.value, f.values[r.value])
+                    plain(r.value, f.values[r.value], copied if k.kind in ("gather", "concat") else None)
     return buffers, recipes
+
+
+# ---- element-granular transposes: through kernels/transpose --------------------------------------------------
+
+# kinds whose designs read every operand as rows through DMA access patterns (dataflow.taps): a bf16 operand
+# whose innermost access stride is not 1 needs a transpose through a core first
+ROW_READERS = {"eltwise", "softmax", "norm", "reduce", "rope", "argmax", "concat", "pad", "copy"}
+
+
+def route_transposes(f: Fused, wide: set[str], target: Target) -> None:
+    """A DMA moves 32-bit words, so it cannot read a bf16 operand with an innermost stride other than 1 (a
+    transpose folded into the access pattern). Such an operand of a row-reading kernel is read instead from a
+    transpose kernel's output (catalog kind `transpose`, kernels/transpose): x [b, r, c], read row by row
+    through the operand's views, becomes y [b, c, r] in a new scratch value, which the consumer reads through a
+    reshape. fp32 values (`wide`) are whole words and stay in the access pattern. Each distinct (value, views)
+    is transposed once, before its first reader."""
+    routed: dict[tuple, str] = {}
+    kernels = []
+    for k in f.kernels:
+        if k.kind in ROW_READERS:
+            for i, r in enumerate(k.inputs):
+                if r is None or r.value not in f.values or f.values[r.value].kind != "node" or r.value in wide:
+                    continue
+                split = _transpose_split(f.values[r.value].shape, r.views)
+                if split is None:
+                    continue
+                key = (r.value, tuple(r.views))
+                if key not in routed:
+                    routed[key] = _transpose_kernel(f, r, split, k.position, target, kernels)
+                k.inputs[i] = Ref(routed[key], (("reshape", apply_views_shape(f.values[r.value].shape, r.views)),))
+        kernels.append(k)
+    f.kernels = kernels
+
+
+def _transpose_split(shape: tuple, views) -> tuple | None:
+    """(b, c, r) such that the operand, viewed as [b, c, r], is the transpose of an [b, r, c] read whose
+    innermost stride is 1; None when the operand's innermost stride is already 1 (or nothing fits)."""
+    if not views or int(np.prod(shape)) > 1 << 22:
+        return None
+    index = apply_views(np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape), views)
+    F = index.shape
+    if len(F) == 0 or F[-1] < 2 or (np.diff(index, axis=-1) == 1).all():
+        return None
+    r = F[-1]
+    for j in range(len(F) - 2, -1, -1):
+        c = int(np.prod(F[j:-1]))
+        b = int(np.prod(F)) // (c * r)
+        if c < 2:
+            continue
+        x = index.reshape(b, c, r).transpose(0, 2, 1)
+        if (np.diff(x, axis=-1) == 1).all():
+            return b, c, r
+    return None
+
+
+def _transpose_kernel(f: Fused, r: Ref, split: tuple, position: int, target: Target, kernels: list) -> str:
+    b, c, rows = split
+    name = f"{r.value}@T{len([v for v in f.values if v.startswith(r.value + '@T')])}"
+    f.values[name] = Value(name, (b, c, rows), f.values[r.value].dtype, "node")
+    perm = (0, 2, 1)
+    x = Ref(r.value, tuple(r.views) + (("reshape", (b, c, rows)), ("transpose", perm)))
+    k = Kernel("transpose", Node("transpose", (r.value,), {"perm": perm}, name), [x], [name], position)
+
+    def shape(ref):
+        ref = Ref(ref) if isinstance(ref, str) else ref
+        return apply_views_shape(f.values[ref.value].shape, ref.views)
+    k.attrs["tiling"] = catalog.tiling(k, shape, target)
+    kernels.append(k)
+    return name
+
+
+# kinds that stream rows and take a value per row as one word the kernel repeats (dataflow.split_operands)
+ROW_KINDS = {"eltwise", "conv", "norm", "softmax", "rope", "reduce", "pool"}
+
+
+def word_values(f: Fused) -> set[str]:
+    """Activations stored in fp32 because a DMA moves whole 32-bit words and can neither repeat nor split a bf16
+    element (the memory plan keeps these in fp32, next to the residual stream):
+    - a value a streaming kernel reads as one value per row (a per-row factor broadcast along the innermost
+      axis, innermost stride 0): one fp32 word per row, which the kernel repeats;
+    - rows gathered from a table whose rows are an odd number of elements (the table is stored in fp32 too);
+    - a mean whose work item stores an odd number of values (kernels/reduce)."""
+    words = set()
+    for k in f.kernels:
+        if not k.outputs or k.outputs[0] not in f.values:
+            continue
+        out = f.values[k.outputs[0]].shape
+        if k.kind in ROW_KINDS and out and out[-1] > 1:
+            for r in k.inputs:
+                if r is not None and f.values[r.value].kind == "node":
+                    shape = apply_views_shape(f.values[r.value].shape, r.views)
+                    if shape and shape[-1] == 1:
+                        words.add(r.value)
+        if k.kind == "gather" and f.values[k.inputs[0].value].shape[-1] % 2:
+            words.add(k.outputs[0])
+        if k.kind == "reduce" and k.head.op == "mean" and _mean_item(f, k) % 2:
+            words.add(k.outputs[0])
+    return words
+
+
+def _mean_item(f: Fused, k) -> int:
+    """Values one work item of kernels/reduce stores: the group of trailing-axes means, or one output row."""
+    shape = apply_views_shape(f.values[k.inputs[0].value].shape, k.inputs[0].views)
+    axes = sorted({a % len(shape) for a in np.atleast_1d(k.head.attrs["axis"])})
+    if axes == list(range(axes[0], len(shape))):
+        rows = int(np.prod(shape[:axes[0]]))
+        return 2 if rows % 2 == 0 else rows
+    return int(np.prod(shape[axes[-1] + 1:]))
 
 
 def stored_dtype(shape: tuple, dtype: str) -> str:

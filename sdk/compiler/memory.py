@@ -8,11 +8,19 @@
 
 On the device, floating-point activations, weights and state are bf16, except the residual stream (fp32,
 see residual_stream) and weight vectors (layout.py); io keeps the host's dtypes.
+
+GEMM outputs are stored padded to whole tiles (pad_to_tiles): a buffer's shape may be wider than its value's,
+and its readers read it through a `slice` view.
 """
 from __future__ import annotations
 
+from ..graph import Node, Value
 from ..program import Buffer, Usage
-from .fuse import Fused
+from . import catalog
+from .fuse import Fused, Kernel, Ref
+from .hardware import Target
+from .partition import shape_of
+from .layout import word_values
 
 ALIGN = 64  # bytes; DMA transfers start on 32-bit words, tiles on cache-line-like boundaries
 ARENAS = {Usage.WEIGHTS: "weights", Usage.STATE: "state", Usage.IO: "io", Usage.SCRATCH: "scratch"}
@@ -27,7 +35,7 @@ def buffer_name(f: Fused, value: str) -> str:
     return f"{f.name}/{value}" if f.values[value].kind in ("node", "input", "param") else value
 
 
-def plan(fused: list[Fused], weights: dict[str, Buffer]) -> tuple[dict[str, Buffer], dict[str, int]]:
+def plan(fused: list[Fused], weights: dict[str, Buffer], target: Target) -> tuple[dict[str, Buffer], dict[str, int]]:
     """All buffers with (arena, offset) filled, and the size of each arena in bytes."""
     buffers: dict[str, Buffer] = {}
     sizes = {a: 0 for a in ARENAS.values()}
@@ -44,13 +52,14 @@ def plan(fused: list[Fused], weights: dict[str, Buffer]) -> tuple[dict[str, Buff
     for buf in weights.values():
         place(buf)
     for f in fused:
+        keep = pad_to_tiles(f, target)
         outputs = set(f.outputs.values())
         for name, v in f.values.items():
             if v.kind == "state" and name not in buffers:
                 place(Buffer(name, v.shape, _device_dtype(v.dtype), Usage.STATE))
             elif v.kind in ("input", "param") or name in outputs and v.kind == "node":
                 place(Buffer(buffer_name(f, name), v.shape, v.dtype, Usage.IO))
-        scratch_end = _plan_scratch(f, outputs, buffers)
+        scratch_end = _plan_scratch(f, outputs, buffers, keep)
         sizes["scratch"] = max(sizes["scratch"], scratch_end)
     return buffers, sizes
 
@@ -70,10 +79,50 @@ def residual_stream(f: Fused) -> set[str]:
         for c in k.chain:
             if c["op"] == "add" and c["operand"] is not None:
                 wide.add(k.inputs[c["operand"]].value)
+    wide |= word_values(f)  # and what a DMA can only move as whole fp32 words (layout.word_values)
     return {v for v in wide if f.values[v].dtype == "float32"}
 
 
-def _plan_scratch(f: Fused, outputs: set[str], buffers: dict[str, Buffer]) -> int:
+def pad_to_tiles(f: Fused, target: Target) -> set[str]:
+    """Store each GEMM output whose width N is not a multiple of its tile n as [..., Np] (Np: whole tiles), so
+    that the GEMM drains whole tiles; every reader reads the value through a `slice` view of its first N columns.
+    The padding columns hold what the kernel computes there: its epilogue of a zero accumulator (the packed
+    weight and bias are zero past N), finite, so a GEMM whose K is not a multiple of its tile k may read such
+    a row on to Kp against its weight's zero rows (kernels/gemm reads them; the emulator pads with zeros, the
+    same sum). An entry output keeps its shape: the GEMM stores a padded scratch value in the output's dtype
+    and a copy kernel moves the slice into the io buffer. Merged projections, cache writes and epilogues that
+    read an operand are not padded (their designs refuse them). Returns the scratch values kept in their
+    dtype (the padded entry outputs)."""
+    outputs, keep = set(f.outputs.values()), set()
+    for k in list(f.kernels):
+        t = k.attrs.get("tiling", {})
+        if k.kind != "gemm" or t["Np"] == t["N"] or len(k.outputs) != 1 or "state_writes" in k.attrs \
+                or any(c["operand"] is not None for c in k.chain):
+            continue
+        value = f.values[k.outputs[0]]
+        if value.kind != "node" or value.shape[-1] != t["N"]:
+            continue
+        shape = (*value.shape[:-1], t["Np"])
+        cut = ("slice", len(shape) - 1, 0, t["N"], 1)
+        stored = value.name
+        if value.name in outputs:
+            stored = f"{value.name}.padded"
+            keep.add(stored)
+            k.outputs = [stored]
+            copy = Kernel("copy", Node("copy", (stored,), {}, value.name), [Ref(stored, (cut,))], [value.name],
+                          k.position)
+            f.values[stored] = Value(stored, shape, value.dtype, "node")
+            copy.attrs["tiling"] = catalog.tiling(copy, shape_of(f), target)
+            f.kernels.insert(f.kernels.index(k) + 1, copy)
+        else:
+            f.values[stored] = Value(stored, shape, value.dtype, value.kind)
+        for reader in f.kernels:
+            reader.inputs = [Ref(stored, (cut, *r.views)) if r is not None and r.value == value.name else r
+                             for r in reader.inputs]
+    return keep
+
+
+def _plan_scratch(f: Fused, outputs: set[str], buffers: dict[str, Buffer], keep: set[str]) -> int:
     """First-fit placement of the entry's activations by live range [first write, last read]."""
     first: dict[str, int] = {}
     last: dict[str, int] = {}
@@ -85,7 +134,7 @@ def _plan_scratch(f: Fused, outputs: set[str], buffers: dict[str, Buffer]) -> in
             if f.values[v].kind == "node" and v not in outputs:
                 first.setdefault(v, i)
                 last.setdefault(v, i)
-    wide = residual_stream(f)
+    wide = residual_stream(f) | keep
     live: list[tuple[int, int, int]] = []  # (offset, end, last use)
     end_of_arena = 0
     for v in sorted(first, key=lambda v: first[v]):
