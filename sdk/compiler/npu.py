@@ -57,7 +57,7 @@ def compile_npu(graphs: Sequence[Graph], target: str) -> Program:
         fused.append(f)
     constants = {n: a for g in graphs for n, a in g.constants.items()}
     weight_buffers, recipes = layout.plan(fused, hw, constants)
-    buffers, arenas = memory.plan(fused, weight_buffers)
+    buffers, arenas = memory.plan(fused, weight_buffers, hw)
     entries = {f.name: schedule.emit(f, buffers) for f in fused}
     for e in entries.values():  # a tiling that cannot fit is a compiler bug or an impossible op: say which
         for s in e.steps:
