@@ -47,8 +47,14 @@ def build(target: str, step, buffers: dict, params: dict):
     cout, _, kh, kw = wi.shape
     ho, wo = oi.shape[2], oi.shape[3]
     per_out = cin * kh * kw
-    cout_b = max(c for c in range(1, cout + 1) if cout % c == 0 and c * per_out * 2 <= W_BYTES) \
-        if per_out * 2 <= W_BYTES else 0
+    band = cin * min(kh, H) * W
+    res = df.operand(step.inputs[slots[0]], buffers[step.inputs[slots[0]]], step.attrs["views"][slots[0]]) \
+        if slots else None
+    fits = [c for c in range(1, cout + 1) if cout % c == 0 and c * per_out * 2 <= W_BYTES
+            and (c * per_out % 2 == 0 or c == cout)]
+    if res is not None:  # a block whose residual rows pack whole into band objects, if there is one
+        fits = [c for c in fits if band * x.dtype.itemsize % (c * wo * res.dtype.itemsize) == 0] or fits
+    cout_b = max(fits) if fits else 0
     if not cout_b:
         raise df.DesignError(f"one output channel's weights ({per_out * 2} bytes) exceed the {W_BYTES} byte block")
     if (cout_b * per_out) % 2:
@@ -56,7 +62,6 @@ def build(target: str, step, buffers: dict, params: dict):
     blocks = cout // cout_b
     cores = max(c for c in range(1, min(step.attrs["tiling"]["cores"], hw.columns, blocks) + 1) if blocks % c == 0)
     mine = blocks // cores
-    band = cin * min(kh, H) * W
     l1 = 2 * band * x.dtype.itemsize + 2 * cout_b * per_out * 2 + 2 * cout_b * wo * out.dtype.itemsize \
         + 4 * mine * cout_b
     if l1 > L1_BUDGET:
@@ -88,8 +93,6 @@ def build(target: str, step, buffers: dict, params: dict):
 
     io = df.iron()
     i32 = np.int32
-    res = df.operand(step.inputs[slots[0]], buffers[step.inputs[slots[0]]], step.attrs["views"][slots[0]]) \
-        if slots else None
     band_bytes = band * x.dtype.itemsize
     if res is not None:
         res_bytes = cout_b * wo * res.dtype.itemsize
