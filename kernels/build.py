@@ -14,21 +14,35 @@ one instruction stream per dispatch step); npu2 "elf" (aie.elf, one runtime sequ
 
 The toolchain is not on PyPI: without the pinned mlir-aie (IRON + aiecc) and llvm-aie (Peano) this says what
 to install and exits non-zero (ToolchainMissing), before doing any work.
+
+DMA addresses set per run (KV-cache rows, gathers: the fused design's scratchpad words) are recorded per dispatch
+in the manifest's "scratchpad". npu2 adds them in the firmware (control scratchpad). npu1 has none: its designs
+are built with every such transfer at its static base (the word's value 0) while the build records every fill and
+drain of every runtime sequence (`static_transfers`), and after aiecc the build finds, in each dispatch's insts
+file, the DDR-patch ops those transfers own (`patch_table`, sdk/runtime/npu_insts.py) and records them in
+"patches"; the runtime rewrites their argplus per run.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
+import inspect
 import json
 import os
 import shutil
 import subprocess
 import sys
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from sdk.compiler.hardware import TARGETS
 from sdk.errors import SdkError, UsageError
+from sdk.runtime.emu import ARENAS
+from sdk.runtime.npu_insts import DdrPatch, InstructionStreamError, parse
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "kernels"
@@ -150,7 +164,7 @@ def build_program(program, model: str, out: Path, toolchain: Toolchain, budget_s
     dispatches = [s.op for e in device.entries.values() for s in e.steps if s.kind == "dispatch"]
     folder = out / target / key
     folder.mkdir(parents=True, exist_ok=True)
-    fused = fused_design.build(device, target)
+    fused, sites = fused_build(device, target)
     (folder / "design.mlir").write_text(fused.mlir())
     objects = compile_kernels(fused, target, toolchain, folder / "obj")
     symbols = {d: fused_design.sequence_symbol(d) for d in dispatches}
@@ -159,6 +173,11 @@ def build_program(program, model: str, out: Path, toolchain: Toolchain, budget_s
         files = {"xclbin": folder / NPU1_XCLBIN, **{f"insts/{d}": folder / NPU1_INSTS.format(sequence=s)
                                                     for d, s in symbols.items()}}
         names = {"kernel": npu.XCLBIN_KERNEL}
+        words = {d: fused.words(s) for d, s in symbols.items() if fused.words(s)}
+        if words:
+            names["scratchpad"] = words
+            names["patches"] = {d: patch_table(sites[symbols[d]], insts_patches(files[f"insts/{d}"]), words[d], d)
+                                for d in words}
     else:
         files = {"elf": folder / NPU2_ELF}
         names = {"sequences": {d: f"main:{s}" for d, s in symbols.items()},
@@ -167,6 +186,167 @@ def build_program(program, model: str, out: Path, toolchain: Toolchain, budget_s
                                design=fused.manifest())
     npu.record_artifact(out, key, entry)
     return {"key": key, **entry}
+
+
+def fused_build(device, target: str):
+    """The fused design of a device program, and on npu1 the transfers, in order, of each of its sequences that
+    has per-run words ({sequence symbol: [Site]}; None on npu2)."""
+    from kernels.fused import design as fused_design
+    if target != "npu1":
+        return fused_design.build(device, target), None
+    with static_transfers() as log:
+        fused = fused_design.build(device, target)
+    return fused, transfer_sites(fused, log, [s for s in fused.sequences if fused.words(s)])
+
+
+# ---- npu1: per-run DMA addresses through the instruction streams -------------------------------------------------
+
+@dataclass(frozen=True)
+class Site:
+    """One fill or drain of a runtime sequence as its DDR-patch op addresses it: argidx (the arena) and argplus (the
+    transfer's static byte offset in it), the element size of its tensor, and the word that shifts it per run."""
+    arg: int
+    plus: int
+    bytes: int
+    word: str | None
+    what: str
+
+
+@contextlib.contextmanager
+def static_transfers():
+    """While the fused design builds for npu1: every design's runtime sequence has its fills and drains recorded
+    ({"types", "data", "transfers": [(tensor argument, tap offset in elements, word or None, kind)]} per Runtime,
+    in the order they are built) and built at their static base: `offset_parameter` is dropped and
+    `sync_parameters()` issues nothing, since npu1 has no scratchpad (the host patches the instruction stream).
+    The IRON Runtime class is wrapped for the duration (the real one, or tests/iron_standin.py's)."""
+    from kernels import dataflow as df
+    runtime, iron = df.iron().Runtime, sys.modules["aie.iron"]
+    saved = {n: getattr(runtime, n) for n in ("sequence", "fill", "drain")}
+    saved_sync = iron.sync_parameters
+    log: list[dict] = []
+    current: dict[int, dict] = {}
+
+    @contextlib.contextmanager
+    def sequence(self, *types):
+        entry = {"types": types, "data": (), "transfers": []}
+        log.append(entry)
+        current[id(self)] = entry
+        with saved["sequence"](self, *types) as data:
+            entry["data"] = data if isinstance(data, tuple) else (data,)
+            yield data
+
+    def wrap(kind):
+        original = saved[kind]
+        signature = inspect.signature(original)
+        tensor = list(signature.parameters)[2]   # (self, fifo, tensor, tap, ...)
+
+        def transfer(self, *args, **kwargs):
+            bound = signature.bind(self, *args, **kwargs)
+            a = bound.arguments
+            shift = a.get("offset_parameter")
+            if shift is not None:
+                a["offset_parameter"] = None
+            entry = current[id(self)]
+            index = next(i for i, d in enumerate(entry["data"]) if d is a[tensor])
+            tap = a.get("tap")
+            entry["transfers"].append((index, int(tap.offset) if tap is not None else 0,
+                                       shift.name if shift is not None else None, kind))
+            return original(*bound.args, **bound.kwargs)
+        return transfer
+
+    try:
+        runtime.sequence, runtime.fill, runtime.drain = sequence, wrap("fill"), wrap("drain")
+        iron.sync_parameters = lambda: None
+        yield log
+    finally:
+        for n, f in saved.items():
+            setattr(runtime, n, f)
+        iron.sync_parameters = saved_sync
+
+
+def transfer_sites(fused, log: list[dict], symbols: list[str]) -> dict[str, list[Site]]:
+    """The transfers of these sequences in order, placed: each design's recorded transfers at the operands of each
+    run of that design (a device serves every layer; the layers' operands sit at different offsets)."""
+    if len(log) != len(fused.devices):
+        raise InstructionStreamError(f"{len(log)} runtime sequences were built for {len(fused.devices)} designs; "
+                                     "cannot tell which transfers belong to which design",
+                                     fix="one Runtime per design build (kernels/<name>/design.py)")
+    per_device = dict(zip(fused.devices, log))
+    sites = {}
+    for symbol in symbols:
+        placed = []
+        for run in fused.sequences[symbol]:
+            entry = per_device[run.device]
+            operands = _sequence_operands(entry["types"], run.operands, run.device)
+            for index, offset, word, kind in entry["transfers"]:
+                buffer, arena, byte_offset, _, dtype = operands[index]
+                size = np.dtype(_DTYPES[dtype]).itemsize
+                placed.append(Site(ARENAS.index(arena), byte_offset + offset * size, size, word,
+                                   f"{kind} of {buffer} ({run.device})"))
+        sites[symbol] = placed
+    return sites
+
+
+_DTYPES = {"bfloat16": np.uint16, "float32": np.float32, "int32": np.int32}
+
+
+def _sequence_operands(types, operands, device: str) -> list[tuple]:
+    """The run operand behind each argument of a design's runtime sequence: all of them in order, or (a gather
+    takes no id tensor: the ids are scratchpad words) the ones that match in order by element count and dtype."""
+    def key(t):
+        shape, dtype = typing.get_args(t)
+        return int(np.prod(shape)), np.dtype(typing.get_args(dtype)[0]).name
+    wanted, found, rest = [key(t) for t in types], [], list(operands)
+    for k in wanted:
+        while rest and (rest[0][3], rest[0][4]) != k:
+            rest.pop(0)
+        if not rest:
+            raise InstructionStreamError(f"{device}: its runtime sequence takes {wanted}; the run passes "
+                                         f"{[(o[3], o[4]) for o in operands]}")
+        found.append(rest.pop(0))
+    return found
+
+
+def insts_patches(path: Path) -> tuple[DdrPatch, ...]:
+    return parse(np.fromfile(path, dtype=np.uint32), Path(path).name).patches
+
+
+def patch_table(sites: list[Site], patches: tuple[DdrPatch, ...], words, dispatch: str) -> dict[str, list[dict]]:
+    """Which DDR-patch ops of a dispatch's insts each per-run word owns: {word: [{"at", "base", "bytes"}]} (the
+    manifest's "patches"). One patch op per transfer in the sequence's order is matched one to one. Otherwise
+    each op is matched by (argidx, argplus); an op no transfer explains, or a key shared by transfers of
+    different words (or of a word and a static transfer: the KV-cache write at row 0 and the attention read of
+    row 0), is ambiguous and refused."""
+    if [(s.arg, s.plus) for s in sites] == [(p.arg, p.plus) for p in patches]:
+        pairs = list(zip(sites, patches))
+    else:
+        owners: dict[tuple, list[Site]] = {}
+        for s in sites:
+            owners.setdefault((s.arg, s.plus), []).append(s)
+        pairs = []
+        for p in patches:
+            mine = owners.get((p.arg, p.plus))
+            if not mine:
+                raise InstructionStreamError(
+                    f"{dispatch}: DDR patch op {p.op} (argidx {p.arg}, argplus {p.plus}) matches no transfer of the "
+                    f"design, and the ops do not follow the {len(sites)} transfers one to one",
+                    fix="check how this toolchain lowers fills and drains (one buffer descriptor each?)")
+            if len({(s.word, s.bytes) for s in mine}) > 1 and any(s.word for s in mine):
+                raise InstructionStreamError(
+                    f"{dispatch}: DDR patch op {p.op} (argidx {p.arg}, argplus {p.plus}) is ambiguous: "
+                    + "; ".join(f"{s.what} ({s.word or 'static'})" for s in mine),
+                    fix="the ops do not follow the design's transfers in order, so a per-run address cannot be "
+                        "told from a static one; build this model for npu2, or run it with --device emu / cpu")
+            pairs.append((mine[0], p))
+    table: dict[str, list[dict]] = {}
+    for s, p in pairs:
+        if s.word is not None:
+            table.setdefault(s.word, []).append({"at": p.at, "base": p.plus, "bytes": s.bytes})
+    missing = sorted(set(words) - set(table))
+    if missing:
+        raise InstructionStreamError(f"{dispatch}: no DDR patch op for the transfers of {', '.join(missing)}",
+                                     fix="check that the designs pass offset_parameter for every declared word")
+    return table
 
 
 def compile_kernels(fused, target: str, toolchain: Toolchain, work: Path) -> list[Path]:

@@ -18,7 +18,15 @@ What it enforces (a ContractViolation is a bug in the caller; device faults are 
   "scratchpad"): the run's control scratchpad (`run.get_ctrl_scratchpad_bo()`, ELF runs only) must hold, on the
   device, word = (io[buffer][element] + add) * scale for every word, read from the io BO's device memory; a dispatch
   started without them, or with a stale or wrong word, is a ContractViolation (real DMAs would move the wrong
-  rows, silently).
+  rows, silently);
+- npu1 instruction streams are transactions laid out as mlir-aie's AIETargetNPU.cpp writes them (version 0.1:
+  per transfer a BLOCKWRITE of a shim buffer descriptor, the DDR_PATCH of its address, a WRITE to the channel's
+  queue; see sdk/runtime/npu_insts.py for the format and its sources). The fake knows which patch op belongs to
+  which transfer because it wrote them (`_txn`), independently of the build's matching: on a start, the stream
+  on the device must equal the one the xclbin made except the argplus of per-run transfers, and each of those
+  must be base + word * element size for the word the io values on the device give; anything else is a
+  ContractViolation (an unsynced BO, a stale or misplaced patch, a static transfer touched).
+  test_build_contract's fake aiecc writes its own streams (STREAM_MAGIC, the dispatch's index in word 2).
 Faults to inject through FAKE.faults: "device" (no device), "context" (context creation fails), "busy"
 (EBUSY), "alloc" (BO allocation fails), "timeout" / "error" (the next runs end in TIMEOUT / ERROR).
 
@@ -148,6 +156,9 @@ class _Design:
             raise RuntimeError(f"{path}: not a {kind}")
         self.doc = doc
         self.program = Program.load(path.parent / doc["program"])
+        # npu1 transactions this fake wrote: (their words as the xclbin made them, what each patch op belongs to)
+        self.streams = [(np.fromfile(path.parent / s["file"], np.uint32), s) if isinstance(s, dict) else (None, s)
+                        for s in doc.get("streams", [])]
         # a dispatch is named by its step (Step.op) or, as a toolchain names it, by its MLIR sequence symbol
         self.steps = {name: s for e in self.program.entries.values() for s in e.steps if s.kind == "dispatch"
                       for name in (s.op, npu.sequence_name(s.op))}
@@ -338,13 +349,15 @@ class kernel:
         if not isinstance(insts, bo) or insts.flag != bo.cacheable or insts.group != self.group_id(1):
             raise ContractViolation("the instruction BO must be a cacheable BO on kernel.group_id(1)")
         stream = insts.device.view(np.uint32)
-        if stream[0] != STREAM_MAGIC:
-            raise ContractViolation("the instruction stream on the device is not one the xclbin made: "
-                                    "was the instruction BO synced to the device?")
-        if words != stream[1]:
-            unit = "bytes" if words == 4 * stream[1] else "a wrong count"
-            raise ContractViolation(f"instruction count {words} is {unit}; the stream has {stream[1]} 32-bit words")
-        dispatch = self.ctx.design.doc["streams"][int(stream[2])]
+        if stream[0] == STREAM_MAGIC:  # test_build_contract's fake aiecc: [magic, length, index, ...]
+            length, dispatch = int(stream[1]), self.ctx.design.doc["streams"][int(stream[2])]
+        else:                          # a transaction: its header's byte size
+            length, dispatch = int(stream[3]) // 4, None
+        if words != length:
+            unit = "bytes" if words == 4 * length else "a wrong count"
+            raise ContractViolation(f"instruction count {words} is {unit}; the stream has {length} 32-bit words")
+        if dispatch is None:
+            dispatch = _check_txn(self.ctx.design, stream[:words], data)
         return _dispatch(self.ctx.design, dispatch, data, self.group_id, self.FIRST_DATA)
 
 
@@ -387,6 +400,36 @@ class runlist:
         return next((s for s in states if s != COMPLETED), COMPLETED)
 
 
+def _check_txn(design: _Design, stream: np.ndarray, data: list) -> str:
+    """The dispatch whose transaction is on the device, its per-run argplus checked against the io values there."""
+    for made, entry in design.streams:
+        if made is None or len(made) != len(stream):
+            continue
+        shifted = [t for t in entry["patches"] if t["word"]]
+        same = np.ones(len(made), bool)
+        same[[t["at"] for t in shifted]] = False
+        if not np.array_equal(stream[same], made[same]):
+            continue
+        io = data[ARENAS.index("io")].device if len(data) == len(ARENAS) else None
+        for t in shifted:
+            w = entry["words"][t["word"]]
+            want = t["base"] + _word(design, w, io) * w["scale"] * t["bytes"]
+            if int(stream[t["at"]]) != want:
+                raise ContractViolation(f"{entry['dispatch']}: the DDR patch of a transfer {t['word']} shifts has "
+                                        f"argplus {int(stream[t['at']])} on the device (word {t['at']}); "
+                                        f"{w['buffer']}[{w['element']}] makes it {want}: patched and synced?")
+        return entry["dispatch"]
+    raise ContractViolation("the instruction stream on the device is not one the xclbin made (was the instruction "
+                            "BO synced to the device? was a static transfer's patch op changed?)")
+
+
+def _word(design: _Design, w: dict, io) -> int:
+    """(io[buffer][element] + add), read from the io BO's device memory."""
+    b = design.program.buffers[w["buffer"]]
+    return int(io[b.offset:b.offset + 4 * int(np.prod(b.shape, dtype=np.int64))].view(np.int32)[w["element"]]) \
+        + int(w.get("add", 0))
+
+
 def _check_words(design: _Design, dispatch: str, words: dict, pad, data: list) -> None:
     """The scratchpad a dispatch's DMAs read, on the device, against the io values on the device."""
     if pad is None:
@@ -395,9 +438,7 @@ def _check_words(design: _Design, dispatch: str, words: dict, pad, data: list) -
     table = pad.device.view(np.uint32)
     io = data[ARENAS.index("io")].device if len(data) == len(ARENAS) else None
     for name, w in words.items():
-        b = design.program.buffers[w["buffer"]]
-        value = int(io[b.offset:b.offset + 4 * int(np.prod(b.shape, dtype=np.int64))].view(np.int32)[w["element"]]) \
-            + int(w.get("add", 0))
+        value = _word(design, w, io)
         want = (value * w["scale"]) & 0xFFFFFFFF
         if table[w["index"]] != want:
             raise ContractViolation(f"scratchpad word {name} (index {w['index']}) is {int(table[w['index']])} on the "
@@ -449,31 +490,74 @@ class _DeviceExecutor(EmuExecutable):
 # ---- fake artifacts, where the backend looks for real ones ---------------------------------------------
 
 def write_artifacts(program: Program, root: Path, budget_s: float | None = None,
-                    scratchpad: dict | None = None) -> str:
+                    scratchpad: dict | None = None, sites: dict | None = None) -> str:
     """Build `program`'s artifact for its target into root (a prebuilt/ folder) and list it in
-    root/manifest.json; returns the content key. `scratchpad`: {dispatch: {word: spec}}, as a build records it."""
+    root/manifest.json; returns the content key. `scratchpad`: {dispatch: {word: spec}}, as a build records it.
+    npu1: `sites` ({dispatch: [kernels.build.Site]}, the fused design's transfers as kernels.build.fused_build
+    records them) lay out each dispatch's transaction, one patch op per transfer; without them every kernel
+    operand is one static transfer. The manifest's "patches" come from kernels.build.patch_table on the files
+    written, as the real build finds them."""
+    from kernels import build as kbuild
     dp = npu.device_program(program, budget_s)
     key, target = program.meta["content_key"], program.target
     folder = Path(root) / target / key
     dp.save(folder / "program")
     dispatches = [s for e in dp.entries.values() for s in e.steps if s.kind == "dispatch"]
-    files = {}
+    files, extra = {}, {"scratchpad": scratchpad} if scratchpad else {}
     if target == "npu1":
-        doc = {"fake_pyxrt": "xclbin", "uuid": key, "kernels": [npu.XCLBIN_KERNEL], "program": "program",
-               "streams": [s.op for s in dispatches]}
-        (folder / "design.xclbin").write_text(json.dumps(doc))
-        files["xclbin"] = folder / "design.xclbin"
+        streams = []
         for i, s in enumerate(dispatches):
-            words = np.zeros(16 + 8 * len(s.body), np.uint32)  # a stream's length follows its kernels
-            words[:3] = (STREAM_MAGIC, len(words), i)
+            words, patches = _txn((sites or {}).get(s.op) or _operand_sites(dp, s))
             path = folder / f"insts_{i}.bin"
             words.tofile(path)
             files[f"insts/{s.op}"] = path
+            streams.append({"dispatch": s.op, "file": path.name, "patches": patches,
+                            "words": (scratchpad or {}).get(s.op, {})})
+        doc = {"fake_pyxrt": "xclbin", "uuid": key, "kernels": [npu.XCLBIN_KERNEL], "program": "program",
+               "streams": streams}
+        (folder / "design.xclbin").write_text(json.dumps(doc))
+        files["xclbin"] = folder / "design.xclbin"
+        if scratchpad:
+            extra["patches"] = {d: kbuild.patch_table(sites[d], kbuild.insts_patches(files[f"insts/{d}"]), words, d)
+                                for d, words in scratchpad.items()}
     else:
         doc = {"fake_pyxrt": "elf", "program": "program", "scratchpad": scratchpad or {},
                "sequences": {npu.sequence_name(s.op): s.op for s in dispatches}}
         (folder / "design.elf").write_text(json.dumps(doc))
         files["elf"] = folder / "design.elf"
-    extra = {"scratchpad": scratchpad} if scratchpad else {}
     npu.record_artifact(root, key, npu.manifest_entry(dp, root, files, **extra))
     return key
+
+
+# a version-0.1 transaction, laid out as mlir-aie's lib/Targets/AIETargetNPU.cpp writes one (aie-rt xaie_txn.h)
+TXN_WRITE, TXN_BLOCKWRITE, TXN_MASKWRITE, TXN_TCT, TXN_DDR_PATCH = 0x00, 0x01, 0x03, 0x80, 0x81
+SHIM_BD, SHIM_BD_WORDS, SHIM_QUEUE = 0x1D000, 8, 0x1D214  # AIE-ML shim DMA: BD0's registers, a channel's queue
+
+
+def _txn(sites) -> tuple[np.ndarray, list[dict]]:
+    """(words, one record per DDR patch: the word index of its argplus, its static base, element size, word)."""
+    ops, patches, at = [[TXN_MASKWRITE, 0, 0x1D220, 0, 0, 0x1, 28]], [], 4 + 7
+    for i, s in enumerate(sites):
+        col, bd = i % 4, i % 16
+        reg = col << 25 | SHIM_BD + 4 * SHIM_BD_WORDS * bd
+        bd_words = [0] * SHIM_BD_WORDS
+        bd_words[0] = 16 * (i + 1)  # a transfer length; the address words (1, 2) stay 0: the patch supplies them
+        ops.append([TXN_BLOCKWRITE, col, reg, 4 * (4 + SHIM_BD_WORDS)] + bd_words)
+        at += 4 + SHIM_BD_WORDS
+        ops.append([TXN_DDR_PATCH, 48, 0, 0, 0, 0, reg + 4, 0, s.arg, 0, s.plus & 0xFFFFFFFF, s.plus >> 32])
+        patches.append({"at": at + 10, "base": s.plus, "bytes": s.bytes, "word": s.word})
+        at += 12
+        ops.append([TXN_WRITE, 0, col << 25 | SHIM_QUEUE, 0, bd, 24])
+        at += 6
+    ops.append([TXN_TCT, 16, 0x00000001, 0x01010000])   # wait for the last drain
+    body = [w for op in ops for w in op]
+    header = [0 | 1 << 8 | 3 << 16 | 6 << 24, 5 | 1 << 8, len(ops), 4 * (4 + len(body))]
+    return np.array(header + body, np.uint32), patches
+
+
+def _operand_sites(program: Program, step) -> list:
+    """Without the design's transfers: each kernel operand read or written once, from its start."""
+    from kernels.build import Site
+    sizes = {"bfloat16": 2, "float32": 4, "int32": 4}
+    return [Site(ARENAS.index(b.arena), b.offset, sizes[b.dtype], None, f"{k.op} {n}")
+            for k in step.body for n in (*k.inputs, *k.outputs) if n for b in [program.buffers[n]]]

@@ -24,7 +24,8 @@ and the tests' fake build both write through them):
         "files": {ROLE: {"path": PATH relative to the manifest's folder, "sha256": HEX}},
         "kernel": "MLIR_AIE",                    # npu1: the xclbin's kernel (optional)
         "sequences": {DISPATCH: KERNEL_NAME},    # npu2: each dispatch's kernel in the ELF (optional)
-        "scratchpad": {DISPATCH: {WORD: {"index", "buffer", "element", "add", "scale", "limit"}}}}}}  # optional
+        "scratchpad": {DISPATCH: {WORD: {"index", "buffer", "element", "add", "scale", "limit"}}},  # optional
+        "patches": {DISPATCH: {WORD: [{"at", "base", "bytes"}]}}}}}             # npu1, with "scratchpad"
 CONTENT_KEY is the compiled program's meta["content_key"] (sdk/compiler/npu.py: kernels/** sources, steps,
 placement, target, toolchain pin). ROLE is "xclbin" and "insts/DISPATCH" for every dispatch step of
 device_program(program) on npu1, and "elf" on npu2. DISPATCH is a dispatch step's name (`Step.op`, e.g.
@@ -34,7 +35,12 @@ device_program(program) on npu1, and "elf" on npu2. DISPATCH is a dispatch step'
 kernels/README.md "Runtime parameters"): before each start the host writes word = (buffer[element] + add) * scale
 (an int32 io buffer it writes anyway, e.g. the position or a token id; the sum checked within 0..limit) as uint32
 number `index` of the run's control scratchpad (`run.get_ctrl_scratchpad_bo()`, which pyxrt binds from XRT 2.26 on) and
-syncs it. Only npu2 (full ELF) has a control scratchpad; an npu1 artifact with words is refused.
+syncs it. Only npu2 (full ELF) has a control scratchpad. npu1 gets the same words by patching its instruction
+streams (sdk/runtime/npu_insts.py): "patches" lists, per word, the DDR-patch ops of the dispatch's insts file that
+belong to the transfers the word shifts: `at` is the word index of the op's argplus, `base` its static value (the
+transfer at word 0, a byte offset in its arena), `bytes` the element size of the transfer's tensor. Before each
+start the host writes argplus = base + word * bytes into the dispatch's instruction BO and syncs those words; the
+firmware then resolves the shifted address. An npu1 artifact with words but no patch for one of them is refused.
 """
 from __future__ import annotations
 
@@ -62,7 +68,7 @@ from ..errors import (ArtifactMissing, ContextLimit, DeviceBusy, DeviceUnavailab
                       MemlockTooLow, ProgramError, UsageError)
 from ..ops import OPS
 from ..program import Program, Step, Usage
-from . import checks
+from . import checks, npu_insts
 from .backend import Counters, State, check_inputs
 from .emu import ARENAS, BF16, validate
 
@@ -111,6 +117,7 @@ class Artifact:
     kernel: str = XCLBIN_KERNEL
     sequences: dict[str, str] = dataclasses.field(default_factory=dict)
     scratchpad: dict[str, dict] = dataclasses.field(default_factory=dict)   # dispatch -> {word: spec}
+    patches: dict[str, dict] = dataclasses.field(default_factory=dict)      # npu1: dispatch -> {word: [site]}
 
     def sequence(self, dispatch: str) -> str:
         return self.sequences.get(dispatch, sequence_name(dispatch))
@@ -123,7 +130,12 @@ def sequence_name(dispatch: str) -> str:
 
 
 def scratchpad_words(words: Mapping[str, dict], values: Mapping[str, np.ndarray]) -> dict[int, int]:
-    """One dispatch's control-scratchpad words, {index: uint32}: each is the int32 io value buffer[element] the
+    """One dispatch's control-scratchpad words, {index: uint32} (word_values at each word's index)."""
+    return {int(words[name]["index"]): value & 0xFFFFFFFF for name, value in word_values(words, values).items()}
+
+
+def word_values(words: Mapping[str, dict], values: Mapping[str, np.ndarray]) -> dict[str, int]:
+    """One dispatch's per-run words, {name: element offset}: each is the int32 io value buffer[element] the
     host writes this run, plus add (a position's offset i, a row offset), times scale (an element offset a DMA
     adds to its base address). A value outside 0..limit would move that DMA outside its tensor: an InputError,
     raised before anything runs."""
@@ -135,7 +147,7 @@ def scratchpad_words(words: Mapping[str, dict], values: Mapping[str, np.ndarray]
                              f"0..{w['limit']}: the device would "
                              f"address outside a buffer ({name})",
                              fix="pass token ids within the vocabulary and positions within the cache")
-        table[int(w["index"])] = (value * int(w["scale"])) & 0xFFFFFFFF
+        table[name] = value * int(w["scale"])
     return table
 
 
@@ -238,7 +250,7 @@ def find_artifact(program: Program) -> Artifact:
                                       "rebuilt without updating the manifest)", fix=fix)
             files[role] = path
         return Artifact(key, target, files, a.get("kernel", XCLBIN_KERNEL), dict(a.get("sequences", {})),
-                        dict(a.get("scratchpad", {})))
+                        dict(a.get("scratchpad", {})), dict(a.get("patches", {})))
     entries = ", ".join(program.entries)
     raise ArtifactMissing(f"no {target} artifact for this program (content key {key}; entries {entries}) in "
                           f"{', '.join(str(f / 'manifest.json') for f, _ in manifests)}", fix=fix)
@@ -400,6 +412,23 @@ class NpuState(State):
         self.dirty = True
 
 
+def _check_patches(words: np.ndarray, sites: Mapping[str, list], path: Path) -> None:
+    """Every recorded patch site is the argplus of a DDR patch op of the stream, holding its static base: a
+    manifest and an insts file that disagree would send a DMA to the wrong address, silently."""
+    try:
+        patches = {p.at: p for p in npu_insts.parse(words, path.name).patches}
+    except npu_insts.InstructionStreamError as e:
+        raise ArtifactMissing(e.message, fix=BUILD_FIX.format(target="npu1")) from None
+    for word, places in sites.items():
+        for p in places:
+            op = patches.get(p["at"])
+            if op is None or op.plus != p["base"] or p["bytes"] not in (1, 2, 4, 8):
+                found = "no DDR patch's argplus" if op is None else f"argplus {op.plus}, element size {p['bytes']}"
+                raise ArtifactMissing(f"{path.name}: the manifest patches word {p['at']} for {word} with base "
+                                      f"{p['base']}; the stream has {found} there",
+                                      fix=BUILD_FIX.format(target="npu1"))
+
+
 def _view(arena: np.ndarray, buf) -> np.ndarray:
     return arena[buf.offset:buf.offset + buf.nbytes].view(buf.dtype).reshape(buf.shape)
 
@@ -416,11 +445,13 @@ class NpuExecutable:
         self.pyxrt, self.target = backend.pyxrt, backend.target
         artifact = find_artifact(self.device)
         self._scratchpad = {d: words for d, words in artifact.scratchpad.items() if words}
-        if self._scratchpad and self.target == "npu1":
-            raise ArtifactMissing(f"the npu1 artifact {artifact.key} has DMA addresses set per run (scratchpad words "
-                                  f"in {sorted(self._scratchpad)}); npu1 has no control scratchpad and patching the "
-                                  "instruction streams per run is not implemented (kernels/README.md)",
-                                  fix="run this model with --device emu or cpu on npu1")
+        self._patches = {d: artifact.patches.get(d, {}) for d in self._scratchpad} if self.target == "npu1" else {}
+        for d, words in self._scratchpad.items() if self.target == "npu1" else ():
+            missing = sorted(set(words) - set(self._patches[d]))
+            if missing:
+                raise ArtifactMissing(f"the npu1 artifact {artifact.key} sets DMA addresses per run in {d} but "
+                                      f"records no instruction patch for {', '.join(missing)} (built before npu1 "
+                                      "instruction patching?)", fix=BUILD_FIX.format(target="npu1"))
         image = layout.weights_image(program, weights)  # checks the weights before the device is touched
         self._bos: dict[str, object] = {}
         self._host: dict[str, np.ndarray] = {}
@@ -441,6 +472,8 @@ class NpuExecutable:
         x, sizes = self.pyxrt, self.program.meta["arenas"]
         streams = {s.op: np.fromfile(artifact.files[f"insts/{s.op}"], dtype=np.uint32) for s in self._dispatches()} \
             if self.target == "npu1" else {}
+        for name, sites in self._patches.items():
+            _check_patches(streams[name], sites, artifact.files[f"insts/{name}"])
         # weights, io, scratch, the no-state placeholder, one stream's state, the instruction streams
         need = sum(_pages(sizes[a]) for a in ("weights", "io", "scratch")) + PAGE \
             + (_pages(sizes["state"]) if sizes["state"] else 0) + sum(_pages(w.nbytes) for w in streams.values())
@@ -456,12 +489,14 @@ class NpuExecutable:
         for arena in ("weights", "io", "scratch"):
             self._bos[arena], self._host[arena] = self._alloc(sizes[arena], arena)
         self._no_state, _ = self._alloc(0, "state")  # bound when a run needs no state
-        self._insts = {}
+        self._insts, self._insts_host = {}, {}
         for name, words in streams.items():  # the instruction streams go to the device once
             bo = self._bo(words.nbytes, x.bo.cacheable, self.kernel.group_id(INSTRUCTION_ARG))
             bo.write(words.view(np.uint8), 0)
             bo.sync(x.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE)
             self._insts[name] = (bo, len(words))  # the count is in 32-bit words, never bytes
+            if name in self._patches:  # rewritten per run: the host view of the BO
+                self._insts_host[name] = np.frombuffer(bo.map(), np.uint32)[:len(words)]
         # the one weight upload of the session
         self._host["weights"][:image.nbytes] = image
         self._sync("weights", x.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, [(0, image.nbytes)])
@@ -588,7 +623,7 @@ class NpuExecutable:
     def _release(self):
         self.kernel = None
         self.kernels = {}
-        self._insts, self._bos, self._host, self._no_state = {}, {}, {}, None
+        self._insts, self._insts_host, self._bos, self._host, self._no_state = {}, {}, {}, {}, None
         if self._context is not None:
             self._context = None
             self._dev.contexts -= 1
@@ -655,8 +690,10 @@ class NpuExecutable:
         bos = [self._bos["weights"], self._state.bo if self._state is not None else self._no_state,
                self._bos["io"], self._bos["scratch"]]
         assert len(bos) <= MAX_HOST_BUFFERS
+        for step in group:  # npu1: the per-run addresses go into the instruction streams before anything starts
+            self._patch_insts(step)
         try:
-            if len(group) == 1 and group[0].op not in self._scratchpad:
+            if len(group) == 1 and (group[0].op not in self._scratchpad or self.target == "npu1"):
                 runs = [self._kernel_for(group[0].op)(*self._args(group[0], bos))]  # calling a kernel starts it
                 states = [runs[0].wait(int(2 * WATCHDOG_S * 1000))]  # the driver's watchdog fires first
             elif len(group) == 1:
@@ -690,13 +727,30 @@ class NpuExecutable:
             return [OPCODE_TRANSACTION, insts, words, *bos]
         return bos
 
+    def _patch_insts(self, step: Step) -> None:
+        """npu1: each per-run word into the argplus of the DDR patches of the transfers it shifts (base + word x
+        element size), then those words of the instruction BO to the device."""
+        sites = self._patches.get(step.op)
+        if not sites:
+            return
+        values = word_values(self._scratchpad[step.op], self._values)
+        host, at = self._insts_host[step.op], []
+        for word, places in sites.items():
+            for p in places:
+                npu_insts.set_argplus(host, p["at"], int(p["base"]) + values[word] * int(p["bytes"]))
+                at.append(p["at"])
+        start, end = 4 * min(at), 4 * (max(at) + 2)
+        self._insts[step.op][0].sync(self.pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, end - start, start)
+        self.counters.syncs += 1
+        self.counters.bytes_to_device += end - start
+
     def _run(self, step: Step, bos: list):
-        """A run of one dispatch: its arguments bound and its scratchpad words written and synced."""
+        """A run of one dispatch: its arguments bound and (npu2) its scratchpad words written and synced."""
         x = self.pyxrt
         run = x.run(self._kernel_for(step.op))
         for index, arg in enumerate(self._args(step, bos)):
             run.set_arg(index, arg)
-        words = scratchpad_words(self._scratchpad.get(step.op, {}), self._values)
+        words = scratchpad_words(self._scratchpad.get(step.op, {}), self._values) if self.target == "npu2" else {}
         if words:
             pad = run.get_ctrl_scratchpad_bo()
             table = np.frombuffer(pad.map(), np.uint32)
