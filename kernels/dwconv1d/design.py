@@ -1,6 +1,7 @@
 """Depthwise conv1d design (a catalog `conv` step with groups = channels: the conformer convolution module):
-a core takes blocks of channels with their whole time axis (bf16 or fp32 rows), their K taps and biases as one
-weight object (taps, then the fp32 biases), and writes the block's output rows. kernels/dwconv1d/dwconv1d.cc."""
+a core takes blocks of channels with their whole time axis (bf16 or fp32 rows) and their K taps as one weight
+object, and writes the block's output rows. With a bias, the block's fp32 biases follow each input object on the
+input stream, repeated to fill one object, and the kernel reads them from there. kernels/dwconv1d/dwconv1d.cc."""
 from __future__ import annotations
 
 import numpy as np
@@ -24,11 +25,15 @@ def build(target: str, step, buffers: dict, params: dict):
     B, C, L = x.shape
     K, to = w.shape[-1], out.shape[-1]
     stride, pad = a.get("stride", 1), a.get("padding", 0)
-    if has_bias:
-        raise df.DesignError("depthwise conv1d with a bias: the design streams taps only (fold the bias into the "
-                             "next op, or extend the weight object)")
-    cb = max(c for c in range(1, C + 1) if C % c == 0 and c * L * x.dtype.itemsize <= X_BYTES
-             and (c * K) % 2 == 0 and (c * L * x.dtype.itemsize) % 4 == 0)
+    bias = df.operand(step.inputs[2], buffers[step.inputs[2]]) if has_bias else None
+    x_bytes = lambda c: c * L * x.dtype.itemsize  # noqa: E731
+    fits = [c for c in range(1, C + 1) if C % c == 0 and x_bytes(c) <= X_BYTES and (c * K) % 2 == 0
+            and x_bytes(c) % 4 == 0 and (bias is None or x_bytes(c) % (c * bias.dtype.itemsize) == 0)]
+    if not fits:
+        raise df.DesignError("depthwise conv1d with a bias: its biases do not pack into whole input objects "
+                             "(an odd length of bf16 rows)" if bias is not None else
+                             "no block of channels is whole 32-bit words within the input object")
+    cb = max(fits)
     items = [(b, j) for b in range(B) for j in range(C // cb)]
     cores = max(c for c in range(1, min(step.attrs["tiling"]["cores"], hw.columns, len(items)) + 1)
                 if len(items) % c == 0)
@@ -39,28 +44,34 @@ def build(target: str, step, buffers: dict, params: dict):
         x_core.append(np.stack([x.index[b, j * cb:(j + 1) * cb] for b, j in mine]))
         w_core.append(np.stack([wi[j * cb:(j + 1) * cb] for _, j in mine]))
         y_core.append(np.stack([out.index[b, j * cb:(j + 1) * cb] for b, j in mine]))
+    if bias is not None:  # each item's biases, repeated to one input object, follow its input object
+        repeat = x_bytes(cb) // (cb * bias.dtype.itemsize)
+        b_core = [np.stack([np.broadcast_to(bias.index[j * cb:(j + 1) * cb], (repeat, cb)) for _, j in items[c::cores]])
+                  for c in range(cores)]
     io = df.iron()
     i32 = np.int32
     x_t, w_t, y_t = df.tensor(cb * L, x.dtype), df.tensor(cb * K), df.tensor(cb * to, out.dtype)
     b_t = df.tensor(1, np.float32)
     vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
-    kernel = io.Kernel("dwconv1d", "dwconv1d.o", [x_t, i32, w_t, b_t, i32, y_t, i32, i32, i32, i32, i32, i32, i32,
-                                                  vec_i, i32, vec_f])
+    kernel = io.Kernel("dwconv1d", "dwconv1d.o", [x_t, i32, w_t, x_t if has_bias else b_t, i32, y_t, i32, i32, i32,
+                                                  i32, i32, i32, i32, vec_i, i32, vec_f])
     words, imms = df.encode_chain(step.attrs["chain"], 3)
     n_chain, x_f32, y_f32 = len(step.attrs["chain"]), df.is_f32(x), df.is_f32(out)
 
     def body(x_in, w_in, y_out, no_bias, chain, imm, conv, n_items):
         for _ in io.range_(n_items):
             xt, wt, yt = x_in.acquire(1), w_in.acquire(1), y_out.acquire(1)
-            conv(xt, x_f32, wt, no_bias, 0, yt, y_f32, cb, L, to, K, stride, pad, chain, n_chain, imm)
-            x_in.release(1)
+            bt = x_in.acquire(1) if has_bias else no_bias  # the biases follow the input object
+            conv(xt, x_f32, wt, bt, int(has_bias), yt, y_f32, cb, L, to, K, stride, pad, chain, n_chain, imm)
+            x_in.release(2 if has_bias else 1)
             w_in.release(1)
             y_out.release(1)
 
     state = {"no_bias": (1, np.float32, None), "chain": (df.MAX_CHAIN, np.int32, words),
              "imm": (df.MAX_CHAIN, np.float32, imms)}
     params.update({"channels_per_call": cb, "items_per_core": len(items) // cores})
-    return df.per_core_design(target, "dwconv1d", [df.Stream(x, x_t, x_core), df.Stream(w, w_t, w_core)],
+    x_stream = df.Stream(x, x_t, x_core, follow=(bias, b_core) if has_bias else None)
+    return df.per_core_design(target, "dwconv1d", [x_stream, df.Stream(w, w_t, w_core)],
                               df.Stream(out, y_t, y_core), [kernel], state, body, [len(items) // cores], params)
 
 

@@ -132,7 +132,7 @@ def plan(fused: list[Fused], target: Target, constants: Mapping[str, np.ndarray]
 
 # kinds whose designs read every operand as rows through DMA access patterns (dataflow.taps): a bf16 operand
 # whose innermost access stride is not 1 needs a transpose through a core first
-ROW_READERS = {"eltwise", "softmax", "norm", "reduce", "rope", "argmax", "concat", "pad", "copy"}
+ROW_READERS = {"eltwise", "softmax", "norm", "reduce", "rope", "argmax", "concat", "pad", "copy", "conv", "pool"}
 
 
 def route_transposes(f: Fused, wide: set[str], target: Target) -> None:
