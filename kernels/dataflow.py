@@ -155,6 +155,18 @@ def operand(name: str, buffer, views=()) -> Operand:
     return Operand(name, n, np.ascontiguousarray(index), np.dtype(buffer.dtype))
 
 
+def widened_rows(o: Operand, buffer, width: int) -> np.ndarray | None:
+    """The operand's rows ([..., K], each contiguous in its buffer) read `width` >= K elements wide, on into the
+    rest of their stored row: the padding the compiler's memory plan gives a GEMM output ([..., Np], read through
+    a slice of its first N columns). [rows, width] indices, or None when a row would leave its stored row."""
+    K = o.index.shape[-1]
+    rows = o.index.reshape(-1, K)
+    start = rows[:, :1]
+    if not (rows == start + np.arange(K)).all() or ((start % buffer.shape[-1]) + width > buffer.shape[-1]).any():
+        return None
+    return start + np.arange(width)
+
+
 def is_f32(o: Operand) -> int:
     return int(o.dtype == np.float32)
 

@@ -48,12 +48,8 @@ def build(target: str, step, buffers: dict, params: dict):
     R, S, T = hw.mac_shape
     if m % R or k % S or n % T:
         raise df.DesignError(f"tile {m}x{k}x{n} is not a multiple of the {R}x{S}x{T} MAC shape")
-    if M < m:  # fewer rows than the catalog's tile (padded to the MAC shape): a smaller tile, last one shifted
-        m = (M // R) * R
-        if not m:
-            raise df.DesignError(f"M = {M} is below the MAC shape's {R} rows: needs a padded activation buffer")
-    if t["Kp"] != K:
-        raise df.DesignError(f"K = {K} is not a multiple of the tile k = {k}: needs a padded activation buffer")
+    if M < m:  # fewer rows than the catalog's tile: a smaller tile (the last one shifted), at least the MAC rows
+        m = max((M // R) * R, R)
     n_operands = sum(1 for c in step.attrs["chain"] if c["operand"] is not None)
     if n_operands > 1:
         raise df.DesignError("a GEMM epilogue that reads an operand tile more than once (two residuals): "
@@ -63,7 +59,7 @@ def build(target: str, step, buffers: dict, params: dict):
     head_inputs = step.attrs.get("n_head", 3)
 
     a = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
-    a_idx = a.index.reshape(-1, K)
+    a_idx = _a_rows(a, buffers[step.inputs[0]], K, t["Kp"], k)
     if step.op == "gemm":
         b = df.operand(step.inputs[1], buffers[step.inputs[1]])             # packed [planes, Kt, Nt, k, n]
         b_idx = b.index.reshape(planes, Kt, Nt, k * n).transpose(1, 2, 0, 3).reshape(Kt, Nt, planes * k * n)
@@ -85,6 +81,8 @@ def build(target: str, step, buffers: dict, params: dict):
     if len({o.dtype for o in outs}) > 1:
         raise df.DesignError("merged projections whose outputs have different dtypes")
     splits = step.attrs.get("n_splits") or [N]
+    if step.attrs.get("stored_width"):
+        splits = [step.attrs["stored_width"]]  # padded to whole tiles by the memory plan (memory.pad_to_tiles)
     if any(x % n for x in splits):
         raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}: the output buffer "
                              f"needs padding to {t['Np']} columns")
@@ -185,7 +183,7 @@ def build(target: str, step, buffers: dict, params: dict):
                 o = _owner(splits, j * n)
                 lo = sum(splits[:o])
                 oi = outs[o].index.reshape(-1, outs[o].shape[-1])
-                tiles = np.stack([oi[min(i * m, M - m):min(i * m, M - m) + m, j * n - lo:(j + 1) * n - lo]
+                tiles = np.stack([oi[tile_rows(i, m, M), j * n - lo:(j + 1) * n - lo]
                                   for il in range(it) for i in [il * rows + r for r in range(rows)]])
                 for tap in df.taps(io, outs[o], tiles):
                     rt.drain(c_l3[c].cons(), out_args[o], tap=tap, placement=io.Tile(c, 0), wait=True,
@@ -220,7 +218,7 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
     M, K, N, m, k, n = t["M"], t["K"], t["N"], t["m"], t["k"], t["n"]
     R, S, T = hw.mac_shape
     if M < m:
-        m = (M // R) * R
+        m = max((M // R) * R, R)
     Mt, Kt, Nt = math.ceil(M / m), t["Kp"] // k, t["Np"] // n
     out = outs[0]
     slot = next((c["operand"] for c in step.attrs["chain"] if c["operand"] is not None), None)
@@ -246,6 +244,9 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
     eps = float(pro["attrs"]["eps"]) if pro else 0.0
     if any(o.dtype != np.float32 for o in gb):
         raise df.DesignError("norm prologue weights that are not fp32 vectors")
+    if pro and t["Kp"] != K:
+        raise df.DesignError(f"a norm prologue over K = {K} padded to {t['Kp']}: the statistics would read the "
+                             f"padding; needs a padded activation buffer and a masked sum")
     a_passes = 1 + (1 if pro else 0) + centred              # the A tiles stream once per statistic, then the K loop
     has_bias = bias is not None
     take = df.shim_allotter(hw)
@@ -394,14 +395,14 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                     for tap in df.taps(io, b, bt):
                         rt.fill(b_l3[c].prod(), b_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][1], 0))
                     for il in ils:
-                        starts = [min((il * rows + q) * m, M - m) for q in range(rows)]
-                        at = np.stack([a_idx[s0:s0 + m].reshape(m, Kt, k).transpose(1, 0, 2) for s0 in starts], axis=1)
+                        row_sets = [tile_rows(il * rows + q, m, M) for q in range(rows)]
+                        at = np.stack([a_idx[rs].reshape(m, Kt, k).transpose(1, 0, 2) for rs in row_sets], axis=1)
                         at = np.broadcast_to(at[None], (a_passes,) + at.shape)           # [pass, Kt, core, m, k]
                         for tap in df.taps(io, a, at):
                             rt.fill(a_l3[c].prod(), a_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][0], 0))
                         if not res_objs:
                             continue
-                        tiles = np.stack([r_idx[s0:s0 + m, j * n:(j + 1) * n] for s0 in starts])  # [core, m, n]
+                        tiles = np.stack([r_idx[rs, j * n:(j + 1) * n] for rs in row_sets])  # [core, m, n]
                         if res_objs == 2:  # each A-sized object holds half the tile's rows
                             ri = tiles.reshape(rows, 2, m // 2, n).transpose(1, 0, 2, 3)
                         else:              # the tile, repeated to fill one A-sized object
@@ -411,8 +412,8 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                     o = _owner(splits, j * n)
                     lo = sum(splits[:o])
                     oi = outs[o].index.reshape(-1, outs[o].shape[-1])
-                    tiles = np.stack([oi[min((il * rows + q) * m, M - m):min((il * rows + q) * m, M - m) + m,
-                                         j * n - lo:(j + 1) * n - lo] for il in ils for q in range(rows)])
+                    tiles = np.stack([oi[tile_rows(il * rows + q, m, M), j * n - lo:(j + 1) * n - lo]
+                                      for il in ils for q in range(rows)])
                     for tap in df.taps(io, outs[o], tiles):
                         rt.drain(c_l3[c].cons(), out_args[o], tap=tap, task_group=tg, placement=io.Tile(c, 0),
                                  wait=True, offset_parameter=shift[o])
@@ -426,16 +427,35 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
 
 def a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt):
     """A's stream for core row r: for each of its row tiles, the K steps, repeated for each column tile.
-    The last row tile is shifted up to end at M (rows recomputed, written twice with the same values)."""
+    `a_idx` is [M, Kt * k] (rows read on into their padding, see _a_rows)."""
     M = a_idx.shape[0]
-    K = a_idx.shape[1]
-    starts = [min(i * m, M - m) for i in range(r, rows * it, rows)]
-    tiles = np.stack([a_idx[s:s + m] for s in starts])                                  # [it, m, K]
-    kp = Kt * k
-    if kp > K:  # the K padding reads zeros from B's padding rows; A repeats its last columns (times zero)
-        tiles = np.concatenate([tiles, np.repeat(tiles[:, :, -1:], kp - K, axis=2)], axis=2)
+    tiles = np.stack([a_idx[tile_rows(i, m, M)] for i in range(r, rows * it, rows)])  # [it, m, Kp]
     tiles = tiles.reshape(it, m, Kt, k).transpose(0, 2, 1, 3)                          # [it, Kt, m, k]
     return np.broadcast_to(tiles[None], (jt, it, Kt, m, k))
+
+
+def tile_rows(i: int, m: int, M: int) -> np.ndarray:
+    """The A rows of row tile i, which are the output rows it drains to. The last tile is shifted up to end at M
+    (its rows recomputed and written twice with the same values). With fewer rows than the MAC shape (M < m = R,
+    a projection of a few pooled rows) the M rows repeat through the tile: each is computed m / M times and
+    written over with the same values, so no buffer needs padding rows."""
+    if M < m:
+        return np.arange(m) % M
+    start = min(i * m, M - m)
+    return np.arange(start, start + m)
+
+
+def _a_rows(a, buffer, K: int, Kp: int, k: int) -> np.ndarray:
+    """A's element indices as [M, Kp]. When K is not a multiple of the tile k, each row reads on into its
+    padding, which the memory plan gives a GEMM output (sdk/compiler/memory.py: pad_to_tiles); what is there is
+    finite and meets the packed weight's zero rows."""
+    if Kp == K:
+        return a.index.reshape(-1, K)
+    wide = df.widened_rows(a, buffer, Kp)
+    if wide is None:
+        raise df.DesignError(f"K = {K} is not a multiple of the tile k = {k}, and A's rows are not padded to "
+                             f"{Kp}: needs a padded activation buffer")
+    return wide
 
 
 def _owner(splits, col: int) -> int:

@@ -39,9 +39,14 @@ def build(target: str, step, buffers: dict, params: dict):
         index, stride, limit = df.runtime_row(outs[o], splits[o], sw["views"], sw["axis"])
         outs[o] = outs[o].rows(index)
         at[o] = df.scratchpad_parameter(io, params, step.inputs[sw["pos"]], 0, stride, limit)
+    if step.attrs.get("stored_width"):
+        splits = [step.attrs["stored_width"]]  # padded to whole tiles by the memory plan (memory.pad_to_tiles)
     if any(s % n for s in splits):
         raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}")
-    if K % k and x.dtype.itemsize * (K % k) % 4:
+    # K not a multiple of k: the row reads on into its padding (a padded GEMM output), against the weight's
+    # zero rows; else it repeats its last element, which must leave whole words
+    wide = df.widened_rows(x, buffers[step.inputs[0]], Kt * k) if Kt * k > K else None
+    if K % k and wide is None and x.dtype.itemsize * (K % k) % 4:
         raise df.DesignError(f"K = {K} leaves a partial tile that is not whole words")
     limit = min(t["cores"], hw.columns * hw.shim_channels - 1, hw.columns * hw.shim_channels)
     cores = max(c for c in range(1, min(limit, Nt) + 1) if Nt % c == 0)
@@ -135,8 +140,8 @@ def build(target: str, step, buffers: dict, params: dict):
     x_bc = x_l3.cons().forward(placement=io.Tile(0, 1), name="gemv_x_bc", depth=2)
     x_shim = take(0)
     workers, fills, drains = [], [], []
-    xi = x.index.reshape(-1)
-    if Kt * k > K:  # the K padding multiplies B's zero rows: any x values do
+    xi = x.index.reshape(-1) if wide is None else wide.reshape(-1)
+    if xi.size < Kt * k:  # the K padding multiplies B's zero rows: any x values do
         xi = np.concatenate([xi, np.repeat(xi[-1:], Kt * k - K)])
     x_idx = np.broadcast_to(xi.reshape(Kt, k)[None], (jt, x_passes, Kt, k))  # per column tile: stats, then K loop
     wi = w.index.reshape(planes, Kt, Nt, k * n).transpose(1, 2, 0, 3).reshape(Kt, Nt, kb * n)

@@ -92,7 +92,7 @@ def pad_to_tiles(f: Fused, target: Target) -> set[str]:
     same sum). An entry output keeps its shape: the GEMM stores a padded scratch value in the output's dtype
     and a copy kernel moves the slice into the io buffer. Merged projections, cache writes and epilogues that
     read an operand are not padded (their designs refuse them). Returns the scratch values kept in their
-    dtype (the padded entry outputs)."""
+    dtype: the padded entry outputs, and values of odd width (in fp32 their rows are whole 32-bit words)."""
     outputs, keep = set(f.outputs.values()), set()
     for k in list(f.kernels):
         t = k.attrs.get("tiling", {})
@@ -105,6 +105,9 @@ def pad_to_tiles(f: Fused, target: Target) -> set[str]:
         shape = (*value.shape[:-1], t["Np"])
         cut = ("slice", len(shape) - 1, 0, t["N"], 1)
         stored = value.name
+        k.attrs["stored_width"] = t["Np"]
+        if t["N"] % 2 and value.dtype == "float32":
+            keep.add(stored)  # rows of an odd number of bf16 elements are not whole 32-bit words for the readers
         if value.name in outputs:
             stored = f"{value.name}.padded"
             keep.add(stored)

@@ -55,7 +55,7 @@ def _kernel_attrs(f: Fused, k: Kernel, views, buffers) -> dict:
     attrs["n_head"] = 3 if k.kind == "gemm" else len(k.head.inputs)
     if k.kind == "gemm":
         attrs["n_splits"] = list(k.attrs["n_splits"])
-        for key in ("prologue", "state_writes"):
+        for key in ("prologue", "state_writes", "stored_width"):
             if key in k.attrs:
                 attrs[key] = k.attrs[key]
     # bytes the kernel moves: what the cost model charges to DRAM bandwidth

@@ -270,8 +270,15 @@ def _gemm(exe, k, head, args):
     b = exe.weight_matrix(k.inputs[1])
     b = bfp16(b, 0) if k.attrs["tiling"].get("precision") == "bfp16" else b  # stored as bf16 already
     xp = np.pad(_operand(k, x, -1), [(0, 0)] * (x.ndim - 1) + [(0, t["Kp"] - t["K"])])
-    y = (xp @ b)[..., :t["N"]]
-    return y + bias[:t["N"]] if bias is not None else y
+    width = _stored_width(exe, k)
+    y = (xp @ b)[..., :width]
+    return y + bias[:width] if bias is not None else y
+
+
+def _stored_width(exe, k) -> int:
+    """Columns a GEMM stores: N, or Np when the memory plan padded its output to whole tiles (attrs stored_width;
+    the padding holds the epilogue of a zero accumulator, as on the device; readers slice it off)."""
+    return k.attrs.get("stored_width", k.attrs["tiling"]["N"])
 
 
 def _bmm(exe, k, head, args):
