@@ -88,41 +88,42 @@ def scale(x, *, factor: float):
     return (x * np.float32(factor)).astype(x.dtype, copy=False)
 
 
-def _erfc_abs(x):
-    """erfc(|x|) by Numerical Recipes' Chebyshev fit (fractional error < 1.2e-7), in float32 and in place:
-    float64 or a fresh array per term costs several times the time for no gain at float32 parity."""
-    z = np.abs(x, dtype=np.float32)
-    t = z * np.float32(0.5)
-    t += np.float32(1.0)
-    np.reciprocal(t, out=t)
-    poly = np.full_like(t, 0.17087277)
-    for c in (-0.82215223, 1.48851587, -1.13520398, 0.27886807, -0.18628806, 0.09678418, 0.37409196,
-              1.00002368, -1.26551223):
-        poly *= t
-        poly += np.float32(c)
-    z *= z
-    poly -= z
-    np.exp(poly, out=poly)
-    poly *= t
-    return poly
-
-
+# Abramowitz & Stegun 7.1.26: erfc(z) = t (a1 + a2 t + ... + a5 t^4) exp(-z^2), t = 1 / (1 + p z), z >= 0,
+# |error| <= 1.5e-7. The kernels and the emulator use the same fit, so every backend computes one GELU.
+ERFC_P = 0.3275911
+ERFC_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 CHUNK = 1 << 15  # elements per piece for multi-pass elementwise ops: the piece's passes stay in L1/L2
 
 
 @_op(_same)
 def gelu(x):
-    """Exact GELU: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2))."""
-    flat = x.reshape(-1)  # in pieces: the ~25 passes of the erfc polynomial then stay in cache
-    return np.concatenate([_gelu(flat[i:i + CHUNK]) for i in range(0, flat.size, CHUNK)]).reshape(x.shape)
+    """Exact GELU: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), erf by Abramowitz & Stegun 7.1.26."""
+    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    out = np.empty_like(flat)
+    for i in range(0, flat.size, CHUNK):  # in pieces: the ~20 passes below then run in cache
+        _gelu(flat[i:i + CHUNK], out[i:i + CHUNK])
+    return out.reshape(x.shape)
 
 
-def _gelu(x):
-    erfc = _erfc_abs(x * np.float32(1 / np.sqrt(2)))  # 1 + erf(v) = 2 - erfc(|v|) for v >= 0, erfc(|v|) below
-    one_plus_erf = np.where(x >= 0, np.float32(2.0) - erfc, erfc)
-    one_plus_erf *= x
-    one_plus_erf *= np.float32(0.5)
-    return one_plus_erf
+def _gelu(x, out):
+    """out = x Phi(x) with Phi(x) = 0.5 + sign(x) (0.5 - erfc(|x| / sqrt 2) / 2): in float32 and in place, as
+    one fresh array per pass would cost several times the time for nothing at float32 parity."""
+    t = np.abs(x)
+    t *= np.float32(ERFC_P / np.sqrt(2))
+    t += np.float32(1.0)
+    np.reciprocal(t, out=t)
+    np.multiply(t, np.float32(ERFC_A[-1] / 2), out=out)
+    for a in ERFC_A[-2::-1]:
+        out += np.float32(a / 2)
+        out *= t
+    g = np.square(x)
+    g *= np.float32(-0.5)
+    np.exp(g, out=g)
+    out *= g  # erfc(|x| / sqrt 2) / 2
+    np.subtract(np.float32(0.5), out, out=out)
+    np.copysign(out, x, out=out)
+    out += np.float32(0.5)
+    out *= x
 
 
 @_op(_same)
@@ -268,17 +269,40 @@ def matmul(a, b, *, transpose_b: bool = False):
     return a @ (np.swapaxes(b, -1, -2) if transpose_b else b)
 
 
+SCORE_BLOCK = 1 << 18  # score elements per piece of attention (1 MiB): the softmax passes then run in cache
+
+
 @_op(lambda q, k, v, mask=None, **_: tuple(q[:-1]) + (v[-1],))
 def attention(q, k, v, mask=None, *, scale: float):
     """softmax(q k^T * scale + mask) v over the last two axes; mask is additive and broadcasts."""
-    s = q @ np.swapaxes(k, -1, -2)
-    s *= np.float32(scale)
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    T, S = q.shape[-2], k.shape[-2]
+    q = q * np.float32(scale)  # scaling q [T, D] rather than the scores [T, S]: the same numbers, a smaller pass
+    if int(np.prod(lead)) * T * S <= SCORE_BLOCK:
+        return _attend(q, np.swapaxes(k, -1, -2), v, mask)
+    # Long sequences (Whisper's 1500 frames): per head, in blocks of query rows, so that the scores never
+    # leave the cache between the softmax passes.
+    out = np.empty(lead + (T, v.shape[-1]), np.float32)
+    q, k, v = (np.broadcast_to(a, lead + a.shape[-2:]) for a in (q, k, v))
+    mask = None if mask is None else np.broadcast_to(mask, lead + (T, S))
+    rows = max(1, SCORE_BLOCK // S)
+    for i in np.ndindex(*lead):
+        k_t = k[i].T
+        for r in range(0, T, rows):
+            out[i][r:r + rows] = _attend(q[i][r:r + rows], k_t, v[i], None if mask is None else mask[i][r:r + rows])
+    return out
+
+
+def _attend(q, k_t, v, mask):
+    """softmax(q k_t + mask) v, normalising the [T, Dv] output rather than the [T, S] probabilities."""
+    s = q @ k_t
     if mask is not None:
         s += mask
-    s -= s.max(axis=-1, keepdims=True)  # softmax in place: the same numbers without three score-sized copies
+    s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
-    s /= s.sum(axis=-1, keepdims=True)
-    return s @ v
+    out = s @ v
+    out /= s.sum(axis=-1, keepdims=True)
+    return out
 
 
 # ---- shape and data movement ---------------------------------------------------------------------

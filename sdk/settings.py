@@ -20,6 +20,7 @@ class Settings:
     hf_cache: Path         # HF_HUB_CACHE, else ${HF_HOME:-~/.cache/huggingface}/hub
     runtime_dir: Path      # XDG_RUNTIME_DIR (dictation control socket), else the cache home
     session_type: str      # the desktop session: "x11", "wayland" or "tty" (XDG_SESSION_TYPE, else the displays)
+    threads: int           # AIE_APPS_THREADS: the cpu backend's workers, default the CPUs this process may use
 
     @property
     def has_display(self) -> bool:
@@ -46,7 +47,14 @@ def load(environ=None) -> Settings:
         hf_cache=Path(env.get("HF_HUB_CACHE") or hf_home / "hub"),
         runtime_dir=Path(env.get("XDG_RUNTIME_DIR") or home),
         session_type=_session_type(env),
+        threads=_threads(env.get("AIE_APPS_THREADS")),
     )
+
+
+def _threads(value: str | None) -> int:
+    if value and value.strip().isdigit() and int(value) > 0:
+        return int(value)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _session_type(env) -> str:

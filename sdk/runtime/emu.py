@@ -28,7 +28,7 @@ import numpy as np
 from ..compiler import catalog, layout
 from ..compiler.hardware import TARGETS
 from ..errors import InputError, ProgramError, UsageError
-from ..ops import OPS
+from ..ops import ERFC_A, ERFC_P, OPS
 from ..program import Program, Step, Usage
 from .backend import Counters, State, check_inputs
 
@@ -68,8 +68,10 @@ def k_tanh(x):
 def k_erf(x):
     # Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7), on the kernels' exp
     a = np.abs(x)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    t = 1.0 / (1.0 + ERFC_P * a)
+    poly = np.zeros_like(t)
+    for c in ERFC_A[::-1]:
+        poly = (poly + c) * t
     return (np.sign(x) * (1.0 - poly * k_exp(-a * a))).astype(np.float32)
 
 

@@ -1,0 +1,57 @@
+"""The cpu backend's own parallelism: every split step equals its numpy reference run whole."""
+import numpy as np
+import pytest
+
+from sdk import settings
+from sdk.ops import OPS
+from sdk.runtime.cpu import SPLITTERS, Workers
+
+rng = np.random.default_rng(0)
+
+
+def f32(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+NEG = np.float32(-2.0 ** 100)
+CASES = {
+    "linear rows": ("linear", [f32(1, 400, 96), f32(200, 96), f32(200)], {}),
+    "linear decode (weight columns)": ("linear", [f32(1, 1, 96), np.asfortranarray(f32(999, 96)), f32(999)], {}),
+    "attention heads + padding mask": ("attention", [f32(1, 6, 100, 32), f32(1, 6, 120, 32), f32(1, 6, 120, 32),
+                                                     np.where(rng.random((1, 1, 1, 120)) < .2, NEG, 0).astype(np.float32)],
+                                       {"scale": 0.17}),
+    "attention one head, causal rows": ("attention", [f32(1, 1, 400, 32), f32(1, 1, 400, 32), f32(1, 1, 400, 32),
+                                                      np.triu(np.full((400, 400), NEG, np.float32), 1)], {"scale": 0.17}),
+    "gelu": ("gelu", [f32(3, 200, 100)], {}),
+    "silu": ("silu", [f32(300, 200)], {}),
+    "layer_norm": ("layer_norm", [f32(1, 500, 96), f32(96), f32(96)], {"eps": 1e-5}),
+    "rms_norm": ("rms_norm", [f32(1, 500, 96), f32(96)], {"eps": 1e-6}),
+    "softmax last axis": ("softmax", [f32(2, 300, 70)], {"axis": -1}),
+    "log_softmax last axis": ("log_softmax", [f32(400, 100)], {"axis": 1}),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_split_step_equals_reference(case, record_parity):
+    op, args, attrs = CASES[case]
+    workers = Workers(3)
+    try:
+        assert SPLITTERS[op](workers.n, *args, **attrs) is not None, "the case is too small to be split"
+        ours = workers.run(op, args, attrs)
+    finally:
+        workers.close()
+    ref = OPS[op].ref(*args, **attrs)
+    assert ours.shape == ref.shape and ours.dtype == ref.dtype
+    record_parity(f"cpu split {case}", ours, ref)
+    assert np.allclose(ours, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_small_and_non_row_steps_run_whole():
+    assert SPLITTERS["gelu"](2, f32(4, 8)) is None
+    assert SPLITTERS["softmax"](2, f32(300, 200), axis=0) is None  # rows are not independent along axis 0
+
+
+def test_threads_setting():
+    assert settings.load({"AIE_APPS_THREADS": "3"}).threads == 3
+    assert settings.load({"AIE_APPS_THREADS": "zero"}).threads >= 1
+    assert settings.load({}).threads >= 1
