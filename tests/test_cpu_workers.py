@@ -43,7 +43,8 @@ def test_split_step_equals_reference(case, record_parity):
     ref = OPS[op].ref(*args, **attrs)
     assert ours.shape == ref.shape and ours.dtype == ref.dtype
     record_parity(f"cpu split {case}", ours, ref)
-    assert np.allclose(ours, ref, rtol=1e-6, atol=1e-6)
+    # GEMM pieces may take another BLAS kernel than the whole (OpenBLAS picks by size): float32 rounding only
+    assert np.abs(ours - ref).max() <= 1e-6 * np.abs(ref).max()
 
 
 def test_small_and_non_row_steps_run_whole():
