@@ -222,7 +222,8 @@ def static_transfers():
     from kernels import dataflow as df
     runtime, iron = df.iron().Runtime, sys.modules["aie.iron"]
     saved = {n: getattr(runtime, n) for n in ("sequence", "fill", "drain")}
-    saved_sync = iron.sync_parameters
+    # module-level in mlir-aie >= v1.4.0 (what the designs import), a Runtime method before (PR #3387)
+    syncs = [(o, o.sync_parameters) for o in (iron, runtime) if hasattr(o, "sync_parameters")]
     log: list[dict] = []
     current: dict[int, dict] = {}
 
@@ -256,12 +257,14 @@ def static_transfers():
 
     try:
         runtime.sequence, runtime.fill, runtime.drain = sequence, wrap("fill"), wrap("drain")
-        iron.sync_parameters = lambda: None
+        for owner, _ in syncs:
+            owner.sync_parameters = lambda *_: None
         yield log
     finally:
         for n, f in saved.items():
             setattr(runtime, n, f)
-        iron.sync_parameters = saved_sync
+        for owner, f in syncs:
+            owner.sync_parameters = f
 
 
 def transfer_sites(fused, log: list[dict], symbols: list[str]) -> dict[str, list[Site]]:
