@@ -49,16 +49,16 @@ def weights():
     return {n: rng.standard_normal(s).astype(np.float32) * 0.3 for n, s in WEIGHTS.items()}
 
 
-def built(target="npu2", n=1, with_sites=False):
+def built(target="npu2", n=1, with_sites=False, budget_s=None):
     """The program, and the scratchpad words per dispatch as kernels/build.py records them (and on npu1 the
     transfers of each dispatch, per dispatch, as kernels/build.py records them)."""
-    program = npu.device_program(compile_graphs([graph(n)], target))
+    program = npu.device_program(compile_graphs([graph(n)], target), budget_s)
     with standin.installed():
         fused, sites = kbuild.fused_build(program, target)
     dispatches = [s.op for e in program.entries.values() for s in e.steps if s.kind == "dispatch"]
     words = {d: fused.words(fused_design.sequence_symbol(d)) for d in dispatches}
     if with_sites:
-        return program, words, {d: sites[fused_design.sequence_symbol(d)] for d in dispatches}
+        return program, words, {d: sites[fused_design.sequence_symbol(d)] for d in dispatches if words[d]}
     return program, words
 
 
@@ -159,6 +159,31 @@ def test_npu1_prefill_patches_every_row(fake_npu):
     _, words, sites = built("npu1", n=8, with_sites=True)
     out = run_both(prebuilt, words, positions=(0, CACHE - 8), tokens=(3, 30), n=8, target="npu1", sites=sites)
     assert np.abs(out["k"][0, CACHE - 1]).sum() > 0
+
+
+def test_npu1_split_dispatches_patch_their_own_streams(fake_npu):
+    """A dispatch split for the watchdog runs as a runlist; each part's stream carries its own patches."""
+    program = compile_graphs([graph()], "npu1")
+    step = next(s for s in program.entry("decode").steps if s.kind == "dispatch")
+    fixed = npu.dispatch_seconds(program, step) - sum(npu.kernel_seconds(program, k) for k in step.body)
+    budget = 1.001 * max(npu.dispatch_seconds(program, step) / 3, fixed + max(npu.kernel_seconds(program, k)
+                                                                             for k in step.body))
+    prebuilt = fake_npu("npu1")
+    _, words, sites = built("npu1", with_sites=True, budget_s=budget)
+    assert len(words) > 1 and sum(1 for w in words.values() if w) > 1   # the words are spread over the parts
+    fake_pyxrt.write_artifacts(program, prebuilt, budget, scratchpad={d: w for d, w in words.items() if w},
+                               sites=sites)
+    exe, emu = npu.NpuBackend(budget_s=budget).load(program, weights()), EmuBackend().load(program, weights())
+    try:
+        st, st_emu = exe.new_state(), emu.new_state()
+        for pos, tok in ((0, 5), (4, 39), (CACHE - 1, 0)):
+            inputs = {"tokens": np.array([[tok]], np.int32), "pos": np.int32(pos)}
+            got, want = exe.run("decode", inputs, st), emu.run("decode", inputs, st_emu)
+            for name in want:
+                np.testing.assert_array_equal(got[name], want[name])
+    finally:
+        exe.close()
+    assert fake_pyxrt.FAKE.runlists == 3 and len(set(fake_pyxrt.FAKE.dispatches)) == len(words)
 
 
 def test_npu1_a_stale_patch_is_a_contract_violation(fake_npu, monkeypatch):
