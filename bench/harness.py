@@ -23,7 +23,7 @@ def threads(n: int = 2) -> None:
     """Pin every runtime to n threads. Call before importing numpy/torch (OpenBLAS reads env at load)."""
     global THREADS
     THREADS = n
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "AIE_APPS_THREADS"):
         os.environ[var] = str(n)
 
 
