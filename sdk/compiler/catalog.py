@@ -111,7 +111,7 @@ def tiling(kernel, shape_of, target: Target) -> dict:
         M, K, N = _mkn(kernel, ins, shape_of)
         mm, mk, mn = target.mac_shape
         for m, k, n in GEMM_TILES:
-            t = {"M": M, "K": K, "N": N, "m": min(m, _up(M, mm)), "k": min(k, _up(K, mk)), "n": min(n, _up(N, mn)),
+            t = {"M": M, "K": K, "N": N, "m": min(m, _up(M, mm)), "k": _depth(K, k, mk), "n": min(n, _up(N, mn)),
                  "epilogue_operands": extra, "precision": MATMUL_PRECISION[target.name]}
             t |= {"Kp": _up(K, t["k"]), "Np": _up(N, t["n"])}
             if (kind == "gemm" and SPLIT_WEIGHTS[target.name] and M <= SPLIT_WEIGHTS_MAX_ROWS
@@ -147,6 +147,15 @@ def tiling(kernel, shape_of, target: Target) -> dict:
         if fits(kind, t, target):
             return t
     return t
+
+
+def _depth(K: int, k: int, mk: int) -> int:
+    """A tile's K depth: at most k, and a divisor of K when K is a multiple of the MAC depth, so that A's rows
+    need no padding (only a GEMM output has padding to read on into: memory.pad_to_tiles); else K rounded up to
+    the MAC depth."""
+    if K % mk:
+        return min(k, _up(K, mk))
+    return max(d for d in range(mk, min(k, K) + 1, mk) if K % d == 0)
 
 
 def _mkn(kernel, ins, shape_of):
