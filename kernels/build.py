@@ -294,13 +294,17 @@ _DTYPES = {"bfloat16": np.uint16, "float32": np.float32, "int32": np.int32}
 
 
 def _sequence_operands(types, operands, device: str) -> list[tuple]:
-    """The run operand behind each argument of a design's runtime sequence: all of them in order, or (a gather
-    takes no id tensor: the ids are scratchpad words) the ones that match in order by element count and dtype."""
+    """The run operand behind each argument of a design's runtime sequence: all of them in order, or the ones that
+    match in order by element count and dtype (a gather takes no id tensor, the ids being scratchpad words; glu
+    takes its input twice, once per half)."""
     def key(t):
         shape, dtype = typing.get_args(t)
         return int(np.prod(shape)), np.dtype(typing.get_args(dtype)[0]).name
     wanted, found, rest = [key(t) for t in types], [], list(operands)
     for k in wanted:
+        if found and (found[-1][3], found[-1][4]) == k and not (rest and (rest[0][3], rest[0][4]) == k):
+            found.append(found[-1])
+            continue
         while rest and (rest[0][3], rest[0][4]) != k:
             rest.pop(0)
         if not rest:

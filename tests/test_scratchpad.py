@@ -341,3 +341,19 @@ def test_npu1_a_manifest_that_disagrees_with_its_stream_is_refused(fake_npu):
     from sdk.session import Session
     with pytest.raises(ArtifactMissing, match="the stream has"):
         Session([graph()], weights(), device="npu")
+
+
+def test_npu1_every_design_places_its_transfers():
+    """kernels/build.py finds the run operand behind every fill and drain of every design (test_designs' graph
+    that uses all of them), each inside its arena."""
+    from .test_designs import synthetic_graph
+    program = npu.device_program(compile_graphs([synthetic_graph()], "npu1"))
+    with standin.installed():
+        with kbuild.static_transfers() as log:
+            fused = fused_design.build(program, "npu1")
+    sites = kbuild.transfer_sites(fused, log, list(fused.sequences))
+    sizes = [program.meta["arenas"][a] for a in ("weights", "state", "io", "scratch")]
+    placed = [s for ss in sites.values() for s in ss]
+    assert len(placed) >= sum(len(runs) for runs in fused.sequences.values())   # at least one transfer per kernel
+    assert all(0 <= s.plus and s.plus + s.bytes <= sizes[s.arg] for s in placed), \
+        [s for s in placed if not s.plus + s.bytes <= sizes[s.arg]]
