@@ -357,3 +357,12 @@ def test_npu1_every_design_places_its_transfers():
     assert len(placed) >= sum(len(runs) for runs in fused.sequences.values())   # at least one transfer per kernel
     assert all(0 <= s.plus and s.plus + s.bytes <= sizes[s.arg] for s in placed), \
         [s for s in placed if not s.plus + s.bytes <= sizes[s.arg]]
+
+
+def test_insts_parser_names_the_older_ipu_format():
+    """mlir-aie's AIETargetIPU.cpp (2023) began every stream with a fixed prolog whose first word is 0x11."""
+    from sdk.runtime import npu_insts
+    prolog = np.array([0x00000011, 0x01000405, 0x01000100, 0x0B590100] + [0] * 13, np.uint32)
+    prolog[3] = 4 * len(prolog)  # even with a plausible size field it is not a transaction
+    with pytest.raises(npu_insts.InstructionStreamError, match="IPU instruction format"):
+        npu_insts.parse(prolog)

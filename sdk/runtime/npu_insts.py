@@ -38,6 +38,8 @@ its static base (the word's value 0) and records which patch ops it owns; before
 argplus to base + word x element size (`set_argplus`) and syncs the instruction BO, so the firmware resolves the
 shifted address. Opcodes this module cannot size (BLOCKSET, NOOP, PREEMPT, LOADPDI, ...: their numbers moved
 between aie-rt versions) are refused rather than guessed: one wrong size would misread every later op.
+Before transactions (2023), mlir-aie's AIETargetIPU.cpp wrote another format (a fixed 17-word prolog, opcode in the
+top byte: 2 write32, 3 sync, 6 a shim BD with a DDR id and buffer offset); it has no DDR patch ops and is refused.
 Written from the sources named above; never checked against a file aiecc wrote or run on hardware.
 """
 from __future__ import annotations
@@ -55,6 +57,7 @@ CUSTOM = (TCT, DDR_PATCH, READ_REGS, RECORD_TIMER, MERGE_SYNC)
 NAMES = {WRITE: "WRITE", BLOCKWRITE: "BLOCKWRITE", MASKWRITE: "MASKWRITE", MASKPOLL: "MASKPOLL", TCT: "TCT",
          DDR_PATCH: "DDR_PATCH", READ_REGS: "READ_REGS", RECORD_TIMER: "RECORD_TIMER", MERGE_SYNC: "MERGE_SYNC"}
 VERSIONS = {(0, 1): "0.1", (1, 0): "1.0"}
+IPU_PROLOG = 0x00000011   # first word of the older, non-transaction format (opcode in the top byte, DDR ids in BDs)
 FIXED_WORDS = {"0.1": {WRITE: 6, MASKWRITE: 7, MASKPOLL: 7}, "1.0": {WRITE: 3, MASKWRITE: 4, MASKPOLL: 4}}
 PATCH_WORDS = {"0.1": 12, "1.0": 6}
 # where a DDR patch keeps its fields, in words from the op's first word: (regaddr, argidx, argplus low word)
@@ -100,7 +103,9 @@ def parse(words, name: str = "instruction stream") -> Stream:
     major, minor, dev_gen, rows = (int(w[0]) >> s & 0xFF for s in (0, 8, 16, 24))
     version = VERSIONS.get((major, minor))
     if version is None:
-        raise InstructionStreamError(f"{name}: transaction version {major}.{minor}; this reader knows "
+        older = " (the pre-2024 IPU instruction format of mlir-aie's AIETargetIPU.cpp: its 17-word prolog " \
+                "starts with 0x00000011)" if int(w[0]) == IPU_PROLOG else ""
+        raise InstructionStreamError(f"{name}: transaction version {major}.{minor}{older}; this reader knows "
                                      f"{', '.join(VERSIONS.values())}", fix=fix)
     count, size = int(w[2]), int(w[3])
     if size != 4 * len(w):
