@@ -769,6 +769,34 @@ def test_conv2d_residual_epilogue_matches_emu(lib, record_parity):
     check(record_parity, "conv2d + residual + relu", out, ref)
 
 
+@pytest.mark.parametrize("mode", ["per_row", "per_channel"])
+def test_conv2d_factor_epilogue_matches_emu(lib, record_parity, mode):
+    """A grouped (depthwise) conv times a factor with one value per output row (the conformer's time mask,
+    r_f32 bit 2) or per output channel (bit 1), then relu: the factor rides after each band as one value or one
+    value per channel."""
+    g = rng(23)
+    cin = cout = 4
+    H, W = 6, 6
+    x, w = bf16(g.normal(size=(1, cin, H, W))), bf16(g.normal(size=(cout, 1, 3, 3)))
+    b = g.normal(size=cout).astype(np.float32)
+    shape = (1, 1, H, 1) if mode == "per_row" else (1, cout, 1, 1)
+    factor = g.normal(size=shape).astype(np.float32)
+    chain = chain_of(("mul", 3, False), ("relu",))
+    attrs = {"stride": 1, "padding": 1, "groups": cout}
+    ref = golden("conv", "conv2d", {"x": x, "w": w, "b": b, "s": factor}, attrs=attrs, chain=chain, n_head=3)
+    k = lib("conv2d")
+    words, imms = dataflow.encode_chain(chain, 3)
+    oy, out = np.zeros(1, np.int32), np.zeros((1, cout, H, W), np.float32)
+    for r in range(H):
+        band = np.ascontiguousarray(x[0][:, np.clip(r - 1, 0, H - 3) + np.arange(3), :])
+        obj = np.ascontiguousarray(factor[0, 0, r, :1] if mode == "per_row" else factor[0, :, 0, 0])
+        y = np.zeros(cout * W, BF16)
+        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 0, cin, W, cout, cout, 3, 3, 1, 1, W, H, H,
+             oy, words, len(chain), imms, obj, 1 | (4 if mode == "per_row" else 2))
+        out[0, :, r] = y.astype(np.float32).reshape(cout, W)
+    check(record_parity, f"conv2d depthwise x {mode} factor + relu", out, ref)
+
+
 def test_dwconv1d_matches_emu(lib, record_parity):
     g = rng(13)
     C, L, K = 8, 20, 5

@@ -5,7 +5,9 @@
 // output row from the counter `oy` in L1 and skips them). The weight
 // slice w [cout][cin/groups][kh][kw] (bf16, stored plain in the weights arena) and writes y [cout][wo]:
 // y = bias + sum over (ci, kh, kw) w . x, zero padding left and right, fp32 accumulation, then the
-// epilogue (its operand, a residual row [cout][wo], rides on the band stream after each band) and one store. x and y are bf16, or fp32 (the residual stream) when flagged; the
+// epilogue (its operand rides on the band stream after each band: a residual row [cout][wo]; with bit 1 of
+// r_f32 one value per output channel [cout]; with bit 2 one value for the whole output row, a per-row factor)
+// and one store. x and y are bf16, or fp32 (the residual stream) when flagged; the
 // bias is fp32 (a weight vector). A patch embedding is stride = kernel, pad = 0.
 #include "../include/npu_kernel.h"
 
@@ -22,7 +24,10 @@ NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const fl
                            int32_t r_f32) {
   NPU_ROUND_EVEN();
   npu_vec xv = {x, x_f32, 0};
-  const npu_vec operands[2] = {{res, r_f32, 0}, {res, r_f32, 0}};  // a residual row [cout][wo], if the chain reads one
+  // the chain's operand: a residual row [cout][wo], one value per output channel (bit 1 of r_f32), or one value
+  // for the row (bit 2)
+  const npu_vec operands[2] = {{res, r_f32 & 1, (r_f32 >> 2) & 1}, {res, r_f32 & 1, (r_f32 >> 2) & 1}};
+  const int32_t per_channel = (r_f32 >> 1) & 1;
   const int32_t cg = cin / groups, og = cout / groups, top = *oy * stride - pad;
   const int32_t bh = kh < height ? kh : height;  // band rows: kh, or the whole image when it is smaller
   const int32_t start = top < 0 ? 0 : (top + bh > height ? height - bh : top);
@@ -42,7 +47,7 @@ NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const fl
                    npu_mac_operand(xv, ((g * cg + c) * bh + band_row) * width + ix);
           }
       if (has_bias) sum += bias[j0 + o];
-      npu_put(y, y_f32, o * wo + ox, npu_epilogue(sum, o * wo + ox, chain, n_chain, imm, operands));
+      npu_put(y, y_f32, o * wo + ox, npu_epilogue(sum, per_channel ? o : o * wo + ox, chain, n_chain, imm, operands));
     }
   }
 }

@@ -2,7 +2,9 @@
 as H = 1), one output row per kernel call (kernels/conv2d/conv2d.cc). A core owns a set of output-channel
 blocks: it loads its biases once (the first objects of its weight stream), then for each block keeps the
 block's weights resident and streams, for every image and output row, the band of input rows that row reads
-(rows outside the image clamped to the edge; the kernel skips them). Each core reads two streams straight
+(rows outside the image clamped to the edge; the kernel skips them). A grouped convolution (the conformer's
+depthwise conv2d) takes blocks of whole groups, or part of one group, and a block's band carries only its groups'
+input channels. Each core reads two streams straight
 from its column's shim (band; weights) and writes its rows back. Bands whose channels do not fit L1 next to
 the weights would need channel-chunked accumulation, which this design does not do (it refuses them)."""
 from __future__ import annotations
@@ -35,8 +37,6 @@ def build(target: str, step, buffers: dict, params: dict):
     if one_d:  # [B, C, L] as [B, C, 1, L]
         xi, wi, oi = xi[:, :, None], wi[:, :, None], oi[:, :, None]
     groups = attrs.get("groups", 1)
-    if groups != 1:
-        raise df.DesignError("grouped conv2d: only groups = 1 here (depthwise conv1d has kernels/dwconv1d)")
     pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)  # noqa: E731
     (sh, sw), (ph, pw) = pair(attrs.get("stride", 1)), pair(attrs.get("padding", 0))
     if one_d:
@@ -44,19 +44,32 @@ def build(target: str, step, buffers: dict, params: dict):
     if sh != sw and not one_d:
         raise df.DesignError("different strides along H and W")
     B, cin, H, W = xi.shape
-    cout, _, kh, kw = wi.shape
+    cout, cg, kh, kw = wi.shape
     ho, wo = oi.shape[2], oi.shape[3]
-    per_out = cin * kh * kw
-    band = cin * min(kh, H) * W
+    og = cout // groups                                        # output channels per group
+    per_out = cg * kh * kw
+    # A block of output channels reads the input channels of its groups only: whole groups, or part of one
+    block_cin = lambda c: cin if groups == 1 else max(1, c // og) * cg  # noqa: E731
     res = df.operand(step.inputs[slots[0]], buffers[step.inputs[slots[0]]], step.attrs["views"][slots[0]]) \
         if slots else None
     fits = [c for c in range(1, cout + 1) if cout % c == 0 and c * per_out * 2 <= W_BYTES
-            and (c * per_out % 2 == 0 or c == cout)]
-    if res is not None:  # a block whose residual rows pack whole into band objects, if there is one
-        fits = [c for c in fits if band * x.dtype.itemsize % (c * wo * res.dtype.itemsize) == 0] or fits
+            and (c * per_out % 2 == 0 or c == cout) and (groups == 1 or c % og == 0 or og % c == 0)]
+    # The operand rides as a residual row [cout_b][wo], or as [cout_b] when it has one value per output channel
+    # (bit 1 of r_f32), or as [1] when it has one value per output row (a per-row factor; bit 2)
+    per_channel = per_row = False
+    if res is not None:
+        ri = np.broadcast_to(res.index if not one_d else res.index[:, :, None], oi.shape)
+        per_row = bool((ri == ri[:, :1, :, :1]).all())
+        per_channel = not per_row and bool((ri == ri[:, :, :1, :1]).all())
+        r_width = 1 if per_channel or per_row else wo
+        # a block whose residual rows pack whole into band objects, if there is one
+        fits = [c for c in fits if block_cin(c) * min(kh, H) * W * x.dtype.itemsize
+                % ((1 if per_row else c) * r_width * res.dtype.itemsize) == 0] or fits
     cout_b = max(fits) if fits else 0
     if not cout_b:
         raise df.DesignError(f"one output channel's weights ({per_out * 2} bytes) exceed the {W_BYTES} byte block")
+    cin_b, groups_b = block_cin(cout_b), max(1, cout_b // og) if groups > 1 else 1
+    band = cin_b * min(kh, H) * W
     if (cout_b * per_out) % 2:
         raise df.DesignError("an odd-sized weight block is not whole 32-bit words")
     blocks = cout // cout_b
@@ -65,7 +78,7 @@ def build(target: str, step, buffers: dict, params: dict):
     l1 = 2 * band * x.dtype.itemsize + 2 * cout_b * per_out * 2 + 2 * cout_b * wo * out.dtype.itemsize \
         + 4 * mine * cout_b
     if l1 > L1_BUDGET:
-        raise df.DesignError(f"a band of {cin} channels x {kh} rows x {W} ({band * x.dtype.itemsize} bytes) with "
+        raise df.DesignError(f"a band of {cin_b} channels x {kh} rows x {W} ({band * x.dtype.itemsize} bytes) with "
                              f"its weights needs {l1} bytes of L1: needs channel-chunked accumulation")
     wobj = cout_b * per_out                                  # bf16 elements of one weight object
     floats = wobj // 2
@@ -78,11 +91,12 @@ def build(target: str, step, buffers: dict, params: dict):
     bh = min(kh, H)                                                                       # band rows
     start = np.clip(np.arange(ho) * sh - ph, 0, H - bh)                                  # each band's first row
     rows = start[:, None] + np.arange(bh)[None]                                           # [ho, bh]
-    band_of = lambda b: xi[b][:, rows].transpose(1, 0, 2, 3)                              # [ho, cin, kh, W]  # noqa: E731
+    first_ch = lambda j: 0 if groups == 1 else (j * cout_b // og) * cg                    # block j's first channel  # noqa: E731
+    band_of = lambda b, j: xi[b][first_ch(j):first_ch(j) + cin_b][:, rows].transpose(1, 0, 2, 3)  # [ho, cin_b, kh, W]  # noqa: E731
     x_core, w_core, y_core = [], [], []
     for c in range(cores):
         blks = list(range(c, blocks, cores))
-        x_core.append(np.stack([band_of(b) for _ in blks for b in range(B)]).reshape(-1, cin, bh, W))  # per row
+        x_core.append(np.stack([band_of(b, j) for j in blks for b in range(B)]).reshape(-1, cin_b, bh, W))  # per row
         wparts = []
         if has_bias:
             seq = bias.index.reshape(blocks, cout_b)[c::cores]
@@ -95,16 +109,19 @@ def build(target: str, step, buffers: dict, params: dict):
     i32 = np.int32
     band_bytes = band * x.dtype.itemsize
     if res is not None:
-        res_bytes = cout_b * wo * res.dtype.itemsize
+        res_bytes = (1 if per_row else cout_b) * r_width * res.dtype.itemsize
         if band_bytes % res_bytes:
             raise df.DesignError(f"a residual row of {res_bytes} bytes does not pack into band objects of "
                                  f"{band_bytes}: a convolution epilogue that reads an operand")
         r_repeat = band_bytes // res_bytes
-        ri = res.index if not one_d else res.index[:, :, None]
-        ri = np.broadcast_to(ri, oi.shape)
-        r_core = [np.stack([np.broadcast_to(ri[b, j * cout_b:(j + 1) * cout_b].transpose(1, 0, 2)[:, None],
-                                            (ho, r_repeat, cout_b, wo))
-                            for j in range(c, blocks, cores) for b in range(B)]).reshape(-1, r_repeat, cout_b, wo)
+        per_item = 1 if per_row else cout_b     # values of the operand per output row of a block
+        if per_channel:
+            ri = ri[:, :, :1, :1]
+        elif per_row:
+            ri = np.broadcast_to(ri[:, :1, :, :1], (B, cout, ho, 1))
+        r_core = [np.stack([np.broadcast_to(ri[b, j * cout_b:j * cout_b + per_item].transpose(1, 0, 2)[:, None],
+                                            (ho, r_repeat, per_item, r_width))
+                            for j in range(c, blocks, cores) for b in range(B)]).reshape(-1, r_repeat, per_item, r_width)
                   for c in range(cores)]
     x_t, w_t = df.tensor(band, x.dtype), df.tensor(wobj)
     y_t, bias_t = df.tensor(cout_b * wo, out.dtype), df.tensor(max(n_bias, 1), np.float32)
@@ -115,7 +132,7 @@ def build(target: str, step, buffers: dict, params: dict):
                                                    i32, i32, i32, i32, i32, i32, oy_t, vec_i, i32, vec_f, x_t, i32])]
     words, imms = df.encode_chain(step.attrs["chain"], 3)
     n_chain, x_f32, y_f32 = len(step.attrs["chain"]), df.is_f32(x), df.is_f32(out)
-    r_f32 = df.is_f32(res) if res is not None else 0
+    r_f32 = (df.is_f32(res) | per_channel << 1 | per_row << 2) if res is not None else 0
     state = {"bias": (max(n_bias, 1), np.float32, None), "oy": (1, np.int32, np.zeros(1, np.int32)),
              "chain": (df.MAX_CHAIN, np.int32, words), "imm": (df.MAX_CHAIN, np.float32, imms)}
 
@@ -129,7 +146,7 @@ def build(target: str, step, buffers: dict, params: dict):
             for _ in io.range_(n_images * ho):
                 xt, yt = x_in.acquire(1), y_out.acquire(1)
                 rt_obj = x_in.acquire(1) if res is not None else xt  # the residual row follows the band
-                conv(xt, x_f32, wt, bias_buf, int(has_bias), blk * cout_b, yt, y_f32, cin, W, cout_b, 1, kh, kw, sw,
+                conv(xt, x_f32, wt, bias_buf, int(has_bias), blk * cout_b, yt, y_f32, cin_b, W, cout_b, groups_b, kh, kw, sw,
                      pw, wo, H, ho, oy, chain, n_chain, imm, rt_obj, r_f32)
                 x_in.release(2 if res is not None else 1)
                 y_out.release(1)
