@@ -390,19 +390,19 @@ def conv1d(x, w, b=None, *, stride: int = 1, padding: int = 0, groups: int = 1, 
                   groups=groups, dilation=(1, dilation))[:, :, 0, :]
 
 
-def _pair(v):
+def pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
 def _conv2d_shape(x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1):
-    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
     return (x[0], w[0], _conv_out(x[2], w[2], sh, ph, dh), _conv_out(x[3], w[3], sw, pw, dw))
 
 
 @_op(_conv2d_shape)
 def conv2d(x, w, b=None, *, stride=1, padding=0, groups: int = 1, dilation=1):
     """2-D convolution of x [B, C, H, W] with w [O, C/groups, KH, KW], zero padding, via im2col."""
-    (sh, sw), (ph, pw), (dh, dw) = _pair(stride), _pair(padding), _pair(dilation)
+    (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
     B, C, _, _ = x.shape
     O, Cg, KH, KW = w.shape
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))

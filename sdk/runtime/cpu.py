@@ -15,7 +15,7 @@ from typing import Callable, Mapping
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from ..ops import OPS
+from ..ops import OPS, pair
 from ..program import Program, Usage
 from ..settings import load as load_settings
 from .backend import Counters, State, check_inputs, check_weights
@@ -114,6 +114,35 @@ def _attention(parts, q, k, v, mask=None, *, scale) -> Pieces | None:
     return out, [piece(a, b) for a, b in _bounds(n, parts)]
 
 
+def _conv2d(parts, x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1) -> Pieces | None:
+    """Cut the output rows (or, for a single row, as in conv1d, the output columns): each piece convolves
+    the window of the zero-padded input its outputs read, with no padding of its own."""
+    (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
+    B, O, Ho, Wo = OPS["conv2d"].shape(x.shape, w.shape, stride=stride, padding=padding, groups=groups,
+                                       dilation=dilation)
+    axis, n, s, d, k = (2, Ho, sh, dh, w.shape[2]) if Ho >= parts else (3, Wo, sw, dw, w.shape[3])
+    if B * O * Ho * Wo < 2 * MIN_PIECE or n < parts:
+        return None
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    out = np.empty((B, O, Ho, Wo), np.float32)
+
+    def piece(a, c):
+        def run():
+            window = [slice(None)] * 4
+            window[axis] = slice(a * s, (c - 1) * s + d * (k - 1) + 1)
+            y = OPS["conv2d"].ref(xp[tuple(window)], w, b, stride=stride, padding=0, groups=groups,
+                                  dilation=dilation)
+            out[(slice(None),) * axis + (slice(a, c),)] = y
+        return run
+    return out, [piece(a, c) for a, c in _bounds(n, parts)]
+
+
+def _conv1d(parts, x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1) -> Pieces | None:
+    pieces = _conv2d(parts, x[:, :, None, :], w[:, :, None, :], b, stride=(1, stride), padding=(0, padding),
+                     groups=groups, dilation=(1, dilation))
+    return None if pieces is None else (pieces[0][:, :, 0, :], pieces[1])
+
+
 def _row_softmax(op):
     rows = _by_rows(op)
 
@@ -125,6 +154,8 @@ def _row_softmax(op):
 SPLITTERS: dict[str, Callable[..., Pieces | None]] = {
     "linear": _linear,
     "attention": _attention,
+    "conv2d": _conv2d,
+    "conv1d": _conv1d,
     **{name: _by_rows(OPS[name].ref) for name in ("gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp")},
     **{name: _by_rows(OPS[name].ref) for name in ("layer_norm", "rms_norm")},
     **{name: _row_softmax(OPS[name].ref) for name in ("softmax", "log_softmax")},
