@@ -280,7 +280,9 @@ def transfer_sites(fused, log: list[dict], symbols: list[str]) -> dict[str, list
         placed = []
         for run in fused.sequences[symbol]:
             entry = per_device[run.device]
-            operands = _sequence_operands(entry["types"], run.operands, run.device)
+            order = fused.parameters[run.device].get("sequence")   # positions in the run's operands, if recorded
+            operands = [run.operands[i] for i in order] if order is not None \
+                else _sequence_operands(entry["types"], run.operands, run.device)
             for index, offset, word, kind in entry["transfers"]:
                 buffer, arena, byte_offset, _, dtype = operands[index]
                 size = np.dtype(_DTYPES[dtype]).itemsize
@@ -294,9 +296,12 @@ _DTYPES = {"bfloat16": np.uint16, "float32": np.float32, "int32": np.int32}
 
 
 def _sequence_operands(types, operands, device: str) -> list[tuple]:
-    """The run operand behind each argument of a design's runtime sequence: all of them in order, or the ones that
-    match in order by element count and dtype (a gather takes no id tensor, the ids being scratchpad words; glu
-    takes its input twice, once per half)."""
+    """The run operand behind each argument of a design's runtime sequence, when the design does not record
+    params["sequence"] (the position in the run's operands of each sequence argument): all of them in order, or
+    the ones that match in order by element count and dtype (a gather takes no id tensor, the ids being
+    scratchpad words; glu takes its input twice, once per half). A design that orders its tensors otherwise (gemm
+    puts a residual before the bias; eltwise may put a broadcast operand second) fails here: it must record
+    params["sequence"]."""
     def key(t):
         shape, dtype = typing.get_args(t)
         return int(np.prod(shape)), np.dtype(typing.get_args(dtype)[0]).name

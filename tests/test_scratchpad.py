@@ -366,3 +366,24 @@ def test_insts_parser_names_the_older_ipu_format():
     prolog[3] = 4 * len(prolog)  # even with a plausible size field it is not a transaction
     with pytest.raises(npu_insts.InstructionStreamError, match="IPU instruction format"):
         npu_insts.parse(prolog)
+
+
+def test_npu1_transfers_follow_a_recorded_sequence_order():
+    """A design that records params["sequence"] (the run operand behind each runtime-sequence argument) is placed by
+    it; without it the build matches the sequence's tensors to the run's operands by size and dtype in order."""
+    program = npu.device_program(compile_graphs([graph()], "npu1"))
+    with standin.installed():
+        with kbuild.static_transfers() as log:
+            fused = fused_design.build(program, "npu1")
+    (symbol,) = fused.sequences
+    gather = next(r for r in fused.sequences[symbol] if [o[0] for o in r.operands][:2] == ["table", "decode/tokens"])
+    assert len(gather.operands) == 3                                  # table, tokens, out; the sequence takes 2
+    default = kbuild.transfer_sites(fused, log, [symbol])[symbol]
+    fused.parameters[gather.device]["sequence"] = [0, 2]               # what the matching found
+    assert kbuild.transfer_sites(fused, log, [symbol])[symbol] == default
+    fused.parameters[gather.device]["sequence"] = [2, 0]               # table and out swapped
+    swapped = kbuild.transfer_sites(fused, log, [symbol])[symbol]
+    table, out = program.buffers["table"], program.buffers[gather.operands[2][0]]
+    fill = [(s.arg, s.plus) for s in default if s.word == "sp_decode_tokens_0_x32"]
+    assert fill == [(0, table.offset)]                                 # the weights arena, at the table
+    assert [(s.arg, s.plus) for s in swapped if s.word == "sp_decode_tokens_0_x32"] == [(3, out.offset)]
