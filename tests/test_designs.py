@@ -260,8 +260,9 @@ def test_fused_design_is_one_sequence_per_dispatch(synthetic_programs, target):
 
 
 def test_fused_design_names_the_kernels_it_cannot_build(programs):
-    with standin.installed(), pytest.raises(df.DesignError, match=r"kernel steps have no design"):
-        fused_design.build(programs("bert", "npu2"))
+    # the conformer's rel-pos attention scores are a batched bmm, which no design expresses yet
+    with standin.installed(), pytest.raises(df.DesignError, match=r"kernel steps have no design.*bmm"):
+        fused_design.build(programs("conformer", "npu2"))
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)

@@ -100,7 +100,7 @@ def _access_dims(shape: tuple, views: tuple) -> int:
 
 # ---- layout plan (compile time) --------------------------------------------------------------------
 
-def plan(fused: list[Fused], target: Target, constants: Mapping[str, np.ndarray]) -> tuple[dict, dict]:
+def plan(fused: list[Fused], target: Target, constants: dict[str, np.ndarray]) -> tuple[dict, dict]:
     """Decide the stored form of every weight the kernels read; rewrite GEMM operands to packed buffers.
     Returns (weight buffers, recipes)."""
     from .memory import residual_stream  # memory's fp32 activations decide what a DMA copies weights into
@@ -115,6 +115,7 @@ def plan(fused: list[Fused], target: Target, constants: Mapping[str, np.ndarray]
             recipes[name] = {"kind": "plain", "sources": [[name, []]], "shape": list(value.shape), "dtype": dtype}
 
     for f in fused:
+        pads_as_concats(f, constants, target)
         wide = residual_stream(f)
         route_transposes(f, wide, target)
         for k in f.kernels:
@@ -126,6 +127,42 @@ def plan(fused: list[Fused], target: Target, constants: Mapping[str, np.ndarray]
                 if r is not None and r.value in f.values and f.values[r.value].kind in ("weight", "const"):
                     plain(r.value, f.values[r.value], copied if k.kind in ("gather", "concat") else None)
     return buffers, recipes
+
+
+# ---- constant padding: a concat with constants ------------------------------------------------------------
+
+def pads_as_concats(f: Fused, constants: dict[str, np.ndarray], target: Target) -> None:
+    """A DMA cannot write a constant, but it can copy one: a pad along one axis becomes a concat (kernels/dma) of
+    a constant block of the pad value (a new constant of the program, in the weights arena), the operand, and
+    another block. The emulator runs it as the concat it is, which equals the pad."""
+    for k in f.kernels:
+        if k.kind != "pad":
+            continue
+        pads = [tuple(p) for p in k.head.attrs["pads"]]
+        axes = [a for a, p in enumerate(pads) if p != (0, 0)]
+        if len(axes) != 1:
+            continue
+        axis, r = axes[0], k.inputs[0]
+        shape = list(apply_views_shape(f.values[r.value].shape, r.views))
+        parts = []
+        for side, n in zip(("before", "after"), pads[axis]):
+            if n:
+                name = f"const.{f.name}.{k.outputs[0]}.{side}"
+                block = np.full(shape[:axis] + [n] + shape[axis + 1:], k.head.attrs.get("value", 0.0), np.float32)
+                constants[name] = block
+                f.values[name] = Value(name, block.shape, "float32", "const")
+                parts.append(Ref(name))
+            if side == "before":
+                parts.append(r)
+        k.kind = "concat"
+        k.head = Node("concat", tuple(p.value for p in parts), {"axis": axis}, k.head.output)
+        k.inputs = parts
+        k.attrs["tiling"] = catalog.tiling(k, lambda ref: _shape(f, ref), target)
+
+
+def _shape(f: Fused, ref) -> tuple:
+    ref = Ref(ref) if isinstance(ref, str) else ref
+    return apply_views_shape(f.values[ref.value].shape, ref.views)
 
 
 # ---- element-granular transposes: through kernels/transpose --------------------------------------------------
@@ -188,11 +225,7 @@ def _transpose_kernel(f: Fused, r: Ref, split: tuple, position: int, target: Tar
     perm = (0, 2, 1)
     x = Ref(r.value, tuple(r.views) + (("reshape", (b, c, rows)), ("transpose", perm)))
     k = Kernel("transpose", Node("transpose", (r.value,), {"perm": perm}, name), [x], [name], position)
-
-    def shape(ref):
-        ref = Ref(ref) if isinstance(ref, str) else ref
-        return apply_views_shape(f.values[ref.value].shape, ref.views)
-    k.attrs["tiling"] = catalog.tiling(k, shape, target)
+    k.attrs["tiling"] = catalog.tiling(k, lambda ref: _shape(f, ref), target)
     kernels.append(k)
     return name
 
@@ -207,7 +240,8 @@ def word_values(f: Fused) -> set[str]:
     - a value a streaming kernel reads as one value per row (a per-row factor broadcast along the innermost
       axis, innermost stride 0): one fp32 word per row, which the kernel repeats;
     - rows gathered from a table whose rows are an odd number of elements (the table is stored in fp32 too);
-    - a mean whose work item stores an odd number of values (kernels/reduce)."""
+    - a mean whose work item stores an odd number of values (kernels/reduce);
+    - a concat along the row of pieces of odd width, and its inputs."""
     words = set()
     for k in f.kernels:
         if not k.outputs or k.outputs[0] not in f.values:
@@ -221,6 +255,11 @@ def word_values(f: Fused) -> set[str]:
                         words.add(r.value)
         if k.kind == "gather" and f.values[k.inputs[0].value].shape[-1] % 2:
             words.add(k.outputs[0])
+        if k.kind == "concat" and k.head.attrs["axis"] % len(out) == len(out) - 1 \
+                and any(_shape(f, r)[-1] % 2 for r in k.inputs if r is not None):
+            # pieces of odd width along the row: whole words only in fp32 (a constant pad's concat, too)
+            words.add(k.outputs[0])
+            words.update(r.value for r in k.inputs if r is not None and f.values[r.value].kind == "node")
         if k.kind == "reduce" and k.head.op == "mean" and _mean_item(f, k) % 2:
             words.add(k.outputs[0])
     return words

@@ -30,6 +30,8 @@ import json
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from ..errors import UsageError
 from ..graph import Graph
 from ..program import Program
@@ -68,7 +70,8 @@ def compile_npu(graphs: Sequence[Graph], target: str) -> Program:
         for s in e.steps:
             for k in s.body:
                 catalog.check(k, hw)
-    source_shapes = {s[0]: list(_source_shape(graphs, s[0])) for r in recipes.values() for s in r["sources"] if s}
+    source_shapes = {s[0]: list(np.shape(constants[s[0]]) if s[0] in constants else _source_shape(graphs, s[0]))
+                     for r in recipes.values() for s in r["sources"] if s}  # layout may add constants (pads)
     meta = {"graphs": names, "layout": recipes, "source_shapes": source_shapes, "arenas": arenas,
             "npu_fraction": fraction(stats), "toolchain": TOOLCHAIN_PIN}
     program = Program(target, buffers, entries, constants, meta)
