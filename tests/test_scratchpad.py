@@ -387,3 +387,25 @@ def test_npu1_transfers_follow_a_recorded_sequence_order():
     fill = [(s.arg, s.plus) for s in default if s.word == "sp_decode_tokens_0_x32"]
     assert fill == [(0, table.offset)]                                 # the weights arena, at the table
     assert [(s.arg, s.plus) for s in swapped if s.word == "sp_decode_tokens_0_x32"] == [(3, out.offset)]
+
+
+def test_npu1_a_malformed_stream_is_refused_at_load(fake_npu):
+    """A stream that is not a readable transaction (here cut short, its manifest entry re-hashed) never runs."""
+    import hashlib
+    import json
+    prebuilt = fake_npu("npu1")
+    program = compile_graphs([graph()], "npu1")
+    _, words, sites = built("npu1", with_sites=True)
+    fake_pyxrt.write_artifacts(program, prebuilt, scratchpad=words, sites=sites)
+    manifest = prebuilt / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    (entry,) = doc["artifacts"].values()
+    role = next(r for r in entry["files"] if r.startswith("insts/"))
+    path = prebuilt / entry["files"][role]["path"]
+    path.write_bytes(path.read_bytes()[:-4])
+    entry["files"][role]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest.write_text(json.dumps(doc))
+    from sdk.session import Session
+    with pytest.raises(ArtifactMissing, match="header says"):
+        Session([graph()], weights(), device="npu")
+    assert not fake_pyxrt.FAKE.dispatches

@@ -149,7 +149,7 @@ def _op_words(w: np.ndarray, i: int, opcode: int, version: str, name: str) -> in
                                      fix="build without it (npu1 insts use --expand-load-pdis), or extend "
                                          "sdk/runtime/npu_insts.py from the pinned aie-rt's xaie_txn.h")
     if size_at >= len(w):
-        return len(w) + 1  # reported as not fitting
+        raise InstructionStreamError(f"{name}: op {NAMES[opcode]} at word {i} ends before its size field")
     size = int(w[size_at])
     if size % 4:
         raise InstructionStreamError(f"{name}: op {NAMES[opcode]} at word {i} is {size} bytes, not whole words")
