@@ -616,12 +616,21 @@ def find_input_device(spec: int | str | None) -> InputDevice:
 
 class Microphone:
     """A PortAudio input opened at the device's own sample rate (16 kHz is often refused); the Stream
-    resamples. A microphone never blocks: if the worker falls behind, the ring buffer counts the loss."""
+    resamples. A microphone never blocks: if the worker falls behind, the ring buffer counts the loss.
+
+    A device that vanishes is reported as unplugged: when PortAudio stops the stream, or when no block has
+    come for stall_timeout s (a live stream calls back every 50 ms block; PulseAudio, moving a stream whose
+    device went away to its fallback source, holds blocks back for about 2.0 s, measured: at 2 s that
+    unplug would be a coin toss). The first block may be slow: PulseAudio's ALSA device took up to 1.4 s
+    (measured, idle machine), so before it the wait is start_timeout.
+    """
 
     backpressure = False
 
-    def __init__(self, device: int | str | None = None, *, block_seconds: float = 0.05, stall_timeout: float = 2.0):
-        self.device, self.block_seconds, self.stall_timeout = device, block_seconds, stall_timeout
+    def __init__(self, device: int | str | None = None, *, block_seconds: float = 0.05, stall_timeout: float = 1.5,
+                 start_timeout: float = 5.0):
+        self.device, self.block_seconds = device, block_seconds
+        self.stall_timeout, self.start_timeout = stall_timeout, start_timeout
         self.overflows = 0           # blocks PortAudio reported as lost before they reached us
         self.info: InputDevice | None = None
 
@@ -629,7 +638,7 @@ class Microphone:
         sd = _sounddevice()
         self.info = info = find_input_device(self.device)
         rate = int(info.default_samplerate) or 48000
-        last_block = [time.monotonic()]
+        last_block: list[float | None] = [None]
 
         def callback(indata, frames, time_info, status):
             if status.input_overflow:
@@ -643,11 +652,17 @@ class Microphone:
             stream.start()
         except (sd.PortAudioError, ValueError) as e:
             raise _open_error(info, e) from None
+        opened = time.monotonic()
         try:
             while not stop.wait(0.05):
                 if not stream.active:
                     raise _unplugged(info, "the audio stream stopped")
-                if time.monotonic() - last_block[0] > self.stall_timeout:
+                if last_block[0] is None and time.monotonic() - opened > self.start_timeout:
+                    raise DeviceIOError(f"microphone {info.name!r} opened, but no audio arrived"
+                                        f" in {self.start_timeout:g} s",
+                                        fix="check it is enabled and not muted in the sound settings, or pick"
+                                            " another with --input-device (`aie-apps dictate --list-devices`)")
+                if last_block[0] is not None and time.monotonic() - last_block[0] > self.stall_timeout:
                     raise _unplugged(info, f"no audio arrived for {self.stall_timeout:g} s")
         finally:
             try:
