@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import soundfile
 
-from tests.dictation_support import librivox_clips, need, stop_process, wait_for, wer
+from tests.dictation_support import librivox_clips, need, stop_process, wait_for, wer, words
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -32,9 +33,9 @@ def _env(**extra) -> dict:
 
 # ----------------------------------------------------------------------------------------------- microphone
 
-@pytest.fixture
-def pulse(tmp_path):
-    """A private PulseAudio server with a null sink `vmic`; its monitor is the microphone."""
+def _start_pulse(tmp_path, *, fallback: bool):
+    """A private PulseAudio server with a null sink `vmic` (its monitor is the microphone). With fallback,
+    module-always-sink keeps a dummy sink (and source) around, as a desktop keeps other devices."""
     reason = need("pulseaudio", "paplay", "pactl")
     if reason:
         pytest.skip(reason)
@@ -44,17 +45,38 @@ def pulse(tmp_path):
     env.pop("PULSE_SERVER", None)
     subprocess.run(["pulseaudio", "--daemonize=yes", "--exit-idle-time=-1", "-n",
                     "--load=module-native-protocol-unix", "--load=module-null-sink sink_name=vmic",
-                    "--load=module-always-sink"], env=env, check=True, capture_output=True, timeout=30)
+                    *(["--load=module-always-sink"] if fallback else [])],
+                   env=env, check=True, capture_output=True, timeout=30)
     pid = int(wait_for(lambda: (runtime / "pulse" / "pid").exists() and (runtime / "pulse" / "pid").read_text().strip(),
                        10, "the pulseaudio pid file"))
+    return env, pid
+
+
+def _stop_pulse(pid: int):
+    try:
+        os.kill(pid, 15)
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "pulseaudio to exit")
+    except ProcessLookupError:
+        pass
+
+
+@pytest.fixture
+def pulse(tmp_path):
+    env, pid = _start_pulse(tmp_path, fallback=True)
     try:
         yield env
     finally:
-        try:
-            os.kill(pid, 15)
-            wait_for(lambda: not Path(f"/proc/{pid}").exists(), 10, "pulseaudio to exit")
-        except ProcessLookupError:
-            pass
+        _stop_pulse(pid)
+
+
+@pytest.fixture
+def pulse_alone(tmp_path):
+    """The null sink is the only device: when it goes, nothing takes over its streams."""
+    env, pid = _start_pulse(tmp_path, fallback=False)
+    try:
+        yield env
+    finally:
+        _stop_pulse(pid)
 
 
 def test_portaudio_capture_through_pulseaudio_null_sink(pulse, tmp_path):
@@ -90,6 +112,89 @@ def test_portaudio_capture_through_pulseaudio_null_sink(pulse, tmp_path):
     audio, rate = soundfile.read(str(heard))
     assert rate == 16000 and len(audio) / rate >= 7.0
     assert "0 dropped blocks" in errors
+
+
+def _unplug_mid_sentence(env, tmp_path) -> tuple[subprocess.CompletedProcess, list[dict], Path, str, str]:
+    """Dictate from vmic.monitor through PortAudio; play one sentence, pause, start a second one and unload
+    the null sink (the microphone) 1.5 s into it. (the finished session, its finals, the saved audio, refs)"""
+    (first, first_ref), (second, second_ref) = librivox_clips()[4], librivox_clips()[1]
+    heard = tmp_path / "heard.wav"
+    mic_env = dict(env, PULSE_SOURCE="vmic.monitor")
+    session = subprocess.Popen(_cli("--input-device", "pulse", "--output", "jsonl", "--save-audio", str(heard),
+                                    "--max-duration", "60"),
+                               env=mic_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    player = None
+    try:
+        wait_for(lambda: subprocess.run(["pactl", "list", "short", "source-outputs"], env=env,
+                                        capture_output=True, text=True).stdout.strip(), 60, "dictate to open the microphone")
+        subprocess.run(["paplay", "--device=vmic", str(first)], env=env, check=True, timeout=60)
+        time.sleep(1.5)                                   # a pause: the first sentence becomes a final
+        player = subprocess.Popen(["paplay", "--device=vmic", str(second)], env=env, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
+        time.sleep(1.5)
+        modules = subprocess.run(["pactl", "list", "short", "modules"], env=env, capture_output=True, text=True,
+                                 check=True).stdout.splitlines()
+        vmic = next(line.split()[0] for line in modules if "sink_name=vmic" in line)
+        subprocess.run(["pactl", "unload-module", vmic], env=env, check=True, timeout=30)   # unplugged
+        out, errors = session.communicate(timeout=120)
+    finally:
+        stop_process(session)
+        if player is not None:
+            stop_process(player)
+    finals = [json.loads(line) for line in out.splitlines() if line.strip()]
+    return subprocess.CompletedProcess(session.args, session.returncode, out, errors), finals, heard, first_ref, second_ref
+
+
+def _assert_kept(run, finals, heard, first_ref, second_ref):
+    """The first sentence was transcribed, the half sentence said before the unplug too, and the saved
+    audio holds everything that was captured."""
+    said = [w for f in finals if f["type"] == "final" for w in words(f["text"])]
+    print(f"\n  finals: {[f['text'] for f in finals]}\n  {run.stderr.strip().splitlines()[-2:]}")
+    n = len(words(first_ref))
+    assert wer(first_ref, " ".join(said[:n])) <= 0.2, said
+    assert set(said[n:]) & set(words(second_ref)[:5]), f"the words said before the unplug were lost: {said}"
+    captured = float(re.search(r"([0-9.]+) s captured", run.stderr).group(1))
+    audio, rate = soundfile.read(str(heard))
+    assert rate == 16000 and abs(len(audio) / rate - captured) <= 0.1, (len(audio) / rate, captured)
+    assert captured >= 3.0 + 1.5 + 1.0
+    assert "0 dropped blocks" in run.stderr
+
+
+def test_microphone_unplugged_mid_sentence(pulse_alone, tmp_path):
+    """With no other device, PulseAudio kills the recording stream ("Entity killed"); PortAudio stops it."""
+    run, finals, heard, first_ref, second_ref = _unplug_mid_sentence(pulse_alone, tmp_path)
+    assert run.returncode == 5, run.stderr                          # DeviceIOError
+    assert "stopped delivering audio (the audio stream stopped); it may have been unplugged" in run.stderr, run.stderr
+    assert "fix: reconnect it and start again" in run.stderr
+    _assert_kept(run, finals, heard, first_ref, second_ref)
+
+
+def test_microphone_unplugged_with_a_fallback_device_stalls_then_fails(pulse, tmp_path):
+    """With another (here a dummy) source around, PulseAudio moves the stream there instead: PortAudio reports
+    nothing, blocks stop for about 2 s, and the stall timeout ends the session."""
+    run, finals, heard, first_ref, second_ref = _unplug_mid_sentence(pulse, tmp_path)
+    assert run.returncode == 5, run.stderr
+    assert "stopped delivering audio (no audio arrived for 1.5 s); it may have been unplugged" in run.stderr, run.stderr
+    _assert_kept(run, finals, heard, first_ref, second_ref)
+
+
+def test_no_sound_server_means_no_microphone(tmp_path):
+    """Real PortAudio with PulseAudio down: no input device at all (its ALSA `pulse` device cannot connect)."""
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    env = _env(XDG_RUNTIME_DIR=str(runtime), PULSE_SERVER=f"unix:{runtime}/no-server")
+    probe = ("from pipelines.dictation import Microphone\n"
+             "import threading\n"
+             "from sdk.errors import DeviceIOError\n"
+             "try:\n"
+             "    Microphone('pulse').run(lambda x, rate: None, threading.Event())\n"
+             "except DeviceIOError as e:\n"
+             "    print(type(e).__name__, e.exit_code, e.message, '|', e.fix)\n")
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    print(f"\n  {run.stdout.strip()}")
+    assert run.stdout.startswith("DeviceIOError 5 no microphone (audio input device) found"), (run.stdout, run.stderr)
+    assert "PulseAudio/PipeWire is running" in run.stdout
 
 
 # ----------------------------------------------------------------------------------------------- typing
