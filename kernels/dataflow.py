@@ -155,6 +155,19 @@ def operand(name: str, buffer, views=()) -> Operand:
     return Operand(name, n, np.ascontiguousarray(index), np.dtype(buffer.dtype))
 
 
+def sequence_args(step, buffers, read: dict, outs: list) -> tuple[list, dict[int, int]]:
+    """A design's runtime-sequence tensors in the order the fused design passes them (kernels/fused/design.py):
+    every present input of the step, then the outputs. `read` maps input index -> the Operand the design reads;
+    an input it does not stream (a runtime position, which reaches the DMAs as a scratchpad word) is declared
+    and left unread. Returns the tensors and the position of each input index among them."""
+    seq, at = [], {}
+    for i, name in enumerate(step.inputs):
+        if name is not None:
+            at[i] = len(seq)
+            seq.append(read[i] if i in read else operand(name, buffers[name]))
+    return seq + list(outs), at
+
+
 def widened_rows(o: Operand, buffer, width: int) -> np.ndarray | None:
     """The operand's rows ([..., K], each contiguous in its buffer) read `width` >= K elements wide, on into the
     rest of their stored row: the padding the compiler's memory plan gives a GEMM output ([..., Np], read through

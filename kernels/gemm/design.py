@@ -158,12 +158,12 @@ def build(target: str, step, buffers: dict, params: dict):
                                             kzero, kmac, kbias, kstore, it * jt, Kt],
                                      placement=io.Tile(c, 2 + r), stack_size=df.STACK_BYTES))
 
-    operands = [a, b] + ([bias] if has_bias else []) + outs
+    operands, at = df.sequence_args(step, buffers, {0: a, 1: b, 2: bias}, outs)
     rt = io.Runtime()
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
-        a_arg, b_arg = args[0], args[1]
-        bias_arg = args[2] if has_bias else None
-        out_args = args[2 + has_bias:]
+        a_arg, b_arg = args[at[0]], args[at[1]]
+        bias_arg = args[at[2]] if has_bias else None
+        out_args = args[len(args) - len(outs):]
         rt.start(*workers)
         if any(shift):
             io.sync_parameters()
@@ -188,7 +188,8 @@ def build(target: str, step, buffers: dict, params: dict):
                 for tap in df.taps(io, outs[o], tiles):
                     rt.drain(c_l3[c].cons(), out_args[o], tap=tap, placement=io.Tile(c, 0), wait=True,
                              offset_parameter=shift[o])
-    params.update({"m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
+    params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
+                   "m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
                    "tiles_per_core": it * jt, "k_steps": Kt})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
@@ -222,19 +223,19 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
     Mt, Kt, Nt = math.ceil(M / m), t["Kp"] // k, t["Np"] // n
     out = outs[0]
     slot = next((c["operand"] for c in step.attrs["chain"] if c["operand"] is not None), None)
-    res_objs, repeat, r = 0, 0, None
+    res_objs, per_obj, r = 0, 0, None
     if slot is not None:
         r = df.operand(step.inputs[slot], buffers[step.inputs[slot]], step.attrs["views"][slot])
         if r.dtype.itemsize < a.dtype.itemsize:
             raise df.DesignError("a bf16 residual beside an fp32 A: not expressed")
         r_idx = np.broadcast_to(r.index, tuple(r.index.shape[:-2]) + (r.index.shape[-2], N)).reshape(M, N) \
             if r.index.size != M * N else r.index.reshape(M, N)
+        # the tile's elements in order fill A-sized objects (per_obj residual elements, whole rows of n), the
+        # last one topped up with the tile's first rows again; gemm_residual reads them in that order
         a_bytes, r_bytes = m * k * a.dtype.itemsize, m * n * r.dtype.itemsize
-        if a_bytes >= r_bytes and a_bytes % r_bytes == 0:
-            res_objs, repeat = 1, a_bytes // r_bytes
-        elif r_bytes % a_bytes == 0 and r_bytes // a_bytes <= 2 and m % (r_bytes // a_bytes) == 0:
-            res_objs, repeat = r_bytes // a_bytes, 1
-        else:
+        per_obj = a_bytes // r.dtype.itemsize
+        res_objs = -(-r_bytes // a_bytes)
+        if a_bytes % r.dtype.itemsize or per_obj % n or res_objs > 2:
             raise df.DesignError(f"a residual tile of {r_bytes} bytes does not pack into A objects of {a_bytes}")
     pro = step.attrs.get("prologue")
     gb = [df.operand(step.inputs[i], buffers[step.inputs[i]], step.attrs["views"][i]) for i in pro["operands"]] \
@@ -363,14 +364,16 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                                      stack_size=df.STACK_BYTES))
     shims = {c: (take(c), take(c)) for c in range(cols)}           # (A + residual, B + bias) per column
     group_il = max(1, (hw.shim_bds - 6) // 2)
-    operands = [a, b] + ([r] if r is not None else []) + ([bias] if has_bias else []) + gb + list(outs)
+    read = {0: a, 1: b, 2: bias, **({slot: r} if r is not None else {}),
+            **(dict(zip(pro["operands"], gb)) if pro else {})}
+    operands, at = df.sequence_args(step, buffers, read, outs)
     splits = step.attrs.get("n_splits") or [N]
     rt = io.Runtime()
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
-        a_arg, b_arg = args[0], args[1]
-        r_arg = args[2] if r is not None else None
-        bias_arg = args[2 + (r is not None)] if has_bias else None
-        gb_args = args[2 + (r is not None) + has_bias:len(args) - len(outs)]
+        a_arg, b_arg = args[at[0]], args[at[1]]
+        r_arg = args[at[slot]] if r is not None else None
+        bias_arg = args[at[2]] if has_bias else None
+        gb_args = [args[at[i]] for i in pro["operands"]] if pro else []
         out_args = args[len(args) - len(outs):]
         rt.start(*workers)
         if any(shift):
@@ -403,10 +406,8 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                         if not res_objs:
                             continue
                         tiles = np.stack([r_idx[rs, j * n:(j + 1) * n] for rs in row_sets])  # [core, m, n]
-                        if res_objs == 2:  # each A-sized object holds half the tile's rows
-                            ri = tiles.reshape(rows, 2, m // 2, n).transpose(1, 0, 2, 3)
-                        else:              # the tile, repeated to fill one A-sized object
-                            ri = np.broadcast_to(tiles[:, None], (rows, repeat, m, n))
+                        fill = np.resize(np.arange(m), res_objs * per_obj // n)            # rows, wrapping
+                        ri = tiles[:, fill].reshape(rows, res_objs, per_obj // n, n).transpose(1, 0, 2, 3)
                         for tap in df.taps(io, r, ri):
                             rt.fill(a_l3[c].prod(), r_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][0], 0))
                     o = _owner(splits, j * n)
@@ -419,7 +420,8 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                                  wait=True, offset_parameter=shift[o])
                 rt.finish_task_group(tg)
         rt.finish_task_group(resident)
-    params.update({"m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
+    params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
+                   "m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
                    "tiles_per_core": it * jt, "k_steps": Kt, "residual_objects": res_objs,
                    "prologue": pro["op"] if pro else None})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())

@@ -134,8 +134,9 @@ def build(target: str, step, buffers: dict, params: dict):
             y_out.release(1)
 
     take = df.shim_allotter(hw)
-    operands_base = 3 if has_bias else 2          # the residual's position among the runtime operands
-    gb_base = operands_base + (r is not None)
+    read = {0: x, 1: w, 2: bias, **({slots[0]: r} if r is not None else {}),
+            **(dict(zip(pro["operands"], gb)) if pro else {})}
+    operands, pos_of = df.sequence_args(step, buffers, read, outs)   # input index -> runtime tensor
     x_l3 = io.ObjectFifo(x_t, depth=2, name="gemv_x")
     x_bc = x_l3.cons().forward(placement=io.Tile(0, 1), name="gemv_x_bc", depth=2)
     x_shim = take(0)
@@ -160,9 +161,9 @@ def build(target: str, step, buffers: dict, params: dict):
         shim = take(col)
         if has_bias:
             bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cores][None], (bias_repeat, jt, n))
-            fills.append((w_fifo, 2, bi, shim))
+            fills.append((w_fifo, pos_of[2], bi, shim))
         for g_i, (vec, count) in enumerate(zip(gb, vec_objects)):  # gamma, beta: K floats as whole objects
-            fills.append((w_fifo, gb_base + g_i, np.resize(vec.index, count * floats_per_object)
+            fills.append((w_fifo, pos_of[pro["operands"][g_i]], np.resize(vec.index, count * floats_per_object)
                           .reshape(count, floats_per_object), shim))
         if r is None:
             fills.append((w_fifo, 1, wi[:, c::cores].transpose(1, 0, 2), shim))
@@ -170,7 +171,7 @@ def build(target: str, step, buffers: dict, params: dict):
             for jl in range(jt):
                 j = jl * cores + c
                 fills.append((w_fifo, 1, wi[:, j], shim))
-                fills.append((w_fifo, operands_base, np.broadcast_to(r.index.reshape(-1)[j * n:(j + 1) * n],
+                fills.append((w_fifo, pos_of[slots[0]], np.broadcast_to(r.index.reshape(-1)[j * n:(j + 1) * n],
                                                                           (r_repeat, n)), shim))
         for jl in range(jt):
             j = jl * cores + c
@@ -178,7 +179,6 @@ def build(target: str, step, buffers: dict, params: dict):
             lo = sum(splits[:o])
             drains.append((y_fifo, o, outs[o].index.reshape(-1)[j * n - lo:(j + 1) * n - lo], col))
 
-    operands = [x, w] + ([bias] if has_bias else []) + ([r] if r is not None else []) + gb + outs
     rt = io.Runtime()
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
         rt.start(*workers)
@@ -193,7 +193,8 @@ def build(target: str, step, buffers: dict, params: dict):
             for tap in df.taps(io, outs[o], idx):
                 rt.drain(fifo.cons(), args[len(operands) - len(outs) + o], tap=tap, placement=io.Tile(col, 0),
                          wait=True, offset_parameter=at[o])
-    params.update({"k": k, "n": n, "cores": cores, "tiles_per_core": jt, "k_steps": Kt})
+    params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
+                   "k": k, "n": n, "cores": cores, "tiles_per_core": jt, "k_steps": Kt})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 
