@@ -362,13 +362,16 @@ def patch_table(sites: list[Site], patches: tuple[DdrPatch, ...], words, dispatc
 
 
 def compile_kernels(fused, target: str, toolchain: Toolchain, work: Path) -> list[Path]:
-    """One object per kernel source the design uses, named as the designs link them (<name>.o)."""
+    """One object per kernel source the design uses, named as the designs link them (<name>.o). A design with no
+    <name>.cc (dma: shim and memtile DMAs only) has no core code to compile."""
     work.mkdir(parents=True, exist_ok=True)
     mac = "-DMMUL_R={}".format(TARGETS[target].mac_shape[0]), "-DMMUL_S={}".format(TARGETS[target].mac_shape[1]), \
         "-DMMUL_T={}".format(TARGETS[target].mac_shape[2])
     objects = []
     for name in sorted({p["design"] for p in fused.parameters.values()}):
         src = KERNELS / name / f"{name}.cc"
+        if not src.is_file():
+            continue
         obj = work / f"{name}.o"
         run([str(toolchain.peano / "bin" / "clang++"), f"--target={TRIPLES[target]}", "-O2", "-std=c++20",
              "-DNDEBUG", "-ffp-contract=off", *mac, "-c", str(src), "-o", str(obj)])
