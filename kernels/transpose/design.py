@@ -1,8 +1,9 @@
-"""Batched transpose design: x [b, r, c] -> y [b, c, r] in bf16 through the cores (kernels/transpose), for
-the access patterns the DMAs cannot do at bf16 granularity (an innermost stride other than 1). No catalog
-kind produces this step yet: the compiler folds transposes into access patterns, and the designs refuse the
-element-granular ones (dataflow.taps); `build_transpose` is what such an operand goes through, and a
-transpose step (op "transpose", tiling {"b", "r", "c", "cores"}) builds with `build`."""
+"""Batched transpose design (catalog kind `transpose`): x [b, r, c] -> y [b, c, r] in bf16 through the cores
+(kernels/transpose), for the access patterns the DMAs cannot do at bf16 granularity (an innermost stride other
+than 1). The compiler folds transposes into access patterns; where a row-reading kernel's bf16 operand would
+need an element-granular one, sdk/compiler/layout.py (route_transposes) puts a transpose step before it: the
+step reads x through the operand's views row by row and writes y contiguous, which the reader reads through a
+reshape."""
 from __future__ import annotations
 
 import numpy as np
