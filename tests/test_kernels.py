@@ -698,6 +698,29 @@ def test_mean_matches_emu(lib, record_parity):
         check(record_parity, f"mean over axis 1, batch {b}", y2.astype(np.float32), ref2[b, 0])
 
 
+def test_mean_with_item_operands_matches_emu(lib, record_parity):
+    """ESM's token-dropout rescale: a mean over the tokens whose chain divides by another mean and subtracts from
+    and divides constants; the operands are fp32 scalars that ride in the item's last input object."""
+    g = rng(13)
+    x = g.uniform(size=(1, 16, 1)).astype(np.float32)                    # fp32: one value per token
+    m, c, d = (np.array(v, np.float32).reshape(s) for v, s in ((0.37, (1, 1, 1)), (1.0, ()), (0.88, ())))
+    chain = chain_of(("div", 1, False), ("sub", 2, True), ("div", 3, True))
+    ref = golden("reduce", "mean", {"x": x, "m": m, "c": c, "d": d}, attrs={"axis": 1, "keepdims": True},
+                 chain=chain, n_head=1)
+    k = lib("reduce")
+    words, imms = dataflow.encode_chain(chain, 1)
+    ops = [dataflow.Operand("x", 16, np.zeros((1, 1), np.int64), np.dtype(np.float32))] + \
+        [dataflow.Operand(n, 1, np.zeros((1, 1), np.int64), np.dtype(np.float32), True) for n in "mcd"]
+    opmap = dataflow.operand_map([("row", i) for i in range(4)], ops, [], 1)
+    acc, at, y = np.zeros(1, np.float32), np.zeros(1, np.int32), np.zeros(1, BF16)
+    call(k, "reduce_zero", acc, 1, at)
+    for t in range(16):  # each object: the token's value, then the three scalars (joined_layout)
+        obj = np.array([x[0, t, 0], m.flat[0], c, d], np.float32)
+        call(k, "reduce_cols", obj, 1, acc, 1, 1)
+    call(k, "reduce_mean_store_operands", acc, y, 0, 1, 16, words, len(chain), imms, obj, opmap)
+    check(record_parity, "mean + operand chain", y.astype(np.float32), ref.reshape(-1))
+
+
 def test_masks_match_emu(lib):
     k = lib("maskgen")
     pos = np.array([5], np.int32)                                         # the io arena's int32 word

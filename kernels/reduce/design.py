@@ -2,7 +2,10 @@
 - trailing axes (ResNet's global average pool, [B, C, H, W] over (2, 3)): a work item is G output values;
   its G input rows stream one per object into reduce_rows, then one store of G means;
 - one outer axis (ESM's masked mean, [B, T, C] over 1): a work item is one output vector [C]; its T rows
-  stream into reduce_cols, then one store. kernels/reduce/reduce.cc. Epilogue operands are not supported."""
+  stream into reduce_cols, then one store. kernels/reduce/reduce.cc.
+Epilogue operands with one value per work item (ESM's token-dropout rescale) ride in every input object of the
+item as fp32 scalars; the store reads them from the item's last object (reduce_mean_store_operands). Operands
+that vary within a work item are refused."""
 from __future__ import annotations
 
 import math
@@ -15,8 +18,6 @@ KINDS = ("reduce",)
 
 
 def build(target: str, step, buffers: dict, params: dict):
-    if any(c["operand"] is not None for c in step.attrs["chain"]):
-        raise df.DesignError("mean with an epilogue that reads an operand: not expressed by this design")
     x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
     out = df.operand(step.outputs[0], buffers[step.outputs[0]])
     axes = step.attrs["head"]["attrs"]["axis"]
@@ -42,35 +43,67 @@ def build(target: str, step, buffers: dict, params: dict):
     if out_row * out.dtype.itemsize % 4 or piece * x.dtype.itemsize % 4:
         raise df.DesignError(f"a mean moving {out_row} values per work item is not whole 32-bit words: "
                              f"pad rows to even")
-    bf, i32, x_f32 = df.tensor(piece * x.dtype.itemsize // 2), np.int32, df.is_f32(x)  # the joined object
+    operands = _item_operands(step, buffers, out, items, out_row)
+    per_row = [x.rows(x_rows)] + operands
+    opmap = df.operand_map([("row", i) for i in range(len(per_row))], per_row, [], piece) if operands else None
+    bf, i32, x_f32 = df.joined_type(per_row, piece), np.int32, df.is_f32(x)  # the joined object
     acc_t, at_t, out_t = df.tensor(out_row, np.float32), df.tensor(1, np.int32), df.tensor(out_row, out.dtype)
     ch = [df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)]
     fns = {"zero": ("reduce_zero", [acc_t, i32, at_t]), "rows": ("reduce_rows", [bf, i32, acc_t, i32, i32, at_t]),
            "cols": ("reduce_cols", [bf, i32, acc_t, i32, i32]),
-           "store": ("reduce_mean_store", [acc_t, out_t, i32, i32, i32, ch[0], i32, ch[1]])}
+           "store": ("reduce_mean_store", [acc_t, out_t, i32, i32, i32, ch[0], i32, ch[1]]) if not operands else
+           ("reduce_mean_store_operands", [acc_t, out_t, i32, i32, i32, ch[0], i32, ch[1], bf, ch[0]])}
     n_chain = len(step.attrs["chain"])
     io = df.iron()
 
-    def body(x_fifo, _shared, y_fifo, acc, at, chain, imm, zero, krows, kcols, store, items_per_core, npieces,
-             passes):
+    def body(x_fifo, _shared, y_fifo, acc, at, chain, imm, *rest):
+        opmap_buf, rest = (rest[0], rest[1:]) if operands else (None, rest)
+        zero, krows, kcols, store, items_per_core, npieces, passes = rest
+
+        def piece_in(xs):
+            if mode == "rows":
+                krows(xs, x_f32, acc, 1, piece, at)
+            else:
+                kcols(xs, x_f32, acc, 1, piece)
+
         for _ in io.range_(items_per_core):
             zero(acc, out_row, at)
-            for _ in io.range_(npieces):
+            for _ in io.range_(npieces - 1 if operands else npieces):
                 xs = x_fifo.acquire(1)
-                if mode == "rows":
-                    krows(xs, x_f32, acc, 1, piece, at)
-                else:
-                    kcols(xs, x_f32, acc, 1, piece)
+                piece_in(xs)
                 x_fifo.release(1)
+            if operands:  # the item's last object also carries the epilogue's operands for the store
+                xs = x_fifo.acquire(1)
+                piece_in(xs)
             y = y_fifo.acquire(1)
-            store(acc, y, df.is_f32(out), out_row, count, chain, n_chain, imm)
+            if operands:
+                store(acc, y, df.is_f32(out), out_row, count, chain, n_chain, imm, xs, opmap_buf)
+                x_fifo.release(1)
+            else:
+                store(acc, y, df.is_f32(out), out_row, count, chain, n_chain, imm)
             y_fifo.release(1)
 
-    state = {"acc": (out_row, np.float32, None), "at": (1, np.int32, None), **df.epilogue_state(step, 1)}
-    s = df.Streaming(items, x_rows.shape[1], piece, [x.rows(x_rows)], [], out.rows(out.index.reshape(items, out_row)),
+    state = {"acc": (out_row, np.float32, None), "at": (1, np.int32, None), **df.epilogue_state(step, 1, opmap)}
+    s = df.Streaming(items, x_rows.shape[1], piece, per_row, [], out.rows(out.index.reshape(items, out_row)),
                      out_row=out_row, out_dtype=out.dtype, state=state)
     params.update({"chunk": chunk, "mode": mode, "group": out_row})
     return df.streaming(target, "reduce", s, fns, body, step.attrs["tiling"]["cores"], params)
+
+
+def _item_operands(step, buffers, out, items: int, out_row: int) -> list:
+    """The chain's operands (kernel inputs 1, 2, ...) as fp32 scalars, one value per work item."""
+    used = sorted({c["operand"] for c in step.attrs["chain"] if c["operand"] is not None})
+    if used != list(range(1, len(used) + 1)):
+        raise df.DesignError("mean with an epilogue whose operands are not its inputs 1, 2, ...: not expressed")
+    found = []
+    for i in used:
+        o = df.operand(step.inputs[i], buffers[step.inputs[i]], step.attrs["views"][i])
+        idx = np.broadcast_to(o.index, out.index.shape).reshape(items, out_row)
+        if not (idx == idx[:, :1]).all() or o.dtype != np.float32:
+            raise df.DesignError("mean with an epilogue that reads an operand varying within a work item (or not "
+                                 "fp32): not expressed by this design")
+        found.append(o.rows(idx[:, :1], scalar=True))
+    return found
 
 
 if __name__ == "__main__":

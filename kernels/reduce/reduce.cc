@@ -30,3 +30,16 @@ NPU_KERNEL void reduce_mean_store(const float *acc, void *y, int32_t y_f32, int3
   NPU_ROUND_EVEN();
   for (int32_t i = 0; i < n; ++i) npu_put(y, y_f32, i, npu_epilogue_unary(acc[i] / (float)count, chain, n_chain, imm));
 }
+
+// The store of a mean whose epilogue reads operands, each one value per work item (ESM's token-dropout
+// rescale: divide by another mean, subtract from a constant): the values ride in the last input object of the
+// item, `rows`, at the word offsets of `map` (kernel input 0 is the mean's input, 1.. the chain's operands).
+NPU_KERNEL void reduce_mean_store_operands(const float *acc, void *y, int32_t y_f32, int32_t n, int32_t count,
+                                           const int32_t *chain, int32_t n_chain, const float *imm,
+                                           const void *rows, const int32_t *map) {
+  NPU_ROUND_EVEN();
+  npu_vec operands[8];
+  npu_epilogue_operands(rows, rows, map, 1, n_chain, chain, operands);
+  for (int32_t i = 0; i < n; ++i)
+    npu_put(y, y_f32, i, npu_epilogue(acc[i] / (float)count, i, chain, n_chain, imm, operands));
+}
