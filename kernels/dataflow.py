@@ -48,8 +48,7 @@ def iron() -> SimpleNamespace:
     tests/iron_standin.py installed) work without the toolchain."""
     try:
         from aie.helpers.taplib import TensorAccessPattern
-        from aie.iron import (GlobalBuffer, Kernel, ObjectFifo, Program, Runtime, ScratchpadParameter, Worker,
-                              sync_parameters)
+        from aie.iron import GlobalBuffer, Kernel, ObjectFifo, Program, Runtime, ScratchpadParameter, Worker
         from aie.iron.controlflow import range_
         from aie.iron.device import NPU1, NPU2, Tile
         from aie.iron.placers import SequentialPlacer
@@ -59,7 +58,7 @@ def iron() -> SimpleNamespace:
     return SimpleNamespace(TensorAccessPattern=TensorAccessPattern, GlobalBuffer=GlobalBuffer, Kernel=Kernel,
                            ObjectFifo=ObjectFifo, Program=Program, Runtime=Runtime, Worker=Worker, range_=range_,
                            NPU1=NPU1, NPU2=NPU2, Tile=Tile, SequentialPlacer=SequentialPlacer,
-                           ScratchpadParameter=ScratchpadParameter, sync_parameters=sync_parameters)
+                           ScratchpadParameter=ScratchpadParameter)
 
 
 # ---- runtime parameters in buffer descriptors -----------------------------------------------------------------

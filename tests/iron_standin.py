@@ -298,14 +298,6 @@ class ScratchpadParameter:
         self.name, self.dtype = name, np.dtype(dtype)
 
 
-def sync_parameters():
-    """`aiex.sync_scratchpad_parameters_from_host`: before the first transfer that reads a parameter."""
-    rt = RECORD.active_runtime
-    if rt is None:
-        raise ValueError("sync_parameters() outside a runtime sequence")
-    rt.synced = True
-
-
 class Runtime:
     def __init__(self, strict_task_groups=True):
         self.data, self.transfers, self.started, self.open_groups = [], [], [], 0
@@ -327,6 +319,13 @@ class Runtime:
     def task_group(self):
         self.open_groups += 1
         return TaskGroup()
+
+    def sync_parameters(self):
+        """`aiex.sync_scratchpad_parameters_from_host`, before the first transfer that reads a parameter. A
+        Runtime method in the pinned v1.3.4 (module-level `aie.iron.sync_parameters()` from v1.4.0, PR #3387)."""
+        if RECORD.active_runtime is not self:
+            raise ValueError("sync_parameters() outside this runtime's sequence")
+        self.synced = True
 
     def finish_task_group(self, tg):
         """Frees the group's buffer descriptors (its drains awaited)."""
@@ -413,7 +412,7 @@ def installed():
     names = {
         "aie": {}, "aie.iron": {"ObjectFifo": ObjectFifo, "Worker": Worker, "Runtime": Runtime, "Program": Program,
                                 "Kernel": Kernel, "GlobalBuffer": GlobalBuffer,
-                                "ScratchpadParameter": ScratchpadParameter, "sync_parameters": sync_parameters},
+                                "ScratchpadParameter": ScratchpadParameter},
         "aie.iron.device": {"NPU1": NPU1, "NPU2": NPU2, "Tile": Tile, "AnyShimTile": AnyShimTile,
                             "AnyMemTile": AnyMemTile, "AnyComputeTile": AnyComputeTile},
         "aie.iron.placers": {"SequentialPlacer": SequentialPlacer},

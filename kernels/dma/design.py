@@ -60,7 +60,7 @@ def build(target: str, step, buffers: dict, params: dict):
     shift = df.scratchpad_parameter(io, params, *word) if word else None
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
         if shift is not None:
-            io.sync_parameters()
+            rt.sync_parameters()
         for i, (l3, back, o, dst, piece, col) in enumerate(fifos):
             for tap in df.taps(io, o, o.index):
                 rt.fill(l3.prod(), args[i], tap=tap, placement=io.Tile(col, 0))
@@ -91,7 +91,7 @@ def _gather(target: str, step, buffers: dict, params: dict, out):
     words = [df.scratchpad_parameter(io, params, ids_name, i, row_stride, rows - 1) for i in range(n_ids)]
     out_rows = out.index.reshape(n_ids, width)
     with rt.sequence(df.tensor(table.elements, table.dtype), df.tensor(out.elements, out.dtype)) as (t_arg, o_arg):
-        io.sync_parameters()
+        rt.sync_parameters()
         for i, word in enumerate(words):  # a task group per row: its two descriptors are freed before the next
             tg = rt.task_group()
             for tap in df.taps(io, table, table.index[0]):

@@ -166,7 +166,7 @@ def build(target: str, step, buffers: dict, params: dict):
         out_args = args[len(args) - len(outs):]
         rt.start(*workers)
         if any(shift):
-            io.sync_parameters()
+            rt.sync_parameters()
         for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
             for tap in df.taps(io, a, a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt)):
                 rt.fill(a_l3[r].prod(), a_arg, tap=tap, placement=io.Tile(shim[("a", r)], 0))
@@ -377,7 +377,7 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
         out_args = args[len(args) - len(outs):]
         rt.start(*workers)
         if any(shift):
-            io.sync_parameters()
+            rt.sync_parameters()
         resident = rt.task_group()
         for c in range(cols):
             if has_bias:

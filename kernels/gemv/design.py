@@ -183,7 +183,7 @@ def build(target: str, step, buffers: dict, params: dict):
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
         rt.start(*workers)
         if any(a is not None for a in at):
-            io.sync_parameters()
+            rt.sync_parameters()
         for tap in df.taps(io, x, x_idx):  # every core reads the broadcast row x_passes times per column tile
             rt.fill(x_l3.prod(), args[0], tap=tap, placement=io.Tile(x_shim, 0))
         for fifo, i, idx, shim in fills:
