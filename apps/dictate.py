@@ -3,6 +3,7 @@ pasted, or on the clipboard.
 
     aie-apps dictate                          # microphone -> stdout (live partial line on a TTY)
     aie-apps dictate --output type            # type finals into the focused window (never presses Enter)
+    aie-apps dictate -o paste --paste-keys ctrl+shift+v   # via the clipboard, into a terminal
     aie-apps dictate --file talk.wav --fast   # a file played as the microphone
     aie-apps dictate toggle                   # start a session, or stop the running one (bind this to a key)
 
@@ -54,7 +55,9 @@ class Action(str, Enum):
 
 TYPERS = {  # tool -> argv that types TEXT without a trailing Enter
     "xdotool": lambda text: ["xdotool", "type", "--clearmodifiers", "--delay", "4", "--", text],
-    "wtype": lambda text: ["wtype", "--", text],
+    # wtype uploads a new keymap on every run; typing at once, the focused client may read the first key
+    # before that keymap (foot under sway lost the first character in 4 of 6 runs), so it waits 50 ms first
+    "wtype": lambda text: ["wtype", "-s", "50", "--", text],
     "ydotool": lambda text: ["ydotool", "type", "--", text],
     "dotool": None,  # reads commands on stdin
 }
@@ -63,6 +66,15 @@ PREFERENCE = {"x11": ("xdotool", "ydotool", "dotool"), "wayland": ("wtype", "ydo
 INSTALL = {"xdotool": "sudo apt install xdotool", "wtype": "sudo apt install wtype",
            "ydotool": "sudo apt install ydotool (and run ydotoold)", "dotool": "install dotool (git.sr.ht/~geb/dotool)",
            "xclip": "sudo apt install xclip", "wl-copy": "sudo apt install wl-clipboard"}
+NEEDS = {  # what each tool needs from the session when it is installed but fails
+    "xdotool": "an X server: DISPLAY must name it (on Wayland use --typer wtype)",
+    "wtype": "a Wayland compositor with the virtual-keyboard protocol (sway, Hyprland, river; GNOME has none):"
+             " WAYLAND_DISPLAY must name it",
+    "ydotool": "write access to /dev/uinput (the uinput kernel module; see ydotool's README for the udev rule)",
+    "dotool": "write access to /dev/uinput (the uinput kernel module; see dotool's README for the udev rule)",
+    "xclip": "an X server: DISPLAY must name it", "xsel": "an X server: DISPLAY must name it",
+    "wl-copy": "a Wayland compositor: WAYLAND_DISPLAY must name it",
+}
 
 
 def choose_typer(requested: str = "auto", session: str | None = None) -> str:
@@ -84,21 +96,26 @@ def choose_typer(requested: str = "auto", session: str | None = None) -> str:
 def _run_tool(argv: list[str], *, stdin: str | None = None) -> None:
     # stderr goes to a file, not a pipe: clipboard tools (xclip, wl-copy) leave a child serving the selection
     # that would hold a pipe open until the timeout
+    fix = f"{argv[0]} needs {NEEDS[argv[0]]}" if argv[0] in NEEDS else f"check that {argv[0]} works in this session"
     with tempfile.TemporaryFile("w+") as errors:
         try:
             done = subprocess.run(argv, input=stdin, text=True, stdout=subprocess.DEVNULL, stderr=errors, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise DeviceIOError(f"{argv[0]} failed: {e}", fix=f"check that {argv[0]} works in this session") from None
+            raise DeviceIOError(f"{argv[0]} failed: {e}", fix=fix) from None
         errors.seek(0)
         message = errors.read().strip()[:300]
     if done.returncode != 0:
-        raise DeviceIOError(f"{argv[0]} failed (exit {done.returncode}): {message}",
-                            fix=f"check that {argv[0]} can reach the display/input device (`aie-apps doctor --typing`)")
+        raise DeviceIOError(f"{argv[0]} failed (exit {done.returncode}): {message}", fix=fix)
+
+
+def _one_line(text: str) -> str:
+    """Dictation never presses Enter: line breaks (typed, or inside pasted text) become spaces."""
+    return re.sub(r"[\r\n\t\v\f]+", " ", text)
 
 
 def type_text(text: str, tool: str) -> None:
-    """Type text into the focused window. Newlines become spaces: dictation never presses Enter."""
-    text = re.sub(r"[\r\n\t\v\f]+", " ", text)
+    """Type text into the focused window (never an Enter)."""
+    text = _one_line(text)
     if not text.strip():
         return
     if tool == "dotool":
@@ -119,20 +136,45 @@ def _clipboard_tools(session: str) -> tuple[list[str], list[str]]:
     raise DeviceIOError(f"no clipboard tool found for a {session} session", fix=INSTALL[tool])
 
 
-PASTE_KEYS = {"xdotool": ["xdotool", "key", "--clearmodifiers", "ctrl+v"], "wtype": ["wtype", "-M", "ctrl", "v", "-m", "ctrl"],
-              "ydotool": ["ydotool", "key", "29:1", "47:1", "47:0", "29:0"]}
+MODIFIERS = ("ctrl", "shift", "alt", "super")
+# Linux input event codes (ydotool 1.x takes `code:1` press / `code:0` release)
+KEYCODES = {"ctrl": 29, "shift": 42, "alt": 56, "super": 125, "insert": 110,
+            **{c: 16 + i for i, c in enumerate("qwertyuiop")}, **{c: 30 + i for i, c in enumerate("asdfghjkl")},
+            **{c: 44 + i for i, c in enumerate("zxcvbnm")}}
+
+
+def paste_keys(chord: str, tool: str) -> tuple[list[str], str | None]:
+    """(argv, stdin) pressing a chord such as ctrl+v, ctrl+shift+v (terminals) or shift+Insert with `tool`."""
+    *mods, key = [part.strip().lower() for part in chord.split("+")]
+    if not key or any(m not in MODIFIERS for m in mods) or key not in KEYCODES:
+        raise UsageError(f"cannot press paste keys {chord!r}",
+                         fix="use modifiers (ctrl, shift, alt, super) and a letter or Insert, e.g. ctrl+v,"
+                             " ctrl+shift+v (terminals) or shift+Insert")
+    key = {"insert": "Insert"}.get(key, key)   # X keysym names are case-sensitive
+    if tool == "xdotool":
+        return ["xdotool", "key", "--clearmodifiers", "+".join(mods + [key])], None
+    if tool == "wtype":   # the same 50 ms keymap wait as when typing (else the chord can arrive without ctrl)
+        wtype_mod = {"super": "logo"}
+        return (["wtype", "-s", "50"] + [a for m in mods for a in ("-M", wtype_mod.get(m, m))] + ["-k", key]
+                + [a for m in reversed(mods) for a in ("-m", wtype_mod.get(m, m))]), None
+    if tool == "ydotool":
+        codes = [KEYCODES[k.lower()] for k in mods + [key]]
+        return ["ydotool", "key", *[f"{c}:1" for c in codes], *[f"{c}:0" for c in reversed(codes)]], None
+    return ["dotool"], f"key {'+'.join(mods + [key])}\n"
 
 
 class Sink:
     """Where finals (and, on a TTY, partials) go."""
 
-    def __init__(self, output: Output, *, partials: bool | None, typer_tool: str = "auto"):
+    def __init__(self, output: Output, *, partials: bool | None, typer_tool: str = "auto",
+                 paste_chord: str = "ctrl+v"):
         self.output = output
         self.tty = output == Output.stdout and sys.stdout.isatty()
         self.partials = self.tty if partials is None else partials
         self.session = sdk_settings.load().session_type
         self.tool = choose_typer(typer_tool, self.session) if output in (Output.type, Output.paste) else None
         self.clip = _clipboard_tools(self.session) if output in (Output.paste, Output.clipboard) else None
+        self.paste_keys = paste_keys(paste_chord, self.tool) if output == Output.paste else None
         self.text = ""            # everything finalised this session (the clipboard output holds it)
         self._line = False
 
@@ -162,13 +204,16 @@ class Sink:
             _run_tool(self.clip[0], stdin=self.text)
 
     def _paste(self, text: str):
+        """Clipboard <- text, press the paste keys, then give the clipboard back what it held (if it held text)."""
         copy, read_back = self.clip
         try:
-            previous = subprocess.run(read_back, capture_output=True, text=True, timeout=5).stdout
+            held = subprocess.run(read_back, capture_output=True, text=True, timeout=5)
+            previous = held.stdout if held.returncode == 0 else None   # an empty clipboard is not restored as ""
         except (OSError, subprocess.TimeoutExpired):
             previous = None
-        _run_tool(copy, stdin=text)
-        _run_tool(PASTE_KEYS.get(self.tool) or ["dotool"], stdin="key ctrl+v\n" if self.tool == "dotool" else None)
+        _run_tool(copy, stdin=_one_line(text))
+        argv, stdin = self.paste_keys
+        _run_tool(argv, stdin=stdin)
         if previous is not None:
             time.sleep(0.2)  # let the target read the clipboard before it is restored
             _run_tool(copy, stdin=previous)
@@ -295,6 +340,7 @@ def dictate(
     output: Annotated[Output, typer.Option("--output", "-o", help="stdout | jsonl | type | paste | clipboard")] = Output.stdout,
     partials: Annotated[Optional[bool], typer.Option("--partials/--no-partials", help="show partial text (default: on a TTY only)")] = None,
     typer_tool: Annotated[str, typer.Option("--typer", help="typing tool: auto | xdotool | wtype | ydotool | dotool")] = "auto",
+    paste_chord: Annotated[str, typer.Option("--paste-keys", help="with --output paste: ctrl+v | ctrl+shift+v (terminals) | shift+Insert")] = "ctrl+v",
     model: Annotated[str, typer.Option("--model", help="ASR model name or folder")] = "whisper-tiny.en",
     input_device: Annotated[Optional[str], typer.Option("--input-device", "-d", help="microphone: index or part of its name")] = None,
     list_devices: Annotated[bool, typer.Option("--list-devices", help="list microphones and exit")] = False,
@@ -324,8 +370,8 @@ def dictate(
         return
     if fast and file is None:
         raise UsageError("--fast needs --file")
-    _run_session(settings, output=output, partials=partials, typer_tool=typer_tool, model=model,
-                 input_device=input_device, file=file, fast=fast, vad=vad, silence_timeout=silence_timeout,
+    _run_session(settings, output=output, partials=partials, typer_tool=typer_tool, paste_chord=paste_chord,
+                 model=model, input_device=input_device, file=file, fast=fast, vad=vad, silence_timeout=silence_timeout,
                  max_duration=max_duration, save_audio=save_audio, device=device)
 
 
@@ -339,11 +385,12 @@ def _show(events, sink):
             sink.final(event)
 
 
-def _run_session(settings, *, output, partials, typer_tool, model, input_device, file, fast, vad,
+def _run_session(settings, *, output, partials, typer_tool, paste_chord, model, input_device, file, fast, vad,
                  silence_timeout, max_duration, save_audio, device):
     from pipelines.dictation import DictationOptions, FileSource, Microphone, Stream
 
-    sink = Sink(output, partials=partials, typer_tool=typer_tool)   # a missing typing tool fails before capture
+    # a missing typing or clipboard tool fails here, before the microphone opens
+    sink = Sink(output, partials=partials, typer_tool=typer_tool, paste_chord=paste_chord)
     source = FileSource(file, pace="fast" if fast else "realtime") if file else Microphone(input_device)
     options = DictationOptions(vad=vad, silence_timeout=silence_timeout, max_duration=max_duration,
                                partials=sink.partials)   # nobody sees partials: do not spend decodes on them
