@@ -1,6 +1,10 @@
 """Dictation against real devices: PortAudio capture from a PulseAudio null sink while speech plays into it,
-typing into a real X server window, and the user-only control socket. Each test starts (and stops) the
-daemons it needs and skips, naming the binary, only when one is not installed."""
+that microphone unplugged mid-sentence, no sound server at all, and the user-only control socket. Each
+test starts (and stops) the daemons it needs and skips, naming the binary, only when one is not installed.
+Typing, pasting and the clipboard on real display servers are in test_dictation_outputs.py.
+
+A busy microphone cannot be made real here: the kernel has no sound support (no /dev/snd, CONFIG_SOUND
+unset), and PulseAudio sources are shared, never busy; test_dictation_faults.py injects that PortAudio error."""
 from __future__ import annotations
 
 import json
@@ -195,64 +199,6 @@ def test_no_sound_server_means_no_microphone(tmp_path):
     print(f"\n  {run.stdout.strip()}")
     assert run.stdout.startswith("DeviceIOError 5 no microphone (audio input device) found"), (run.stdout, run.stderr)
     assert "PulseAudio/PipeWire is running" in run.stdout
-
-
-# ----------------------------------------------------------------------------------------------- typing
-
-def _free_display() -> int:
-    return next(n for n in range(90, 200)
-                if not Path(f"/tmp/.X11-unix/X{n}").exists() and not Path(f"/tmp/.X{n}-lock").exists())
-
-
-@pytest.fixture
-def xterm_cat(tmp_path):
-    """Xvfb with one focused xterm running `cat > typed.txt`: whatever is typed lands in the file."""
-    reason = need("Xvfb", "xterm", "xdotool")
-    if reason:
-        pytest.skip(reason)
-    display = _free_display()
-    xvfb = subprocess.Popen(["Xvfb", f":{display}", "-nolisten", "tcp", "-screen", "0", "1024x768x24"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    term = None
-    try:
-        wait_for(lambda: Path(f"/tmp/.X11-unix/X{display}").exists(), 20, "Xvfb")
-        env = _env(DISPLAY=f":{display}", XDG_SESSION_TYPE="x11")
-        env.pop("WAYLAND_DISPLAY", None)
-        typed = tmp_path / "typed.txt"
-        term = subprocess.Popen(["xterm", "-e", "sh", "-c", f"cat > {typed}"], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        wid = subprocess.run(["xdotool", "search", "--sync", "--class", "xterm"], env=env, capture_output=True,
-                             text=True, timeout=30).stdout.split()[0]
-        wait_for(lambda: typed.exists(), 20, "cat to start in the xterm")
-        subprocess.run(["xdotool", "windowfocus", "--sync", wid], env=env, check=True, timeout=30)
-        yield env, typed
-    finally:
-        if term is not None:
-            stop_process(term)
-        stop_process(xvfb)
-
-
-def test_typing_into_an_x_window(xterm_cat, monkeypatch):
-    env, typed = xterm_cat
-    from apps.dictate import choose_typer, type_text
-
-    for key in ("DISPLAY", "XDG_SESSION_TYPE"):
-        monkeypatch.setenv(key, env[key])
-    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
-    assert choose_typer("auto") == "xdotool"
-    type_text("Hello, World! It's 3 o'clock;\nnew line? ", "xdotool")
-
-    wav, reference = librivox_clips()[4]
-    run = subprocess.run(_cli("--file", str(wav), "--fast", "--output", "type"), env=env,
-                         capture_output=True, text=True, timeout=180)
-    assert run.returncode == 0, run.stderr
-    subprocess.run(["xdotool", "key", "ctrl+d"], env=env, check=True, timeout=30)   # EOF: cat writes the line
-    content = wait_for(lambda: typed.read_text(), 20, "the typed text to reach the file")
-    print(f"\n  typed into xterm: {content!r}")
-    assert content.startswith("Hello, World! It's 3 o'clock; new line? ")
-    assert "\n" not in content and "\r" not in content            # dictation never presses Enter
-    dictated = content[len("Hello, World! It's 3 o'clock; new line? "):]
-    assert wer(reference, dictated) <= 0.2, dictated
 
 
 # ----------------------------------------------------------------------------------------------- control socket
