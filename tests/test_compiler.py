@@ -177,3 +177,35 @@ def test_whisper_small_decode_step_estimate_meets_the_goal():
           f"({greedy.kernels} kernels, {greedy.dram_mb} MB DRAM)")
     assert step.dispatches == greedy.dispatches == 1
     assert greedy.ms <= 20.0
+
+
+def _dma_granular(w, x, s):
+    """What a DMA cannot move at bf16 granularity: x read transposed by an elementwise op, a per-row factor
+    computed on the device, and a pad of one element along the row."""
+    h = ops.gelu(x)                                                  # [1, 8, 6], stored bf16
+    t = ops.gelu(h.transpose(0, 2, 1)) * ops.exp(s).reshape(1, 6, 1)  # transposed read, per-row factor
+    return {"t": t, "p": ops.pad(ops.gelu(x), pads=((0, 0), (0, 0), (1, 0)))}
+
+
+def test_layout_keeps_dma_transfers_whole_words_and_emu_equals_the_reference():
+    """layout.route_transposes, word_values and pads_as_concats: a transpose step before the reader, fp32 for the
+    per-row factor and the pad's pieces, the pad as a concat with a constant block; emu computes the same."""
+    from sdk.session import Session
+    g = trace(_dma_granular, name="dma", weights={}, inputs={"x": ((1, 8, 6), "float32"), "s": ((6,), "float32")})
+    p = compiler.compile([g], "npu2")
+    ks = kernels(p)
+    transposes = [k for k in ks if k.op == "transpose"]
+    assert len(transposes) == 1 and transposes[0].attrs["views"][0][-1] == ("transpose", (0, 2, 1))
+    reader = next(k for k in ks if transposes[0].outputs[0] in k.inputs)
+    assert reader.attrs["views"][reader.inputs.index(transposes[0].outputs[0])] == [("reshape", (1, 6, 8))]
+    factor = next(k for k in ks if k.attrs["head"]["op"] == "exp").outputs[0]
+    assert p.buffers[factor].dtype == "float32"
+    (pad,) = [k for k in ks if k.attrs["name"].startswith("pad")]
+    assert pad.op == "concat" and p.buffers[pad.outputs[0]].dtype == "float32"
+    assert p.buffers[pad.inputs[0]].usage == Usage.WEIGHTS and pad.inputs[0] in p.constants
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.normal(size=(1, 8, 6)).astype(np.float32), "s": rng.normal(size=6).astype(np.float32)}
+    with Session([g], {}, device="cpu") as cpu, Session([g], {}, device="emu") as emu:
+        ref, got = cpu.run(**inputs), emu.run(**inputs)
+    for name in ref:
+        np.testing.assert_allclose(got[name], ref[name], rtol=2e-2, atol=2e-2)

@@ -275,7 +275,8 @@ def test_fused_design_names_the_kernels_it_cannot_build(programs):
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
 def test_transpose_design(target):
-    """No catalog kind emits a transpose step yet; the design builds for one and writes every element."""
+    """A transpose step as layout.route_transposes emits it (here made by hand): the design builds and writes every
+    element."""
     from sdk.program import Buffer, Step, Usage
     buffers = {"x": Buffer("x", (6, 32, 48), "bfloat16", Usage.SCRATCH),
                "y": Buffer("y", (6, 48, 32), "bfloat16", Usage.SCRATCH)}
