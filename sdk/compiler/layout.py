@@ -11,6 +11,10 @@ patterns. A DMA moves bytes and cannot convert, so a weight that a gather or a c
 is stored in that output's dtype, and a table whose rows are an odd number of elements is stored (and
 gathered) in fp32: its rows are then whole 32-bit words (`word_values`).
 
+Before packing, the plan rewrites what a DMA could not serve at bf16 granularity: a constant pad becomes a
+concat with constant blocks (`pads_as_concats`), and a bf16 operand read with an innermost stride other than 1
+gets a transpose step through the cores first (`route_transposes`).
+
 A packing is described by a recipe in the program (meta["layout"]) and done at load time, never per
 inference; results are cached in-process by the content hash of the recipe and its source bytes.
 The same module applies view chains (reshape / transpose / slice), the access patterns of kernel operands.
