@@ -70,7 +70,8 @@ NEEDS = {  # what each tool needs from the session when it is installed but fail
     "xdotool": "an X server: DISPLAY must name it (on Wayland use --typer wtype)",
     "wtype": "a Wayland compositor with the virtual-keyboard protocol (sway, Hyprland, river; GNOME has none):"
              " WAYLAND_DISPLAY must name it",
-    "ydotool": "write access to /dev/uinput (the uinput kernel module; see ydotool's README for the udev rule)",
+    "ydotool": "write access to /dev/uinput (the uinput kernel module; see ydotool's README for the udev rule),"
+               " and from version 1.0 its daemon ydotoold running",
     "dotool": "write access to /dev/uinput (the uinput kernel module; see dotool's README for the udev rule)",
     "xclip": "an X server: DISPLAY must name it", "xsel": "an X server: DISPLAY must name it",
     "wl-copy": "a Wayland compositor: WAYLAND_DISPLAY must name it",
@@ -94,12 +95,12 @@ def choose_typer(requested: str = "auto", session: str | None = None) -> str:
 
 
 def _run_tool(argv: list[str], *, stdin: str | None = None) -> None:
-    # stderr goes to a file, not a pipe: clipboard tools (xclip, wl-copy) leave a child serving the selection
-    # that would hold a pipe open until the timeout
+    # output goes to a file, not a pipe: clipboard tools (xclip, wl-copy) leave a child serving the selection
+    # that would hold a pipe open until the timeout; stdout too, where ydotool 1.x writes its errors
     fix = f"{argv[0]} needs {NEEDS[argv[0]]}" if argv[0] in NEEDS else f"check that {argv[0]} works in this session"
     with tempfile.TemporaryFile("w+") as errors:
         try:
-            done = subprocess.run(argv, input=stdin, text=True, stdout=subprocess.DEVNULL, stderr=errors, timeout=30)
+            done = subprocess.run(argv, input=stdin, text=True, stdout=errors, stderr=errors, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as e:
             raise DeviceIOError(f"{argv[0]} failed: {e}", fix=fix) from None
         errors.seek(0)
@@ -137,10 +138,19 @@ def _clipboard_tools(session: str) -> tuple[list[str], list[str]]:
 
 
 MODIFIERS = ("ctrl", "shift", "alt", "super")
-# Linux input event codes (ydotool 1.x takes `code:1` press / `code:0` release)
+# Linux input event codes, for ydotool 1.x
 KEYCODES = {"ctrl": 29, "shift": 42, "alt": 56, "super": 125, "insert": 110,
             **{c: 16 + i for i, c in enumerate("qwertyuiop")}, **{c: 30 + i for i, c in enumerate("asdfghjkl")},
             **{c: 44 + i for i, c in enumerate("zxcvbnm")}}
+
+
+def _ydotool_takes_codes() -> bool:
+    """ydotool 1.x takes key codes (`29:1` press, `29:0` release) and answers --version; 0.1.x (Debian 12)
+    takes names (`ctrl+v`), reads "29:1" as the key 2, and has no --version."""
+    try:
+        return subprocess.run(["ydotool", "--version"], capture_output=True, timeout=5).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return True
 
 
 def paste_keys(chord: str, tool: str) -> tuple[list[str], str | None]:
@@ -158,6 +168,8 @@ def paste_keys(chord: str, tool: str) -> tuple[list[str], str | None]:
         return (["wtype", "-s", "50"] + [a for m in mods for a in ("-M", wtype_mod.get(m, m))] + ["-k", key]
                 + [a for m in reversed(mods) for a in ("-m", wtype_mod.get(m, m))]), None
     if tool == "ydotool":
+        if not _ydotool_takes_codes():
+            return ["ydotool", "key", "+".join(mods + [key])], None
         codes = [KEYCODES[k.lower()] for k in mods + [key]]
         return ["ydotool", "key", *[f"{c}:1" for c in codes], *[f"{c}:0" for c in reversed(codes)]], None
     return ["dotool"], f"key {'+'.join(mods + [key])}\n"

@@ -369,16 +369,24 @@ def test_clipboard_tool_follows_the_session(tmp_path, monkeypatch, installed, se
     assert ("wl-clipboard" if session == "wayland" else "xclip") in e.value.fix
 
 
-def test_paste_keys_for_each_tool():
+def test_paste_keys_for_each_tool(tmp_path, monkeypatch):
     from apps.dictate import paste_keys
 
     assert paste_keys("ctrl+v", "xdotool") == (["xdotool", "key", "--clearmodifiers", "ctrl+v"], None)
     assert paste_keys("shift+insert", "xdotool")[0][-1] == "shift+Insert"
     assert paste_keys("ctrl+shift+v", "wtype")[0] == ["wtype", "-s", "50", "-M", "ctrl", "-M", "shift", "-k", "v",
                                                        "-m", "shift", "-m", "ctrl"]
-    # ydotool 1.x takes Linux key codes: ctrl 29, shift 42, v 47 (press :1, release :0, in reverse)
-    assert paste_keys("ctrl+shift+v", "ydotool")[0] == ["ydotool", "key", "29:1", "42:1", "47:1", "47:0", "42:0", "29:0"]
     assert paste_keys("ctrl+v", "dotool") == (["dotool"], "key ctrl+v\n")
+    # ydotool 1.x takes Linux key codes (ctrl 29, shift 42, v 47; press :1, release :0 in reverse) and answers
+    # --version; 0.1.x (Debian 12) takes names and has no --version: stand-ins answering as each would
+    for answer, argv in ((0, ["ydotool", "key", "29:1", "42:1", "47:1", "47:0", "42:0", "29:0"]),
+                         (1, ["ydotool", "key", "ctrl+shift+v"])):
+        folder = tmp_path / f"ydotool-{answer}"
+        folder.mkdir()
+        (folder / "ydotool").write_text(f"#!/bin/sh\nexit {answer}\n")
+        (folder / "ydotool").chmod(0o755)
+        monkeypatch.setenv("PATH", str(folder))
+        assert paste_keys("ctrl+shift+v", "ydotool")[0] == argv
     for chord in ("ctrl+", "hyper+v", "ctrl+F13", ""):
         with pytest.raises(UsageError):
             paste_keys(chord, "xdotool")
