@@ -1,17 +1,27 @@
 """Dictation latency at real-time pace: the 5 LibriVox clips joined with 2 s pauses are played as a
 microphone (FileSource pace="realtime"), once with partials and once without (the CLI's default off a TTY).
-For each final: seconds of wall-clock audio time between the end of its utterance and its arrival.
+For each final: seconds of wall-clock audio time between the end of its utterance and its arrival, and
+where they went:
 
-    PYTHONPATH=. python bench/dictation_latency.py [--threads 2]
+    quiet    audio after the last loud frame that the final's decode waited for (hangover, or early_final
+             when the decode started before the hangover confirmed the end)
+    queue    from that audio's arrival to the decode's start; `behind` of it was spent waiting for an
+             earlier decode (a partial) still running
+    encoder  the encoder pass; decoder: the decoder steps (and their count); other: mel, guards, host work
+    confirm  from the decode's end to the final's emission (an early decode waits for the hangover)
+
+    PYTHONPATH=. python bench/dictation_latency.py [--threads 2] [--runs 1] [--no-simulated]
 
 Also prints the same session on the simulated real-time clock (fast, each decode charged its wall time).
-Not a test: numbers are printed, nothing is asserted.
+The load average is printed with every line: the machine may be shared. Not a test: nothing is asserted.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,9 +29,121 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
+@dataclass
+class Decode:
+    audio_end: float       # audio time of the last sample decoded
+    start: float           # stream clock (audio time) when the decode began ...
+    end: float = 0.0       # ... and ended
+    encoder: float = 0.0   # wall seconds
+    decoder: float = 0.0
+    steps: int = 0
+    encodes: int = 0
+    wall: float = 0.0
+
+
+@dataclass
+class TimedTranscriber:
+    """The Transcriber as the Stream sees it, recording every decode_window() call on the stream's clock and
+    timing the session entries it runs (encode vs decoder steps)."""
+    transcriber: object
+    clock: object = None
+    decodes: list = field(default_factory=list)
+
+    def __post_init__(self):
+        session = self.transcriber.recognizer.session
+        run = session.run
+
+        def timed_run(entry, state, **inputs):
+            started = time.perf_counter()
+            out = run(entry, state, **inputs)
+            took = time.perf_counter() - started
+            if self.decodes:
+                d = self.decodes[-1]
+                if entry == "encode":
+                    d.encoder += took
+                    d.encodes += 1
+                elif entry.startswith("decode"):
+                    d.decoder += took
+                    d.steps += 1
+            return out
+
+        session.run = timed_run
+
+    @property
+    def window_seconds(self) -> float:
+        return self.transcriber.window_seconds
+
+    def decode_window(self, samples, *, offset=0.0):
+        d = Decode(audio_end=offset + len(samples) / 16000, start=self.clock())
+        self.decodes.append(d)
+        started = time.perf_counter()
+        try:
+            return self.transcriber.decode_window(samples, offset=offset)
+        finally:
+            d.wall, d.end = time.perf_counter() - started, self.clock()
+
+
+def breakdown(final, decodes: list[Decode], hangover: float) -> dict:
+    """Split one final's latency into quiet + queue + encoder + decoder + other + confirm (audio seconds)."""
+    # the last decode before the final that reached about its end (a click after the words may come later)
+    used = [d for d in decodes if d.end <= final.at + 1e-3 and final.end - 0.3 <= d.audio_end <= final.end + hangover + 0.05]
+    if not used:
+        return {}
+    d = used[-1]
+    before = [p for p in decodes if p.start < d.start]
+    behind = max(0.0, min(d.start, before[-1].end) - max(d.audio_end, before[-1].start)) if before else 0.0
+    return {"quiet": d.audio_end - final.end, "queue": d.start - d.audio_end, "behind": behind,
+            "encoder": d.encoder, "decoder": d.decoder, "steps": d.steps,
+            "other": d.wall - d.encoder - d.decoder, "confirm": final.at - d.end}
+
+
+def modeled_session(timed: TimedTranscriber, audio: np.ndarray, options, encoder_s: float, step_s: float):
+    """The session on a virtual clock that charges each decode `encoder_s` per encoder pass plus `step_s` per
+    decoder step, whatever it really took: this machine idle, independent of the load from other programs.
+    The audio cadence is the Stream's "simulated" pace (each chunk = what a microphone delivered meanwhile)."""
+    from pipelines.dictation import FRAME, SAMPLE_RATE, Recognizer
+    clock = [0.0]
+    timed.clock, timed.decodes = (lambda: clock[0]), []
+    rec = Recognizer(timed, options)
+    events, fed = [], 0
+    while fed < len(audio):
+        due = min(len(audio), max(int(clock[0] * SAMPLE_RATE), fed + 4 * FRAME))
+        before = len(timed.decodes)
+        new = rec.accept(audio[fed:due])
+        fed = due
+        clock[0] = max(clock[0], fed / SAMPLE_RATE)
+        for d in timed.decodes[before:]:          # decodes of one accept() run back to back
+            d.start, d.encoder, d.decoder = clock[0], encoder_s * d.encodes, step_s * d.steps
+            d.wall = d.encoder + d.decoder
+            clock[0] = d.end = d.start + d.wall
+        events += [replace(e, at=clock[0]) for e in new]
+    events += [replace(e, at=clock[0]) for e in rec.finish()]
+    return events, rec.decodes
+
+
+def load() -> str:
+    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def option_value(text: str):
+    """A --set value: true, false, none or a number."""
+    words = {"true": True, "false": False, "none": None}
+    return words[text.lower()] if text.lower() in words else float(text)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--paces", default="realtime,modeled,simulated",
+                        help="comma-separated: realtime (wall clock), modeled (idle-machine cost model), simulated")
+    parser.add_argument("--runs", type=int, default=1, help="real-time sessions per setting")
+    parser.add_argument("--partials", choices=("both", "on", "off"), default="both")
+    parser.add_argument("--encoder-s", type=float, default=None,
+                        help="modeled seconds per encoder pass (default: the fastest measured at start)")
+    parser.add_argument("--step-s", type=float, default=None, help="modeled seconds per decoder step (same)")
+    parser.add_argument("--decodes", action="store_true", help="also list every decode (audio end, start, end)")
+    parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                        help="a DictationOptions field, e.g. --set early_final=0.3 (repeatable)")
     args = parser.parse_args()
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(args.threads))
@@ -31,18 +153,54 @@ def main():
     from tests.dictation_support import RATE, librivox_session, wer
 
     audio, reference, _ = librivox_session()
-    transcriber = Transcriber("whisper-tiny.en")
-    for pace in ("realtime", "simulated"):
-        for partials in (True, False):
-            stream = Stream(transcriber, FileSource(audio, RATE, pace=pace), DictationOptions(partials=partials))
-            events = list(stream.start().events())
-            finals = stream.finals
+    timed = TimedTranscriber(Transcriber("whisper-tiny.en"))
+    overrides = {k: option_value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.partials]
+    paces = [p for p in args.paces.split(",") for _ in range(args.runs if p == "realtime" else 1)]
+    encoder_s, step_s = args.encoder_s, args.step_s
+    if "modeled" in paces and (encoder_s is None or step_s is None):
+        encoder_s, step_s = calibrate(timed, audio, encoder_s, step_s)
+    print(f"{load()}; options {overrides or 'defaults'}", flush=True)
+    for pace in paces:
+        for partials in settings:
+            options = DictationOptions(**{"partials": partials, **overrides})
+            if pace == "modeled":
+                events, decodes = modeled_session(timed, audio, options, encoder_s, step_s)
+                label = f"modeled (encoder {encoder_s:.2f} s + {1000 * step_s:.0f} ms/step)"
+            else:
+                stream = Stream(timed, FileSource(audio, RATE, pace=pace), options)
+                timed.clock, timed.decodes = (lambda s=stream, p=pace: s._clock(p)), []
+                events = list(stream.start().events())
+                decodes, label = stream.report()["decodes"], pace
+            finals = [e for e in events if e.type == "final"]
             latency = np.array([f.latency for f in finals])
             n_partials = sum(e.type == "partial" for e in events)
-            print(f"{pace:9s} partials={'on ' if partials else 'off'}: finals {len(finals)}, partials {n_partials},"
-                  f" decodes {stream.report()['decodes']}, WER {wer(reference, ' '.join(f.text for f in finals)):.3f};"
+            print(f"{label} partials={'on ' if partials else 'off'}: finals {len(finals)}, partials {n_partials},"
+                  f" decodes {decodes}, WER {wer(reference, ' '.join(f.text for f in finals)):.3f};"
                   f" latency s min {latency.min():.2f} median {np.median(latency):.2f} max {latency.max():.2f}"
-                  f" all {np.round(latency, 2).tolist()}", flush=True)
+                  f" all {np.round(latency, 2).tolist()}  [{load()}]", flush=True)
+            if pace == "simulated":
+                continue   # the simulated clock does not advance during a decode: no breakdown
+            if args.decodes:
+                print("    decodes (audio end -> start..end): " + ", ".join(
+                    f"{d.audio_end:.2f}->{d.start:.2f}..{d.end:.2f}" for d in timed.decodes))
+            for i, final in enumerate(finals):
+                parts = breakdown(final, timed.decodes, options.hangover)
+                print(f"    final {i}: {final.latency:.2f} s = " + " + ".join(
+                    f"{k} {v:.2f}" for k, v in parts.items() if k not in ("behind", "steps"))
+                    + f"  (behind a running decode {parts.get('behind', 0):.2f}, {parts.get('steps', 0)} decoder steps)",
+                    flush=True)
+
+
+def calibrate(timed: TimedTranscriber, audio: np.ndarray, encoder_s, step_s) -> tuple[float, float]:
+    """The fastest encoder pass and decoder step of a few decodes: the idle machine, as near as a shared one
+    can tell (other programs only ever make them slower)."""
+    timed.clock, timed.decodes = (lambda: 0.0), []
+    for _ in range(3):
+        timed.decode_window(audio[:8 * 16000])
+    encoder = min(d.encoder for d in timed.decodes)
+    step = min(d.decoder / d.steps for d in timed.decodes)
+    return encoder if encoder_s is None else encoder_s, step if step_s is None else step_s
 
 
 if __name__ == "__main__":

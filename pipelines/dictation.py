@@ -15,9 +15,12 @@ How it works, in the order audio flows:
   as a repeat of the recent finals and dropped), all within one 30 s encoder window, is re-decoded every
   `partial_every` seconds (less often when decoding is slow); words two consecutive decodes agree on are
   stable (LocalAgreement-2) ->
-  at the utterance end one last decode becomes the `final`. Utterances longer than `commit_after` seconds
-  are committed early at an agreed segment boundary and the window slides on, so long speech never
-  overflows the encoder window.
+  at the utterance end one last decode becomes the `final`. It starts after `early_final` s of quiet, before
+  the hangover has confirmed the end (if the talker goes on, it was one more partial); a partial that
+  started in the final pause is the final itself. Partials start in pauses for that reason: a decode cannot
+  be interrupted, so the final waits for one only when the talker stops while a decode that missed the
+  last words is running. Utterances longer than `commit_after` seconds are committed early at an agreed
+  segment boundary and the window slides on, so long speech never overflows the encoder window.
 
 Against Whisper's known failure modes: no text from one window is fed to the next (no prompt carry-over,
 the classic source of loops); stretches the VAD calls loud but that carry no voiced frames (noise, clicks)
@@ -65,6 +68,10 @@ class DictationOptions:
     preroll: float = 0.4              # s of audio kept from before the onset, so first words are not clipped
     context: float = 6.0              # s of audio before that, decoded as left context; its text is dropped
     hangover: float = 0.6             # s of quiet that ends an utterance
+    early_final: float = 0.2          # s of quiet after which the final's decode starts, before the hangover
+                                      # confirms the end (if speech resumes, it served as a partial)
+    final_tail: float = 0.09          # s of quiet after the last loud frame a decode must have heard to serve
+                                      # as the final; partials wait for such a gap, so that the last one can
     partial_every: float = 1.0        # s of new audio between partial decodes of an open utterance ...
     partial_share: float = 0.5        # ... or longer, so partials use at most this share of real time
     partials: bool = True             # off: no partial events; decodes before the utterance end happen only
@@ -80,7 +87,8 @@ class DictationOptions:
             raise UsageError(f"max_utterance must be in (0, {WINDOW_SECONDS}] s, got {self.max_utterance}")
         if self.commit_after >= self.max_utterance:
             raise UsageError("commit_after must be shorter than max_utterance")
-        for name in ("preroll", "context", "hangover", "partial_every", "onset", "min_voiced"):
+        for name in ("preroll", "context", "hangover", "early_final", "final_tail", "partial_every", "onset",
+                     "min_voiced"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{name} must be >= 0")
         if self.ring_seconds < 5:
@@ -286,6 +294,8 @@ class Recognizer:
         self._commit_after = min(options.commit_after, self._max_utterance / 2)
         self.position = 0                    # samples consumed
         self.last_speech = 0.0               # audio time speech was last heard
+        self._last_words = 0.0               # ... in a loud run at least `onset` long
+        self._loud_run = 0                   # consecutive loud frames
         self.decodes = 0
         self.decode_seconds = 0.0            # running average of one decode's wall time
         self._rest = np.zeros(0, np.float32)  # samples short of a whole frame
@@ -315,11 +325,20 @@ class Recognizer:
         events: list[Event] = []
         for frame, is_loud, is_voiced in zip(frames, loud, voiced):
             events += self._frame(frame, bool(is_loud), bool(is_voiced))
-        # no partial while the talker seems to be stopping: the final is due soon and must not queue behind it
-        ending = self.options.vad and self._now() - self.last_speech > self.options.hangover / 3
+        if not (self.in_utterance and self._enough_voice()):
+            return events
+        # A decode cannot be interrupted, and the final must not wait for one that missed the last words. So
+        # when the talker seems to be stopping, decode at once: once the hangover confirms the end, that decode
+        # is the final. Partials start in a pause (or when long overdue), so that the one running when the
+        # talker stops has heard the end too.
+        quiet = self._now() - self.last_speech if self.options.vad else 0.0
         every = max(self.options.partial_every, self.decode_seconds / max(self.options.partial_share, 1e-3))
-        wanted = self.options.partials or (self.in_utterance and self._duration() >= self._commit_after)
-        if wanted and self.in_utterance and self._since_decode >= every and self._enough_voice() and not ending:
+        wanted = self.options.partials or self._duration() >= self._commit_after
+        if quiet >= self.options.early_final - 1e-9:
+            if not self._heard_end():
+                events += self._partial()
+        elif wanted and self._since_decode >= every and (
+                quiet >= self.options.final_tail - 1e-9 or not self.options.vad or self._since_decode >= 2 * every):
             events += self._partial()
         return events
 
@@ -348,15 +367,18 @@ class Recognizer:
             self._onset_voiced += int(voiced)
             if len(self._onset_run) * FRAME_SECONDS < self.options.onset - 1e-9:
                 return []
-            voiced_so_far = self._onset_voiced
+            voiced_so_far, self._loud_run = self._onset_voiced, len(self._onset_run)
             self._begin_utterance(now - len(self._onset_run) * FRAME_SECONDS)
             self._voiced, self._onset_voiced = voiced_so_far, 0
-            self.last_speech = now
+            self.last_speech = self._last_words = now
             return []
         self._append(frame)
         self._voiced += int(voiced)
+        self._loud_run = self._loud_run + 1 if loud else 0
         if loud:
             self.last_speech = now
+            if self._loud_run * FRAME_SECONDS >= self.options.onset - 1e-9:
+                self._last_words = now    # as long as an onset: a word, not a click or a breath
         events: list[Event] = []
         if self.options.vad and now - self.last_speech >= self.options.hangover:
             return self._end_utterance()
@@ -379,6 +401,8 @@ class Recognizer:
         self._since_decode = 0.0
         self._previous: _Hypothesis | None = None
         self._agreed = 0
+        self._latest: _Hypothesis | None = None   # the last decode of the current buffer ...
+        self._latest_end = 0.0                    # ... and the audio time it reached
 
     def _append(self, frame: np.ndarray):
         self._chunks.append(frame)
@@ -389,6 +413,11 @@ class Recognizer:
 
     def _enough_voice(self) -> bool:
         return not self.options.vad or self._voiced * FRAME_SECONDS >= self.options.min_voiced - 1e-9
+
+    def _heard_end(self) -> bool:
+        """The last decode reached `final_tail` s past the last words: it holds all the speech (loud frames
+        after that too short to be a word, a click or a breath, do not call for a new decode)."""
+        return self._latest is not None and self._latest_end >= self._last_words + self.options.final_tail - 1e-9
 
     # -- decoding
 
@@ -410,9 +439,10 @@ class Recognizer:
         own = [seg for seg in segments if min(seg.end, window_end) > self._buffer_start + 0.3]
         hyp = _Hypothesis.from_segments(own, window_end)
         first = hyp.segments[0] if hyp.segments else None
-        if first is None or first.start >= self._buffer_start - 0.2:
-            return hyp
-        return hyp.without_prefix(_overlap(self._last_final, hyp.words))
+        if first is not None and first.start < self._buffer_start - 0.2:
+            hyp = hyp.without_prefix(_overlap(self._last_final, hyp.words))
+        self._latest, self._latest_end = hyp, window_end
+        return hyp
 
     def _partial(self) -> list[Event]:
         hyp = self._decode()
@@ -450,6 +480,7 @@ class Recognizer:
         self._speech_start = self._buffer_start
         rest = hyp.words[hyp.ends[cut]:]
         self._previous = _Hypothesis([], rest, [len(rest)]) if rest else None
+        self._latest = None                       # it decoded the buffer before the slide
         self._agreed = max(0, self._agreed - len(words))
         return [final]
 
@@ -460,13 +491,13 @@ class Recognizer:
         events = [self._final(hyp.words, self._speech_start, end)] if hyp and hyp.words else []
         self._past.extend(self._chunks)
         self._chunks, self._buffer_start, self._speech_start = [], end, end
-        self._previous, self._agreed, self._voiced = None, 0, 0
+        self._previous, self._agreed, self._voiced, self._latest = None, 0, 0, None
         return events
 
     def _end_utterance(self) -> list[Event]:
         events: list[Event] = []
         if self._enough_voice() and self._chunks:
-            hyp = self._decode()
+            hyp = self._latest if self._heard_end() else self._decode()
             end = min(self.last_speech, self._now()) if self.options.vad else self._now()
             if hyp.words:
                 events.append(self._final(hyp.words, self._speech_start, max(end, self._speech_start)))

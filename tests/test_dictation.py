@@ -128,6 +128,70 @@ def test_long_speech_is_committed_before_it_ends(transcriber):
     assert wer(head, text) <= 0.3, text
 
 
+class _BurstCounter:
+    """A stand-in model that says "word" once per burst of tone it hears, and logs where each decode ended."""
+    window_seconds = 30.0
+
+    def __init__(self):
+        self.decoded_until = []
+
+    def decode_window(self, samples, *, offset=0.0):
+        from pipelines.asr import Segment
+        loud = np.abs(samples[:len(samples) // 480 * 480].reshape(-1, 480)).max(axis=1) > 0.05
+        bursts = int(np.sum(loud[1:] & ~loud[:-1]) + loud[0]) if len(loud) else 0
+        end = offset + len(samples) / RATE
+        self.decoded_until.append(end)
+        return [Segment(offset, end, " ".join(["word"] * bursts))] if bursts else []
+
+
+def _tone(seconds):
+    t = np.arange(int(seconds * RATE)) / RATE
+    return (0.3 * np.sign(np.sin(2 * np.pi * 140 * t)) * np.hanning(len(t)) ** 0.1).astype(np.float32)
+
+
+def _run(recognizer, audio):
+    """Feed 120 ms blocks (a live microphone on an infinitely fast machine): [(audio time, event)]."""
+    events = []
+    for i in range(0, len(audio), 1920):
+        events += [((i + 1920) / RATE, e) for e in recognizer.accept(audio[i:i + 1920])]
+    return events + [(len(audio) / RATE, e) for e in recognizer.finish()]
+
+
+def _quiet(seconds):
+    return np.zeros(int(seconds * RATE), np.float32)
+
+
+def test_the_final_is_decoded_before_the_hangover_ends_and_not_again():
+    """The final's decode starts after early_final s of quiet; when the hangover confirms the end, that decode
+    is the final (no second one). A click after the words does not call for a new decode; words do."""
+    options = DictationOptions(partials=False)
+    model = _BurstCounter()
+    events = _run(Recognizer(model, options), np.concatenate([_quiet(1), _tone(1.0), _quiet(2)]))
+    (emitted, final), = events
+    assert final.text == "word" and model.decoded_until == [pytest.approx(final.end + options.early_final, abs=0.13)]
+    assert emitted == pytest.approx(final.end + options.hangover, abs=0.13)
+
+    click = _tone(0.03)
+    model = _BurstCounter()
+    events = _run(Recognizer(model, options), np.concatenate([_quiet(1), _tone(1.0), _quiet(0.3), click, _quiet(2)]))
+    assert [e.text for _, e in events] == ["word"] and len(model.decoded_until) == 1
+
+    model = _BurstCounter()
+    events = _run(Recognizer(model, options), np.concatenate([_quiet(1), _tone(1.0), _quiet(0.4), _tone(0.5), _quiet(2)]))
+    assert [e.text for _, e in events] == ["word word"] and len(model.decoded_until) == 2
+
+
+def test_a_partial_that_heard_the_end_is_the_final():
+    """Partials start in pauses; the one that started after the last words is the final (one decode fewer)."""
+    options = DictationOptions(partial_every=0.4)
+    model = _BurstCounter()
+    events = _run(Recognizer(model, options), np.concatenate([_quiet(1), _tone(1.0), _quiet(2)]))
+    partials = [e for _, e in events if isinstance(e, Partial)]
+    (final,) = [e for _, e in events if isinstance(e, Final)]
+    assert final.text == "word" and len(partials) == len(model.decoded_until) >= 2
+    assert final.end < model.decoded_until[-1] < final.end + options.early_final   # a partial in the final pause
+
+
 def test_vad_splits_the_session_at_the_pauses_and_ignores_noise():
     audio, _, spans = librivox_session()
     vad = Vad(DictationOptions())
