@@ -23,7 +23,8 @@ from tests.dictation_support import RATE, librivox_clips, need, stop_process, wa
 
 pytestmark = pytest.mark.slow
 
-TRICKY = "Hello, World! It's 3 o'clock;\nnew line? "   # punctuation, quotes, and a line break that must not be an Enter
+# punctuation, quotes, non-ASCII, and a line break that must not become an Enter
+TRICKY = "Hello, World! It's 3 o'clock; café —\nnew line? "
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +78,7 @@ class Window:
 
     def text(self) -> str:
         subprocess.run(self.end_line, env=self.env, check=True, timeout=30)
-        return wait_for(lambda: self.typed.read_text(), 20, "the text to reach the file")
+        return wait_for(lambda: self.typed.read_text(encoding="utf-8"), 20, "the text to reach the file")
 
 
 def _read(argv: list[str], env: dict) -> str:
@@ -140,9 +141,9 @@ def xterm(x11, tmp_path):
     stock xterm would take it as a literal ^V)."""
     env = _tool_env(x11)
     typed = tmp_path / "typed.txt"
-    term = subprocess.Popen(["xterm", "-xrm", "XTerm.vt100.translations: #override Ctrl<Key>v: insert-selection(CLIPBOARD)",
-                             "-e", "sh", "-c", f"cat > {typed}"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    paste = "XTerm.vt100.translations: #override Ctrl<Key>v: insert-selection(CLIPBOARD)"
+    term = subprocess.Popen(["xterm", "-xrm", paste, "-e", "sh", "-c", f"cat > {typed}"], env=dict(env, LC_ALL="C.UTF-8"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wid = subprocess.run(["xdotool", "search", "--sync", "--class", "xterm"], env=env, capture_output=True,
                              text=True, timeout=30).stdout.split()[0]
@@ -166,7 +167,7 @@ def test_type_into_an_x_window(xterm, x11, sentence, dictate, monkeypatch):
     result = dictate(x11, "--file", str(wav), "--fast", "--output", "type")
     assert result.exit_code == 0, result.output
     content = xterm.text()
-    assert content.startswith("Hello, World! It's 3 o'clock; new line? "), content
+    assert content.startswith("Hello, World! It's 3 o'clock; café — new line? "), content
     _assert_dictated(content[len(TRICKY):], reference)
 
 
@@ -243,8 +244,8 @@ def foot(wayland, tmp_path):
     """One focused foot terminal running `cat > typed.txt` (stock key bindings: Ctrl+Shift+V pastes)."""
     env = _tool_env(wayland)
     typed = tmp_path / "typed.txt"
-    term = subprocess.Popen(["foot", "sh", "-c", f"cat > {typed}"], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    term = subprocess.Popen(["foot", "sh", "-c", f"cat > {typed}"], env=dict(env, LC_ALL="C.UTF-8"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_for(lambda: typed.exists(), 20, "cat to start in foot")
         wait_for(lambda: _focused_app(env) == "foot", 20, "foot to have the keyboard focus")
@@ -266,7 +267,7 @@ def test_type_into_a_wayland_window(foot, wayland, sentence, dictate, monkeypatc
     result = dictate(wayland, "--file", str(wav), "--fast", "--output", "type")
     assert result.exit_code == 0, result.output
     content = foot.text()
-    prefix = "One. One. One. Hello, World! It's 3 o'clock; new line? "
+    prefix = "One. One. One. Hello, World! It's 3 o'clock; café — new line? "
     assert content.startswith(prefix), content
     _assert_dictated(content[len(prefix):], reference)
 
@@ -329,8 +330,8 @@ def test_session_type_from_the_environment(tmp_path, monkeypatch, env, session):
     assert choose_typer("auto") == {"wayland": "wtype", "x11": "xdotool", "tty": "ydotool"}[session]
 
 
-@pytest.mark.parametrize("session, install", [("x11", "sudo apt install xdotool"), ("wayland", "sudo apt install wtype"),
-                                              ("tty", "sudo apt install ydotool")])
+@pytest.mark.parametrize("session, install", [
+    ("x11", "sudo apt install xdotool"), ("wayland", "sudo apt install wtype"), ("tty", "sudo apt install ydotool")])
 def test_no_typing_tool_is_a_typed_error_with_the_install_command(tmp_path, monkeypatch, session, install):
     from apps.dictate import choose_typer
 
