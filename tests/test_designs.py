@@ -477,24 +477,29 @@ def test_memory_plan_pads_gemm_outputs_and_keeps_entry_outputs(programs):
                 assert program.buffers[program.entries[g.name].outputs[name]].shape == g.values[value].shape
 
 
+@pytest.mark.parametrize("rows", [2, 3])
 @pytest.mark.parametrize("target", TARGET_NAMES)
-def test_gemm_with_fewer_rows_than_the_mac_repeats_them(target):
-    """M = 2 rows (CLIP's pooled text rows) under the MAC shape's R rows: each tile reads the two rows over and
-    over and drains them onto the same two rows (the same values each time); no buffer grows."""
+def test_gemm_with_fewer_rows_than_the_mac_repeats_them(target, rows):
+    """M = 2 or 3 rows (CLIP's pooled text rows) under the MAC shape's R rows: each tile reads the rows over and
+    over and drains them onto the same rows (the same values each time); no buffer grows. A shim descriptor
+    steps by 0 only in its outermost dimension, so each K step of a tile is its own transfer."""
     from sdk.program import Buffer, Usage
-    R = TARGETS[target].mac_shape[0]
-    buffers = {"a": Buffer("a", (2, 32), "float32", Usage.SCRATCH),
-               "w": Buffer("w", (1, 1, 32, 16), "bfloat16", Usage.WEIGHTS),
-               "y": Buffer("y", (2, 16), "float32", Usage.IO)}
-    step = _gemm_step(("a", "w", None), ("y",), {"M": 2, "K": 32, "N": 16, "m": 8, "k": 32, "n": 16})
+    R, K = TARGETS[target].mac_shape[0], 128
+    buffers = {"a": Buffer("a", (rows, K), "float32", Usage.SCRATCH),
+               "w": Buffer("w", (4, 1, 32, 16), "bfloat16", Usage.WEIGHTS),
+               "y": Buffer("y", (rows, 16), "float32", Usage.IO)}
+    step = _gemm_step(("a", "w", None), ("y",), {"M": rows, "K": K, "N": 16, "m": 8, "k": 32, "n": 16})
     params = {}
     with standin.installed():
         from kernels.gemm import design
         rec = design.build(target, step, buffers, params)
     assert standin.check(rec, TARGETS[target]) == [] and params["m"] == R
-    a_rows = standin.read(rec, 0).reshape(-1, 32)[:, 0] // 32
-    np.testing.assert_array_equal(a_rows, np.arange(len(a_rows)) % 2)
-    assert (standin.written(rec, 2) == R // 2).all()
+    a_rows = standin.read(rec, 0).reshape(-1, 32) // K                   # per K step, R rows cycling over M
+    np.testing.assert_array_equal(a_rows[:, 0], np.arange(len(a_rows)) % R % rows)
+    assert (standin.written(rec, 2) >= 1).all()
+    for t in rec.runtime.transfers:
+        live = [s for n, s in zip(t.tap.sizes, t.tap.strides) if n > 1]
+        assert 0 not in live[1:], (t.kind, t.tap.sizes, t.tap.strides)
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)

@@ -88,7 +88,8 @@ def build(target: str, step, buffers: dict, params: dict):
                              f"needs padding to {t['Np']} columns")
     shift = _cache_rows(step, params, outs, splits, M)
 
-    if n_operands or "prologue" in step.attrs:
+    if n_operands or "prologue" in step.attrs or (M < R and step.op == "gemm"):
+        # (M < R: the A transfers, one per K step, go in task groups so that shim buffer descriptors are reused)
         if step.op != "gemm" or (n_operands and len(outs) > 1):
             raise df.DesignError("an epilogue that reads an operand, on a bmm or merged projections: not expressed")
         return _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers, shift, planes)
@@ -168,7 +169,7 @@ def build(target: str, step, buffers: dict, params: dict):
         if any(shift):
             rt.sync_parameters()
         for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
-            for tap in df.taps(io, a, a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt)):
+            for tap in _a_taps(io, a, a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt), M):
                 rt.fill(a_l3[r].prod(), a_arg, tap=tap, placement=io.Tile(shim[("a", r)], 0))
         for c in range(cols):
             if has_bias:  # first the column's bias tiles, repeated to whole B objects
@@ -388,37 +389,46 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                 vi = np.resize(vec.index, count * floats_per_object).reshape(count, floats_per_object)
                 for tap in df.taps(io, vec, vi):
                     rt.fill(b_l3[c].prod(), arg, tap=tap, task_group=resident, placement=io.Tile(shims[c][1], 0))
+        # K steps per task group: all of them, or with M < R rows repeating through each tile (one A transfer per
+        # K step, see _a_taps) as many as the shim's buffer descriptors hold; the residual and drains go last
+        k_group = Kt if M >= m or pro else max(1, (hw.shim_bds - 4) // (-(-m // M) if m % M else 1))
         for jl in range(jt):
             for il0 in range(0, it, group_il):
                 ils = range(il0, min(it, il0 + group_il))
-                tg = rt.task_group()
-                for c in range(cols):
-                    j = jl * cols + c
-                    bt = np.broadcast_to(b_idx[:, j][None], (len(ils), Kt, kb * n))
-                    for tap in df.taps(io, b, bt):
-                        rt.fill(b_l3[c].prod(), b_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][1], 0))
-                    for il in ils:
-                        row_sets = [tile_rows(il * rows + q, m, M) for q in range(rows)]
-                        at = np.stack([a_idx[rs].reshape(m, Kt, k).transpose(1, 0, 2) for rs in row_sets], axis=1)
-                        at = np.broadcast_to(at[None], (a_passes,) + at.shape)           # [pass, Kt, core, m, k]
-                        for tap in df.taps(io, a, at):
-                            rt.fill(a_l3[c].prod(), a_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][0], 0))
-                        if not res_objs:
+                for q0 in range(0, Kt, k_group):
+                    qs, last = slice(q0, min(Kt, q0 + k_group)), q0 + k_group >= Kt
+                    tg = rt.task_group()
+                    for c in range(cols):
+                        j = jl * cols + c
+                        bt = np.broadcast_to(b_idx[qs, j][None], (len(ils), len(range(Kt)[qs]), kb * n))
+                        for tap in df.taps(io, b, bt):
+                            rt.fill(b_l3[c].prod(), b_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][1], 0))
+                        for il in ils:
+                            row_sets = [tile_rows(il * rows + q, m, M) for q in range(rows)]
+                            at = np.stack([a_idx[rs].reshape(m, Kt, k).transpose(1, 0, 2) for rs in row_sets], axis=1)
+                            at = np.broadcast_to(at[None], (a_passes,) + at.shape)[:, qs]   # [pass, Kt, core, m, k]
+                            for tap in _a_taps(io, a, at, M):
+                                rt.fill(a_l3[c].prod(), a_arg, tap=tap, task_group=tg,
+                                        placement=io.Tile(shims[c][0], 0))
+                            if not res_objs or not last:
+                                continue
+                            tiles = np.stack([r_idx[rs, j * n:(j + 1) * n] for rs in row_sets])  # [core, m, n]
+                            fill = np.resize(np.arange(m), res_objs * per_obj // n)            # rows, wrapping
+                            ri = tiles[:, fill].reshape(rows, res_objs, per_obj // n, n).transpose(1, 0, 2, 3)
+                            for tap in df.taps(io, r, ri):
+                                rt.fill(a_l3[c].prod(), r_arg, tap=tap, task_group=tg,
+                                        placement=io.Tile(shims[c][0], 0))
+                        if not last:
                             continue
-                        tiles = np.stack([r_idx[rs, j * n:(j + 1) * n] for rs in row_sets])  # [core, m, n]
-                        fill = np.resize(np.arange(m), res_objs * per_obj // n)            # rows, wrapping
-                        ri = tiles[:, fill].reshape(rows, res_objs, per_obj // n, n).transpose(1, 0, 2, 3)
-                        for tap in df.taps(io, r, ri):
-                            rt.fill(a_l3[c].prod(), r_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][0], 0))
-                    o = _owner(splits, j * n)
-                    lo = sum(splits[:o])
-                    oi = outs[o].index.reshape(-1, outs[o].shape[-1])
-                    tiles = np.stack([oi[tile_rows(il * rows + q, m, M), j * n - lo:(j + 1) * n - lo]
-                                      for il in ils for q in range(rows)])
-                    for tap in df.taps(io, outs[o], tiles):
-                        rt.drain(c_l3[c].cons(), out_args[o], tap=tap, task_group=tg, placement=io.Tile(c, 0),
-                                 wait=True, offset_parameter=shift[o])
-                rt.finish_task_group(tg)
+                        o = _owner(splits, j * n)
+                        lo = sum(splits[:o])
+                        oi = outs[o].index.reshape(-1, outs[o].shape[-1])
+                        tiles = np.stack([oi[tile_rows(il * rows + q, m, M), j * n - lo:(j + 1) * n - lo]
+                                          for il in ils for q in range(rows)])
+                        for tap in df.taps(io, outs[o], tiles):
+                            rt.drain(c_l3[c].cons(), out_args[o], tap=tap, task_group=tg, placement=io.Tile(c, 0),
+                                     wait=True, offset_parameter=shift[o])
+                    rt.finish_task_group(tg)
         rt.finish_task_group(resident)
     params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
                    "m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
@@ -445,6 +455,18 @@ def tile_rows(i: int, m: int, M: int) -> np.ndarray:
         return np.arange(m) % M
     start = min(i * m, M - m)
     return np.arange(start, start + m)
+
+
+def _a_taps(io, a, index: np.ndarray, M: int) -> list:
+    """The transfers that read A's tiles `index` [..., m, k]. With M < m rows repeating through each tile, a tile
+    is its own transfer, [m / M repeats, M rows, k], so that the repeat (stride 0) is the outermost dimension:
+    the only one a shim buffer descriptor can step by 0 (a tile whose m is not a multiple of M splits into runs
+    of distinct rows)."""
+    m, k = index.shape[-2:]
+    if M >= m:
+        return df.taps(io, a, index)
+    tiles = index.reshape(-1, m, k)
+    return [t for tile in tiles for t in df.taps(io, a, tile.reshape(m // M, M, k) if m % M == 0 else tile)]
 
 
 def _a_rows(a, buffer, K: int, Kp: int, k: int) -> np.ndarray:
