@@ -94,9 +94,9 @@ def pad_to_tiles(f: Fused, target: Target) -> set[str]:
     read an operand are not padded (their designs refuse them). Returns the scratch values kept in their
     dtype: the padded entry outputs, and values of odd width (in fp32 their rows are whole 32-bit words)."""
     outputs, keep = set(f.outputs.values()), set()
-    for k in list(f.kernels):
-        t = k.attrs.get("tiling", {})
-        if k.kind != "gemm" or t["Np"] == t["N"] or len(k.outputs) != 1 or "state_writes" in k.attrs \
+    for k in [k for k in f.kernels if k.kind == "gemm"]:
+        t = k.attrs["tiling"]
+        if t["Np"] == t["N"] or len(k.outputs) != 1 or "state_writes" in k.attrs \
                 or any(c["operand"] is not None for c in k.chain):
             continue
         value = f.values[k.outputs[0]]

@@ -272,12 +272,12 @@ def _gemm(exe, k, head, args):
     b = exe.weight_matrix(k.inputs[1])
     b = bfp16(b, 0) if k.attrs["tiling"].get("precision") == "bfp16" else b  # stored as bf16 already
     xp = np.pad(_operand(k, x, -1), [(0, 0)] * (x.ndim - 1) + [(0, t["Kp"] - t["K"])])
-    width = _stored_width(exe, k)
+    width = _stored_width(k)
     y = (xp @ b)[..., :width]
     return y + bias[:width] if bias is not None else y
 
 
-def _stored_width(exe, k) -> int:
+def _stored_width(k) -> int:
     """Columns a GEMM stores: N, or Np when the memory plan padded its output to whole tiles (attrs stored_width;
     the padding holds the epilogue of a zero accumulator, as on the device; readers slice it off)."""
     return k.attrs.get("stored_width", k.attrs["tiling"]["N"])
