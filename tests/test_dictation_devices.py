@@ -1,6 +1,7 @@
 """Dictation against real devices: PortAudio capture from a PulseAudio null sink while speech plays into it,
-that microphone unplugged mid-sentence, no sound server at all, and the user-only control socket. Each
-test starts (and stops) the daemons it needs and skips, naming the binary, only when one is not installed.
+that microphone unplugged mid-sentence or suspended, no sound server at all, and the user-only control
+socket. Each test starts (and stops) the daemons it needs and skips, naming the binary, only when one is
+not installed.
 Typing, pasting and the clipboard on real display servers are in test_dictation_outputs.py.
 
 A busy microphone cannot be made real here: the kernel has no sound support (no /dev/snd, CONFIG_SOUND
@@ -183,22 +184,37 @@ def test_microphone_unplugged_with_a_fallback_device_stalls_then_fails(pulse, tm
     _assert_kept(run, finals, heard, first_ref, second_ref)
 
 
-def test_no_sound_server_means_no_microphone(tmp_path):
-    """Real PortAudio with PulseAudio down: no input device at all (its ALSA `pulse` device cannot connect)."""
-    runtime = tmp_path / "run"
-    runtime.mkdir(mode=0o700)
-    env = _env(XDG_RUNTIME_DIR=str(runtime), PULSE_SERVER=f"unix:{runtime}/no-server")
-    probe = ("from pipelines.dictation import Microphone\n"
-             "import threading\n"
+def _open_microphone(env: dict, **options) -> str:
+    """Run a Microphone on the real PortAudio in a fresh process (PortAudio lists devices once, when it
+    starts); what it raised, as "DeviceIOError <exit code> <message> | <fix>"."""
+    probe = ("import threading\n"
+             "from pipelines.dictation import Microphone\n"
              "from sdk.errors import DeviceIOError\n"
              "try:\n"
-             "    Microphone('pulse').run(lambda x, rate: None, threading.Event())\n"
+             f"    Microphone('pulse', **{options!r}).run(lambda x, rate: None, threading.Event())\n"
              "except DeviceIOError as e:\n"
              "    print(type(e).__name__, e.exit_code, e.message, '|', e.fix)\n")
     run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
     print(f"\n  {run.stdout.strip()}")
-    assert run.stdout.startswith("DeviceIOError 5 no microphone (audio input device) found"), (run.stdout, run.stderr)
-    assert "PulseAudio/PipeWire is running" in run.stdout
+    assert run.stdout, run.stderr
+    return run.stdout
+
+
+def test_no_sound_server_means_no_microphone(tmp_path):
+    """Real PortAudio with PulseAudio down: no input device at all (its ALSA `pulse` device cannot connect)."""
+    runtime = tmp_path / "run"
+    runtime.mkdir(mode=0o700)
+    said = _open_microphone(_env(XDG_RUNTIME_DIR=str(runtime), PULSE_SERVER=f"unix:{runtime}/no-server"))
+    assert said.startswith("DeviceIOError 5 no microphone (audio input device) found"), said
+    assert "PulseAudio/PipeWire is running" in said
+
+
+def test_a_suspended_microphone_opens_but_stays_silent(pulse_alone):
+    """A device suspended in the sound server opens fine and then delivers no block at all."""
+    subprocess.run(["pactl", "suspend-sink", "vmic", "1"], env=pulse_alone, check=True, timeout=30)
+    said = _open_microphone(dict(pulse_alone, PULSE_SOURCE="vmic.monitor"), start_timeout=2.0)
+    assert said.startswith("DeviceIOError 5 microphone 'pulse' opened, but no audio arrived in 2 s"), said
+    assert "not muted" in said
 
 
 # ----------------------------------------------------------------------------------------------- control socket
