@@ -54,6 +54,8 @@ class Action(str, Enum):
 # ----------------------------------------------------------------------------------------------- text sinks
 
 TYPERS = {  # tool -> argv that types TEXT without a trailing Enter
+    # a character missing from the X keymap (é, —) goes through a spare key remapped for it, and a busy window
+    # can miss that remap (seen once under load in the tests); --output paste has no such race
     "xdotool": lambda text: ["xdotool", "type", "--clearmodifiers", "--delay", "4", "--", text],
     # wtype uploads a new keymap on every run; typing at once, the focused client may read the first key
     # before that keymap (foot under sway lost the first character in 4 of 6 runs), so it waits 50 ms first
