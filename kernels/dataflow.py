@@ -167,6 +167,13 @@ def sequence_args(step, buffers, read: dict, outs: list) -> tuple[list, dict[int
     return seq + list(outs), at
 
 
+def wrapped(index: np.ndarray, total: int) -> list[np.ndarray]:
+    """A 1-D `index` repeated to `total` elements (np.resize's order), as pieces that are each one affine pattern:
+    the whole copies (a repeat, stride 0 outermost) and the remainder."""
+    whole, rest = divmod(total, index.size)
+    return ([np.broadcast_to(index, (whole, index.size))] if whole else []) + ([index[:rest]] if rest else [])
+
+
 def widened_rows(o: Operand, buffer, width: int) -> np.ndarray | None:
     """The operand's rows ([..., K], each contiguous in its buffer) read `width` >= K elements wide, on into the
     rest of their stored row: the padding the compiler's memory plan gives a GEMM output ([..., Np], read through

@@ -560,6 +560,35 @@ def test_gemv_split_weight_fills_send_hi_then_lo_per_tile(target):
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
+def test_gemv_spreads_a_prime_tile_count_and_wraps_norm_vectors(target):
+    """A GEMV head of 17 column tiles (a prime count, like Whisper's 51864-wide vocabulary in 1621 tiles) runs on
+    as many cores as the shims feed, each core the same number of tiles (a core past the end recomputes its own
+    last tile); gamma and beta (K = 96) wrap into whole W objects of 256 floats in two transfers each."""
+    from sdk.program import Buffer, Usage
+    K, N, k, n = 96, 272, 32, 16
+    Kt, Nt = K // k, N // n
+    buffers = {"x": Buffer("x", (1, K), "float32", Usage.SCRATCH),
+               "w": Buffer("w", (Kt, Nt, k, n), "bfloat16", Usage.WEIGHTS),
+               "g": Buffer("g", (K,), "float32", Usage.WEIGHTS), "b": Buffer("b", (K,), "float32", Usage.WEIGHTS),
+               "y": Buffer("y", (1, N), "float32", Usage.SCRATCH)}
+    step = _gemm_step(("x", "w", None, "g", "b"), ("y",), {"M": 1, "K": K, "N": N, "m": 8, "k": k, "n": n,
+                                                          "cores": 32, "prologue_k": K})
+    step.attrs["prologue"] = {"op": "layer_norm", "attrs": {"eps": 1e-5}, "operands": [3, 4]}
+    params = {}
+    with standin.installed():
+        from kernels.gemv import design
+        rec = design.build(target, step, buffers, params)
+    assert standin.check(rec, TARGETS[target]) == []
+    limit = TARGETS[target].columns * TARGETS[target].shim_channels - 1
+    assert params["tiles_per_core"] == -(-Nt // limit) and params["cores"] > 1
+    assert (standin.written(rec, 4) >= 1).all()                           # x, w, gamma, beta, y
+    gamma = [t for t in rec.runtime.transfers if t.kind == "fill" and t.data is rec.runtime.data[2]
+             and t.handle.fifo.name == "gemv_w0"]
+    assert len(gamma) == 2
+    np.testing.assert_array_equal(np.concatenate([t.tap.addresses() for t in gamma]), np.resize(np.arange(K), 256))
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
 def test_streaming_cores_write_the_rows_they_read(target):
     """In the row-streaming skeleton (here layer_norm), the k-th output object of every core is the row its
     k-th input object came from: the fills into each core's joined object and the column's drain agree."""

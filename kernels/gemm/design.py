@@ -386,8 +386,8 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                 for tap in df.taps(io, bias, bi):
                     rt.fill(b_l3[c].prod(), bias_arg, tap=tap, task_group=resident, placement=io.Tile(shims[c][1], 0))
             for vec, arg, count in zip(gb, gb_args, vec_objects):  # gamma, beta: K floats, whole objects
-                vi = np.resize(vec.index, count * floats_per_object).reshape(count, floats_per_object)
-                for tap in df.taps(io, vec, vi):
+                for tap in [t for piece in df.wrapped(vec.index, count * floats_per_object)
+                            for t in df.taps(io, vec, piece)]:
                     rt.fill(b_l3[c].prod(), arg, tap=tap, task_group=resident, placement=io.Tile(shims[c][1], 0))
         # K steps per task group: all of them, or with M < R rows repeating through each tile (one A transfer per
         # K step, see _a_taps) as many as the shim's buffer descriptors hold; the residual and drains go last

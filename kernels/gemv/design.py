@@ -49,8 +49,8 @@ def build(target: str, step, buffers: dict, params: dict):
     if K % k and wide is None and x.dtype.itemsize * (K % k) % 4:
         raise df.DesignError(f"K = {K} leaves a partial tile that is not whole words")
     limit = min(t["cores"], hw.columns * hw.shim_channels - 1, hw.columns * hw.shim_channels)
-    cores = max(c for c in range(1, min(limit, Nt) + 1) if Nt % c == 0)
-    jt = Nt // cores
+    jt = -(-Nt // limit)                # column tiles per core: as few as the cores allow
+    cores = -(-Nt // jt)                # and as few cores as that takes
     kb = planes * k                     # rows of one W object
     g = math.gcd(2 * jt, kb)
     bias_objects, bias_repeat = (2 * jt // g, kb // g) if has_bias else (0, 0)
@@ -73,7 +73,7 @@ def build(target: str, step, buffers: dict, params: dict):
     i32 = np.int32
     x_t, w_t, y_t = df.tensor(k, x.dtype), df.tensor(kb * n), df.tensor(n, outs[0].dtype)
     acc_t = df.tensor(n, np.float32)
-    bias_t = kvec_t = df.tensor(max(jt * n, K if pro else 1), np.float32)   # one type: gemv_bias_load fills all
+    bias_t = kvec_t = df.tensor(max(jt * n if has_bias else 1, K if pro else 1), np.float32)  # gemv_bias_load fills all
     st_t, kpos_t, xn_t = df.tensor(2, np.float32), df.tensor(1, np.int32), df.tensor(k)
     vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
     kernels = [io.Kernel("gemv_zero", "gemv.o", [acc_t, i32]),
@@ -159,25 +159,27 @@ def build(target: str, step, buffers: dict, params: dict):
         workers.append(io.Worker(body, [x_bc.cons(), w_fifo.cons(), y_fifo.prod(), *bufs, *kernels, Kt],
                                  placement=io.Tile(col, row), stack_size=df.STACK_BYTES))
         shim = take(col)
+        # core c's column tiles: c, c + cores, ...; when Nt is not a multiple of the cores, a core past the end
+        # recomputes its own last tile (written twice with the same values), so that every core runs jt tiles
+        mine = [j if j < Nt else j - cores * (-(-(j - Nt + 1) // cores)) for j in range(c, jt * cores, cores)]
         if has_bias:
-            bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cores][None], (bias_repeat, jt, n))
+            bi = np.broadcast_to(bias.index.reshape(Nt, n)[mine][None], (bias_repeat, jt, n))
             fills.append((w_fifo, pos_of[2], bi, shim))
         for g_i, (vec, count) in enumerate(zip(gb, vec_objects)):  # gamma, beta: K floats as whole objects
-            fills.append((w_fifo, pos_of[pro["operands"][g_i]], np.resize(vec.index, count * floats_per_object)
-                          .reshape(count, floats_per_object), shim))
+            for piece in df.wrapped(vec.index, count * floats_per_object):
+                fills.append((w_fifo, pos_of[pro["operands"][g_i]], piece, shim))
         if r is None:
-            fills.append((w_fifo, 1, wi[:, c::cores].transpose(1, 0, 2), shim))
+            fills.append((w_fifo, 1, wi[:, mine].transpose(1, 0, 2), shim))
         else:  # per column tile: its weights, then its residual slice repeated to one W object
-            for jl in range(jt):
-                j = jl * cores + c
+            for j in mine:
                 fills.append((w_fifo, 1, wi[:, j], shim))
                 fills.append((w_fifo, pos_of[slots[0]], np.broadcast_to(r.index.reshape(-1)[j * n:(j + 1) * n],
                                                                           (r_repeat, n)), shim))
-        for jl in range(jt):
-            j = jl * cores + c
-            o = int(np.searchsorted(np.cumsum(splits), j * n, side="right"))
+        owner = [int(np.searchsorted(np.cumsum(splits), j * n, side="right")) for j in mine]
+        for o in sorted(set(owner)):  # one drain per output: the core's tiles of it, in order
             lo = sum(splits[:o])
-            drains.append((y_fifo, o, outs[o].index.reshape(-1)[j * n - lo:(j + 1) * n - lo], col))
+            drains.append((y_fifo, o, np.stack([outs[o].index.reshape(-1)[j * n - lo:(j + 1) * n - lo]
+                                                for j, oj in zip(mine, owner) if oj == o]), col))
 
     rt = io.Runtime()
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
