@@ -121,7 +121,7 @@ def test_busy_microphone(monkeypatch, transcriber):
 
 def test_silent_microphone_is_reported(monkeypatch, transcriber):
     _inject(monkeypatch, FakePortAudio(deliver=False))
-    stream = Stream(transcriber, Microphone(stall_timeout=0.5)).start()
+    stream = Stream(transcriber, Microphone(stall_timeout=0.5, start_timeout=0.5)).start()
     with pytest.raises(DeviceIOError) as e:
         stream.wait(30)
     assert "no audio arrived" in e.value.message
