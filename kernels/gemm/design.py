@@ -184,7 +184,7 @@ def build(target: str, step, buffers: dict, params: dict):
                 o = _owner(splits, j * n)
                 lo = sum(splits[:o])
                 oi = outs[o].index.reshape(-1, outs[o].shape[-1])
-                tiles = np.stack([oi[tile_rows(i, m, M), j * n - lo:(j + 1) * n - lo]
+                tiles = np.stack([oi[tile_rows(i, m, M, rows), j * n - lo:(j + 1) * n - lo]
                                   for il in range(it) for i in [il * rows + r for r in range(rows)]])
                 for tap in df.taps(io, outs[o], tiles):
                     rt.drain(c_l3[c].cons(), out_args[o], tap=tap, placement=io.Tile(c, 0), wait=True,
@@ -404,7 +404,7 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                         for tap in df.taps(io, b, bt):
                             rt.fill(b_l3[c].prod(), b_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][1], 0))
                         for il in ils:
-                            row_sets = [tile_rows(il * rows + q, m, M) for q in range(rows)]
+                            row_sets = [tile_rows(il * rows + q, m, M, rows) for q in range(rows)]
                             at = np.stack([a_idx[rs].reshape(m, Kt, k).transpose(1, 0, 2) for rs in row_sets], axis=1)
                             at = np.broadcast_to(at[None], (a_passes,) + at.shape)[:, qs]   # [pass, Kt, core, m, k]
                             for tap in _a_taps(io, a, at, M):
@@ -423,7 +423,7 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                         o = _owner(splits, j * n)
                         lo = sum(splits[:o])
                         oi = outs[o].index.reshape(-1, outs[o].shape[-1])
-                        tiles = np.stack([oi[tile_rows(il * rows + q, m, M), j * n - lo:(j + 1) * n - lo]
+                        tiles = np.stack([oi[tile_rows(il * rows + q, m, M, rows), j * n - lo:(j + 1) * n - lo]
                                           for il in ils for q in range(rows)])
                         for tap in df.taps(io, outs[o], tiles):
                             rt.drain(c_l3[c].cons(), out_args[o], tap=tap, task_group=tg, placement=io.Tile(c, 0),
@@ -441,19 +441,24 @@ def a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt):
     """A's stream for core row r: for each of its row tiles, the K steps, repeated for each column tile.
     `a_idx` is [M, Kt * k] (rows read on into their padding, see _a_rows)."""
     M = a_idx.shape[0]
-    tiles = np.stack([a_idx[tile_rows(i, m, M)] for i in range(r, rows * it, rows)])  # [it, m, Kp]
+    tiles = np.stack([a_idx[tile_rows(i, m, M, rows)] for i in range(r, rows * it, rows)])  # [it, m, Kp]
     tiles = tiles.reshape(it, m, Kt, k).transpose(0, 2, 1, 3)                          # [it, Kt, m, k]
     return np.broadcast_to(tiles[None], (jt, it, Kt, m, k))
 
 
-def tile_rows(i: int, m: int, M: int) -> np.ndarray:
-    """The A rows of row tile i, which are the output rows it drains to. The last tile is shifted up to end at M
-    (its rows recomputed and written twice with the same values). With fewer rows than the MAC shape (M < m = R,
-    a projection of a few pooled rows) the M rows repeat through the tile: each is computed m / M times and
-    written over with the same values, so no buffer needs padding rows."""
+def tile_rows(i: int, m: int, M: int, rows: int = 1) -> np.ndarray:
+    """The A rows of row tile i, which are the output rows it drains to. Tiles go in groups of `rows` (one per
+    core row); the last group is shifted up to end at M as a whole, so that its tiles stay evenly spaced (one
+    transfer), their rows recomputed and written twice with the same values; when M is shorter than a group,
+    the last tile alone. With fewer rows than the MAC shape (M < m = R, a projection of a few pooled rows) the M
+    rows repeat through the tile: each is computed m / M times and written over with the same values, so no
+    buffer needs padding rows."""
     if M < m:
         return np.arange(m) % M
-    start = min(i * m, M - m)
+    if M >= rows * m:
+        start = min((i // rows) * rows * m, M - rows * m) + (i % rows) * m
+    else:
+        start = min(i * m, M - m)
     return np.arange(start, start + m)
 
 
