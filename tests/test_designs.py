@@ -553,7 +553,7 @@ def test_gemv_split_weight_fills_send_hi_then_lo_per_tile(target):
     for c in range(cores):
         got = np.concatenate([t.tap.addresses() for t in rec.runtime.transfers
                               if t.kind == "fill" and t.data is w_data and t.handle.fifo.name == f"gemv_w{c}"])
-        want = [np.arange(2 * Kt * Nt * k * n).reshape(2, Kt, Nt, k * n)[:, q, jl * cores + c].reshape(-1)
+        want = [np.arange(2 * Kt * Nt * k * n).reshape(2, Kt, Nt, k * n)[:, q, c * jt + jl].reshape(-1)
                 for jl in range(jt) for q in range(Kt)]
         np.testing.assert_array_equal(got, np.concatenate(want))
     assert (standin.written(rec, 3) == 1).all()

@@ -159,9 +159,9 @@ def build(target: str, step, buffers: dict, params: dict):
         workers.append(io.Worker(body, [x_bc.cons(), w_fifo.cons(), y_fifo.prod(), *bufs, *kernels, Kt],
                                  placement=io.Tile(col, row), stack_size=df.STACK_BYTES))
         shim = take(col)
-        # core c's column tiles: c, c + cores, ...; when Nt is not a multiple of the cores, a core past the end
-        # recomputes its own last tile (written twice with the same values), so that every core runs jt tiles
-        mine = [j if j < Nt else j - cores * (-(-(j - Nt + 1) // cores)) for j in range(c, jt * cores, cores)]
+        # core c's column tiles: jt consecutive ones (within one output of merged projections where their widths
+        # allow: one drain); the last core, past Nt, recomputes its own last tile (written again, same values)
+        mine = [min(j, Nt - 1) for j in range(c * jt, (c + 1) * jt)]
         if has_bias:
             bi = np.broadcast_to(bias.index.reshape(Nt, n)[mine][None], (bias_repeat, jt, n))
             fills.append((w_fifo, pos_of[2], bi, shim))
