@@ -498,7 +498,7 @@ class Recognizer:
         events: list[Event] = []
         if self._enough_voice() and self._chunks:
             hyp = self._latest if self._heard_end() else self._decode()
-            end = min(self.last_speech, self._now()) if self.options.vad else self._now()
+            end = min(self._last_words, self._now()) if self.options.vad else self._now()   # not a click after them
             if hyp.words:
                 events.append(self._final(hyp.words, self._speech_start, max(end, self._speech_start)))
         self._past.extend(self._chunks or [])

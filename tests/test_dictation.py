@@ -175,6 +175,7 @@ def test_the_final_is_decoded_before_the_hangover_ends_and_not_again():
     model = _BurstCounter()
     events = _run(Recognizer(model, options), np.concatenate([_quiet(1), _tone(1.0), _quiet(0.3), click, _quiet(2)]))
     assert [e.text for _, e in events] == ["word"] and len(model.decoded_until) == 1
+    assert events[0][1].end <= 2.0 + 0.05            # the words' end, not the click's
 
     model = _BurstCounter()
     events = _run(Recognizer(model, options), np.concatenate([_quiet(1), _tone(1.0), _quiet(0.4), _tone(0.5), _quiet(2)]))
