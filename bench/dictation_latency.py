@@ -1,19 +1,22 @@
-"""Dictation latency at real-time pace: the 5 LibriVox clips joined with 2 s pauses are played as a
-microphone (FileSource pace="realtime"), once with partials and once without (the CLI's default off a TTY).
-For each final: seconds of wall-clock audio time between the end of its utterance and its arrival, and
-where they went:
+"""Dictation latency: the 5 LibriVox clips joined with 2 s pauses are played as a microphone, once with
+partials and once without (the CLI's default off a TTY). For each final: seconds of audio time between the
+end of its utterance's words and its arrival, and where they went:
 
-    quiet    audio after the last loud frame that the final's decode waited for (hangover, or early_final
-             when the decode started before the hangover confirmed the end)
+    quiet    audio after the last words that the final's decode waited for (the hangover, or early_final
+             when the decode started before the hangover confirmed the end; negative: a click came after)
     queue    from that audio's arrival to the decode's start; `behind` of it was spent waiting for an
              earlier decode (a partial) still running
     encoder  the encoder pass; decoder: the decoder steps (and their count); other: mel, guards, host work
     confirm  from the decode's end to the final's emission (an early decode waits for the hangover)
 
-    PYTHONPATH=. python bench/dictation_latency.py [--threads 2] [--runs 1] [--no-simulated]
+    PYTHONPATH=. python bench/dictation_latency.py [--paces realtime,modeled,simulated] [--runs N]
+        [--partials both|on|off] [--set early_final=0.3 ...] [--encoder-s 1.2 --step-s 0.018] [--decodes]
 
-Also prints the same session on the simulated real-time clock (fast, each decode charged its wall time).
-The load average is printed with every line: the machine may be shared. Not a test: nothing is asserted.
+Paces: realtime = a FileSource at real-time pace, wall clock (what a user sees, noisy on a shared machine);
+modeled = the same cadence on a virtual clock that charges every decode a fixed cost per encoder pass and
+decoder step (default: the fastest measured at start), so variants compare without the noise of other
+programs; simulated = the Stream's own simulated pace (each decode charged its wall time; summary only).
+The load average is printed with every line. Not a test: nothing is asserted.
 """
 from __future__ import annotations
 
@@ -178,7 +181,7 @@ def main():
             print(f"{label} partials={'on ' if partials else 'off'}: finals {len(finals)}, partials {n_partials},"
                   f" decodes {decodes}, WER {wer(reference, ' '.join(f.text for f in finals)):.3f};"
                   f" latency s min {latency.min():.2f} median {np.median(latency):.2f} max {latency.max():.2f}"
-                  f" all {np.round(latency, 2).tolist()}  [{load()}]", flush=True)
+                  f" all {np.round(latency, 2).tolist()}; over 2.5 s: {int(np.sum(latency > 2.5))}  [{load()}]", flush=True)
             if pace == "simulated":
                 continue   # the simulated clock does not advance during a decode: no breakdown
             if args.decodes:
