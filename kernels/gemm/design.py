@@ -93,7 +93,7 @@ def build(target: str, step, buffers: dict, params: dict):
         if step.op != "gemm" or (n_operands and len(outs) > 1):
             raise df.DesignError("an epilogue that reads an operand, on a bmm or merged projections: not expressed")
         return _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers, shift, planes)
-    grid = _grid(hw, Mt, Nt, t["cores"])
+    grid = _grid(hw, Mt, Nt, t["cores"], M, m)
     cols, rows, shim = grid["cols"], grid["rows"], grid["shim"]
     it, jt = Mt // rows, Nt // cols                                  # tiles per core along M and N
     # the bias (fp32) leads each column's B stream: its jt tiles, repeated to whole B objects
@@ -257,7 +257,7 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
         for rows in (4, 3, 2, 1):
             cols = cores // rows
             if cores % rows == 0 and Mt % rows == 0 and cols <= hw.columns and Nt % cols == 0 \
-                    and 2 * cols <= hw.shim_channels * hw.columns:
+                    and 2 * cols <= hw.shim_channels * hw.columns and even_groups(M, m, rows):
                 grid = (cols, rows)
                 break
         if grid:
@@ -462,6 +462,12 @@ def tile_rows(i: int, m: int, M: int, rows: int = 1) -> np.ndarray:
     return np.arange(start, start + m)
 
 
+def even_groups(M: int, m: int, rows: int) -> bool:
+    """Whether every group of `rows` row tiles is evenly spaced (tile_rows), so that one transfer per K loop
+    reads it: no shift, or a last group that shifts as a whole, or one tile per group."""
+    return rows == 1 or M % m == 0 or M >= rows * m or M < m
+
+
 def _a_taps(io, a, index: np.ndarray, M: int) -> list:
     """The transfers that read A's tiles `index` [..., m, k]. With M < m rows repeating through each tile, a tile
     is its own transfer, [m / M repeats, M rows, k], so that the repeat (stride 0) is the outermost dimension:
@@ -492,14 +498,14 @@ def _owner(splits, col: int) -> int:
     return int(np.searchsorted(np.cumsum(splits), col, side="right"))
 
 
-def _grid(hw, Mt, Nt, max_cores):
-    """The largest grid (cols | Nt, rows | Mt) within the catalog's core count whose streams fit the DMA
-    channels: every stream into the array takes one shim MM2S channel (any column's shim); A row r passes
+def _grid(hw, Mt, Nt, max_cores, M, m):
+    """The largest grid (cols | Nt, rows | Mt, its row-tile groups evenly spaced) within the catalog's core count
+    whose streams fit the DMA channels: every stream into the array takes one shim MM2S channel (any column's shim); A row r passes
     memtile r mod cols, B of column c memtile c, and memtile c joins its column's C tiles."""
     for cores in range(min(max_cores, hw.cores), 0, -1):
         for rows in (4, 3, 2, 1):
             cols = cores // rows
-            if cores % rows or Mt % rows or cols > hw.columns or Nt % cols:
+            if cores % rows or Mt % rows or cols > hw.columns or Nt % cols or not even_groups(M, m, rows):
                 continue
             shim = _allot(hw, cols, rows)
             fits = shim is not None
