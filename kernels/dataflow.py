@@ -167,6 +167,21 @@ def sequence_args(step, buffers, read: dict, outs: list) -> tuple[list, dict[int
     return seq + list(outs), at
 
 
+def sequence_of(step, tensors) -> list[int]:
+    """params["sequence"] of a design: the position, among the step's operands as the fused design passes them
+    (present inputs, then outputs), of the buffer behind each tensor its runtime sequence declares, in order. A
+    buffer named twice is one view of the arenas (the fused design shares a device only with the same repeats):
+    each tensor takes its buffer's first place not yet taken, else its first place (GLU reads its input twice)."""
+    run = [n for n in (*step.inputs, *step.outputs) if n is not None]
+    stray = [t.name for t in tensors if t.name not in run]
+    if stray:
+        raise DesignError(f"runtime-sequence tensors {stray} are not operands of the step")
+    at: list[int] = []
+    for t in tensors:
+        at.append(next((i for i, n in enumerate(run) if n == t.name and i not in at), run.index(t.name)))
+    return at
+
+
 def wrapped(index: np.ndarray, total: int) -> list[np.ndarray]:
     """A 1-D `index` repeated to `total` elements (np.resize's order), as pieces that are each one affine pattern:
     the whole copies (a repeat, stride 0 outermost) and the remainder."""
@@ -274,7 +289,7 @@ class Stream:
 
 
 def per_core_design(target_name: str, name: str, inputs: list[Stream], output: Stream, kernels: list,
-                    state: dict, body, args: list, params: dict):
+                    state: dict, body, args: list, params: dict, step):
     """Cores that each read their inputs straight from the shims (no memtile) and write their output back:
     cores <= columns, so that every core has its own shim channels."""
     io = iron()
@@ -351,7 +366,7 @@ def per_core_design(target_name: str, name: str, inputs: list[Stream], output: S
             issue(paced, tg, lo, lo + group)
             rt.finish_task_group(tg)
         rt.finish_task_group(resident)
-    params.update({"cores": cores, "items_per_group": group})
+    params.update({"cores": cores, "items_per_group": group, "sequence": sequence_of(step, operands)})
     return io.Program(device(io, target_name), rt).resolve_program(io.SequentialPlacer())
 
 
@@ -419,7 +434,8 @@ def shim_allotter(target: Target):
     return take
 
 
-def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body, max_cores: int, params: dict):
+def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body, max_cores: int, params: dict,
+              step):
     """Build the IRON program of a streaming step. `body(rows_in, shared_in, y_out, *state buffers, *kernels,
     rows_per_core, npieces, passes)` is the core function of one worker (IRON traces it once per core);
     shared_in is None without shared operands. Every input object is acquired in every pass of a row; the
@@ -495,7 +511,7 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
             for tap in taps(io, s.out, idx):
                 rt.drain(joined.cons(), args[-1], tap=tap, placement=io.Tile(c, 0), wait=True)
     params.update({"cores": cores, "columns": cols, "rows_per_core": rows_per_core, "piece": s.piece,
-                   "passes": s.passes})
+                   "passes": s.passes, "sequence": sequence_of(step, operands)})
     return io.Program(device(io, target_name), rt).resolve_program(io.SequentialPlacer())
 
 

@@ -7,7 +7,10 @@ GlobalBuffers and the runtime sequence's fills / drains with their TensorAccessP
 target)` then checks what the toolchain would refuse or the hardware could not do: L1 (64 KB with the stack)
 and memtile (512 KB) use, DMA channels per tile, buffer descriptors and their dimensions, kernel call
 signatures against the C++ sources, and that every object a fill produces is consumed and every object a core
-produces is drained. Like IRON's own tracing, `range_` runs its body once (the loop becomes an scf.for); the
+produces is drained. A runtime sequence records the tensor types it declares; `check_runs(module)` checks that
+every `aiex.run` of the fused design's composed module passes exactly those, in count, shape and dtype (what
+MLIR verification of the call would refuse; on the device a kernel would read the wrong buffer). Like IRON's
+own tracing, `range_` runs its body once (the loop becomes an scf.for); the
 stand-in multiplies the acquisitions inside by the trip count. Test-only: never imported by kernels/.
 """
 from __future__ import annotations
@@ -267,10 +270,16 @@ class Worker:
 # ---- runtime ------------------------------------------------------------------------------------------------
 
 class RuntimeData:
+    """One tensor a runtime sequence declares: its type (shape, dtype) is what every `aiex.run` of the sequence
+    must pass in that place (check_runs)."""
     def __init__(self, arr_type):
         self.arr_type = arr_type
-        shape, dtype = _obj(arr_type)
-        self.elements, self.dtype = math.prod(shape), dtype
+        self.shape, self.dtype = _obj(arr_type)
+        self.elements = math.prod(self.shape)
+
+    @property
+    def mlir_type(self) -> str:
+        return _memref(self.shape, self.dtype)
 
 
 @dataclass
@@ -396,7 +405,7 @@ class Record:
 
     def __str__(self) -> str:
         """A module in the shape IRON prints (device, runtime sequence), for the fused design's composition."""
-        args = ", ".join(f"%arg{i}: memref<{d.elements}x{d.dtype}>" for i, d in enumerate(self.runtime.data))
+        args = ", ".join(f"%arg{i}: {d.mlir_type}" for i, d in enumerate(self.runtime.data))
         return (f"module {{\n  aie.device({self.device.name}) {{\n"
                 f"    // {len(self.workers)} workers, {len(self.fifos)} object fifos\n"
                 f"    aiex.runtime_sequence({args}) {{\n    }}\n  }}\n}}\n")
@@ -441,6 +450,63 @@ def fresh() -> None:
 
 
 # ---- checks -------------------------------------------------------------------------------------------------
+
+_MLIR_TYPES = {"bfloat16": "bf16", "float32": "f32", "int32": "i32"}
+_MEMREF = re.compile(r"memref<((?:\d+x)+)(\w+)>")
+
+
+def _memref(shape, dtype) -> str:
+    return f"memref<{'x'.join(str(int(n)) for n in shape)}x{_MLIR_TYPES[np.dtype(dtype).name]}>"
+
+
+class SequenceMismatch(ValueError):
+    """An `aiex.run` whose arguments differ from what the called runtime sequence declares (count, shape, dtype):
+    on the device its kernel would read or write the wrong buffer."""
+
+
+def check_run(rec: Record, types: list[str], what: str = "") -> None:
+    """A run of this design's runtime sequence with arguments of these MLIR types (as the fused design writes
+    them, `memref<NxT>`): they must match the declared tensors one by one, in count, shape and dtype."""
+    declared = [d.mlir_type for d in rec.runtime.data]
+    passed = [_memref(*_parse_memref(t)) for t in types]
+    if passed != declared:
+        bad = [f"argument {i}: passes {p}, declared {d}" for i, (p, d) in enumerate(zip(passed, declared)) if p != d]
+        raise SequenceMismatch(f"{what or 'a run'} passes {len(passed)} arguments to a sequence of {len(declared)}"
+                               + (": " + "; ".join(bad) if bad else ""))
+
+
+def _parse_memref(t: str) -> tuple[tuple, np.dtype]:
+    m = _MEMREF.fullmatch(t.strip())
+    if m is None:
+        raise SequenceMismatch(f"{t!r} is not a memref type")
+    names = {v: k for k, v in _MLIR_TYPES.items()}
+    return tuple(int(n) for n in m.group(1).rstrip("x").split("x")), np.dtype(names[m.group(2)])
+
+
+def check_runs(module: str) -> int:
+    """The composed module (kernels/fused/design.py): every `aiex.run` inside `aiex.configure @device` must pass
+    exactly what that device's runtime sequence declares. Raises SequenceMismatch naming every run that does
+    not; returns how many runs were checked."""
+    declared, device, configured, runs, bad = {}, None, None, 0, []
+    for line in module.splitlines():
+        if m := re.search(r"aie\.device\(\w+\)\s*@(\w+)", line):
+            device = m.group(1)
+        elif m := re.search(r"aiex?\.runtime_sequence\s*@sequence\((.*)\)\s*\{", line):
+            declared[device] = _MEMREF.findall(m.group(1))
+        elif m := re.search(r"aiex\.configure\s*@(\w+)", line):
+            configured = m.group(1)
+        elif m := re.search(r"aiex\.run\s*@sequence\((.*)\)\s*:\s*\((.*)\)", line):
+            runs += 1
+            passed = _MEMREF.findall(m.group(2))
+            if configured not in declared:
+                bad.append(f"run {runs}: device @{configured} has no runtime sequence")
+            elif passed != declared[configured]:
+                show = lambda ts: ", ".join(f"memref<{s}{t}>" for s, t in ts)  # noqa: E731
+                bad.append(f"run {runs} on @{configured}: passes ({show(passed)}), its sequence declares "
+                           f"({show(declared[configured])})")
+    if bad:
+        raise SequenceMismatch(f"{len(bad)} of {runs} runs differ from their sequence: " + "; ".join(bad[:5]))
+    return runs
 
 _SIG = re.compile(r"NPU_KERNEL\s+void\s+(\w+)\s*\(([^)]*)\)", re.S)
 

@@ -190,6 +190,76 @@ def test_model_steps_build_within_the_limits(programs, model, target):
     assert sum(built.values()) >= len(kernel_steps(program)) // 3, (built, gaps)
 
 
+# ---- the operand-order contract: every aiex.run passes what the called sequence declares -------------------------
+
+def sequence_mismatches(program, target) -> tuple[int, list[str]]:
+    """Every kernel step that builds (a documented refusal is the test above's business): the run the fused design
+    composes for it (`fused_design.run_of`, from its design's params["sequence"]) against the tensors the design's
+    runtime sequence declares (the stand-in's record). Returns (runs checked, mismatches)."""
+    checked, bad = 0, []
+    for k in kernel_steps(program):
+        try:
+            rec, params = build_step(k, program, target)
+            run = fused_design.run_of(program, k, name_of(k), params)
+        except df.DesignError as e:
+            if "params['sequence']" in e.message:
+                bad.append(e.message)
+            continue
+        try:
+            standin.check_run(rec, run.types(), f"{name_of(k)} {k.attrs['head']['op']} {k.attrs.get('name', '')}")
+        except standin.SequenceMismatch as e:
+            bad.append(str(e))
+        checked += 1
+    return checked, bad
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_every_run_passes_what_its_sequence_declares(programs, model, target):
+    """Each design records params["sequence"], the place among the step's operands (present inputs, then outputs)
+    of each tensor its runtime sequence declares; the fused design's aiex.run passes exactly those, in that order,
+    one by one in count, shape and dtype (a gather takes no id tensor, GLU its input twice, eltwise a broadcast
+    operand after the per-row ones, an assign only the value and the state). Where the whole model fuses, the
+    composed module is checked as text too: each aiex.run against the sequence of the device it configures."""
+    program = programs(model, target)
+    checked, bad = sequence_mismatches(program, target)
+    assert not bad, "\n".join(bad[:10])
+    steps = len(kernel_steps(program))
+    assert checked == steps if model in BUILDS_IN_FULL else checked >= steps // 3, (checked, steps)
+    if model in BUILDS_IN_FULL:
+        with standin.installed():
+            fused = fused_design.build(program)
+        assert standin.check_runs(fused.mlir()) == steps
+
+
+def test_a_run_that_differs_from_its_sequence_is_refused():
+    """The stand-in refuses a run whose arguments differ from the declared tensors in count, shape or dtype, and
+    so does the composed module's check."""
+    from sdk.program import Buffer, Step, Usage
+    buffers = {"x": Buffer("x", (16, 64), "bfloat16", Usage.SCRATCH),
+               "b": Buffer("b", (64,), "float32", Usage.WEIGHTS), "y": Buffer("y", (16, 64), "bfloat16", Usage.SCRATCH)}
+    step = Step("kernel", "eltwise", ("b", "x"), ("y",), {"head": {"op": "sub", "attrs": {}}, "chain": [],
+                                                        "views": [[], []],
+                                                        "tiling": {"chunk": 64, "cores": 4}, "n_head": 2})
+    params = {}
+    with standin.installed():
+        rec = kernels.design_module(step).build("npu2", step, buffers, params)
+    assert params["sequence"] == [1, 0, 2]       # the per-row x first, then the broadcast b, then y
+    good = ["memref<1024xbf16>", "memref<64xf32>", "memref<1024xbf16>"]
+    standin.check_run(rec, good)
+    swapped = [good[1], good[0], good[2]]
+    for wrong in (swapped, good[:2], good + good[:1], good[:2] + ["memref<1024xf32>"]):
+        with pytest.raises(standin.SequenceMismatch):
+            standin.check_run(rec, wrong)
+    declared = ", ".join(f"%a{i}: {t}" for i, t in enumerate(good))
+    module = "\n".join(["aie.device(npu2) @k {", f"  aiex.runtime_sequence @sequence({declared}) {{",
+                        "aie.device(npu2) @main {", "  aiex.configure @k {",
+                        f"    aiex.run @sequence(%v0, %v1, %v2) : ({', '.join(good)})",
+                        f"    aiex.run @sequence(%v1, %v0, %v2) : ({', '.join(swapped)})"])
+    with pytest.raises(standin.SequenceMismatch, match=r"1 of 2 runs"):
+        standin.check_runs(module)
+
+
 # ---- one graph that exercises every design, fused into one program ----------------------------------------------
 
 SYNTH_WEIGHTS = {"ln_w": (64,), "ln_b": (64,), "w1": (128, 64), "b1": (128,), "w2": (64, 128), "b2": (64,),
@@ -257,7 +327,7 @@ def test_fused_design_is_one_sequence_per_dispatch(synthetic_programs, target):
     runs = next(iter(fused.sequences.values()))
     assert len(runs) == len(kernel_steps(program))
     text = fused.mlir()
-    assert text.count("aiex.run @sequence") == len(runs)
+    assert text.count("aiex.run @sequence") == len(runs) == standin.check_runs(text)
     assert text.count("aiex.configure @") == sum(1 for i, r in enumerate(runs) if i == 0 or runs[i - 1].device != r.device)
     for run in runs:  # every operand view lies inside its arena
         for _, arena, offset, elements, dtype in run.operands:

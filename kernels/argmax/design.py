@@ -42,7 +42,7 @@ def build(target: str, step, buffers: dict, params: dict):
                      out_row=1, out_dtype=np.dtype(np.int32),
                      state={"best": (1, np.float32, None), "index": (1, np.int32, None)})
     params.update({"chunk": step.attrs["tiling"]["chunk"]})
-    return df.streaming(target, "argmax", s, fns, body, step.attrs["tiling"]["cores"], params)
+    return df.streaming(target, "argmax", s, fns, body, step.attrs["tiling"]["cores"], params, step)
 
 
 if __name__ == "__main__":

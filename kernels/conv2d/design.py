@@ -157,7 +157,7 @@ def build(target: str, step, buffers: dict, params: dict):
               df.Stream(w, w_t, [wb for _, wb in w_core], lead)]
     params.update({"cout_block": cout_b, "blocks_per_core": mine, "band": band})
     return df.per_core_design(target, "conv2d", inputs, df.Stream(out, y_t, y_core), kernels, state, body,
-                              [mine, B], params)
+                              [mine, B], params, step)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def build(target: str, step, buffers: dict, params: dict):
                 rt.fill(l3.prod(), args[i], tap=tap, placement=io.Tile(col, 0))
             for tap in df.taps(io, out, dst):
                 rt.drain(back.cons(), args[-1], tap=tap, placement=io.Tile(col, 0), wait=True, offset_parameter=shift)
-    params.update({"op": op, "pieces": elems})
+    params.update({"op": op, "pieces": elems, "sequence": df.sequence_of(step, operands)})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 
@@ -99,7 +99,8 @@ def _gather(target: str, step, buffers: dict, params: dict, out):
             for tap in df.taps(io, out, out_rows[i]):
                 rt.drain(back.cons(), o_arg, tap=tap, task_group=tg, placement=io.Tile(0, 0), wait=True)
             rt.finish_task_group(tg)
-    params.update({"op": "embedding", "pieces": [width], "rows": n_ids})
+    params.update({"op": "embedding", "pieces": [width], "rows": n_ids,
+                   "sequence": df.sequence_of(step, [table, out])})   # the ids reach the DMAs as words
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 

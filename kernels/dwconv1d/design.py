@@ -72,7 +72,7 @@ def build(target: str, step, buffers: dict, params: dict):
     params.update({"channels_per_call": cb, "items_per_core": len(items) // cores})
     x_stream = df.Stream(x, x_t, x_core, follow=(bias, b_core) if has_bias else None)
     return df.per_core_design(target, "dwconv1d", [x_stream, df.Stream(w, w_t, w_core)],
-                              df.Stream(out, y_t, y_core), [kernel], state, body, [len(items) // cores], params)
+                              df.Stream(out, y_t, y_core), [kernel], state, body, [len(items) // cores], params, step)
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ def build(target: str, step, buffers: dict, params: dict):
 
     s = df.Streaming(rows, row, piece, per_row, shared, out, state=df.epilogue_state(step, n_head, opmap))
     params.update({"op": op, "chunk": step.attrs["tiling"]["chunk"]})
-    return df.streaming(target, "eltwise", s, {kind: fn}, body, step.attrs["tiling"]["cores"], params)
+    return df.streaming(target, "eltwise", s, {kind: fn}, body, step.attrs["tiling"]["cores"], params, step)
 
 
 if __name__ == "__main__":

@@ -4,13 +4,16 @@ decoder step, is one dispatch.
 
 How it is put together (the temporal-fusion recipe of IRON's fusion.py / mlir-aie's aiex.configure+run):
 - every kernel step of the program is built by its own design (kernels/<name>/design.py) into an
-  `aie.device` with one runtime sequence over one tensor per operand; steps that build the same design
-  (same kind, parameters, operand shapes and dtypes: every layer of a model) share one device;
+  `aie.device` with one runtime sequence over 1-D tensors of operand buffers, in the design's own order, which
+  it records as params["sequence"] (the position of each among the step's operands: present inputs, then
+  outputs); steps that build the same design (same kind, parameters, operand shapes and dtypes: every layer of
+  a model) share one device;
 - a main device holds one runtime sequence per dispatch step of the program (named after the step, "forward#0"
   -> `@forward_0`, split steps "forward#0.1" -> `@forward_0_1`: npu.sequence_name's form), whose arguments
   are the four arenas of the memory plan (weights, state, io, scratch) as byte buffers. For each kernel it
   configures the kernel's device (`aiex.configure`, skipped when the previous kernel used the same device) and
-  runs its sequence (`aiex.run`) on typed views (`memref.view`) of the arenas at the operands' offsets;
+  runs its sequence (`aiex.run`) on typed views (`memref.view`) of the arenas at the operands' offsets, passing
+  exactly the arguments that sequence declares, in its order (`Run.arguments`);
 - weights stay in the weights arena for the life of the session and each layer's kernels stream their own
   weights from it; KV caches live in the state arena; position and valid length are io-arena buffers the
   maskgen kernel reads on the device, so the sequence never changes between steps;
@@ -42,8 +45,19 @@ MLIR_TYPES = {"bfloat16": "bf16", "float32": "f32", "int32": "i32"}
 
 @dataclass
 class Run:
+    """One kernel of a dispatch: its device, the step's operands (present inputs, then outputs), and the
+    device's params["sequence"]: the position among them of each argument its runtime sequence declares."""
     device: str
     operands: list[tuple[str, str, int, int, str]]   # (buffer, arena, byte offset, elements, dtype)
+    sequence: list[int]
+
+    @property
+    def arguments(self) -> list[tuple[str, str, int, int, str]]:
+        """What `aiex.run` passes: exactly the callee's sequence arguments, in its order."""
+        return [self.operands[i] for i in self.sequence]
+
+    def types(self) -> list[str]:
+        return [f"memref<{elements}x{MLIR_TYPES[dtype]}>" for _, _, _, elements, dtype in self.arguments]
 
 
 @dataclass
@@ -77,14 +91,12 @@ class FusedDesign:
                         parts.append("      }")
                     parts.append(f"      aiex.configure @{run.device} {{")
                     current = run.device
-                names, types = [], []
-                for j, (_, arena, offset, elements, dtype) in enumerate(run.operands):
-                    t = f"memref<{elements}x{MLIR_TYPES[dtype]}>"
+                names, types = [], run.types()
+                for j, ((_, arena, offset, _, _), t) in enumerate(zip(run.arguments, types)):
                     parts.append(f"        %o{i}_{j} = arith.constant {offset} : index")
                     parts.append(f"        %v{i}_{j} = memref.view %{arena}[%o{i}_{j}][] : "
                                  f"memref<{max(self.arenas[arena], 4)}xi8> to {t}")
                     names.append(f"%v{i}_{j}")
-                    types.append(t)
                 parts.append(f"        aiex.run @sequence({', '.join(names)}) : ({', '.join(types)})")
             if current is not None:
                 parts.append("      }")
@@ -128,7 +140,7 @@ def build(program: Program, target: str | None = None) -> FusedDesign:
                 except df.DesignError as e:
                     refused.append(f"{k.op} {k.attrs.get('name', '')}: {e.message}")
                     continue
-                runs.append(Run(device, [_placed(program, n) for n in (*k.inputs, *k.outputs) if n is not None]))
+                runs.append(run_of(program, k, device, fused.parameters[device]))
             fused.sequences[sequence_symbol(step.op)] = runs
     for name, word in fused.scratchpad.items():
         try:
@@ -140,6 +152,16 @@ def build(program: Program, target: str | None = None) -> FusedDesign:
                              + "; ".join(refused[:8]) + ("; ..." if len(refused) > 8 else ""),
                              fix="see the list of what the designs refuse in kernels/README.md")
     return fused
+
+
+def run_of(program: Program, k, device: str, params: dict) -> Run:
+    """Kernel step k on its device: the step's operands as placed in the arenas, passed in the order the
+    device's runtime sequence declares them (`params`: what its design recorded, with params["sequence"])."""
+    sequence = params.get("sequence")
+    if sequence is None:
+        raise df.DesignError(f"design {design_name(k)} records no params['sequence'] (the position among the "
+                             "step's operands of each argument of its runtime sequence)")
+    return Run(device, [_placed(program, n) for n in (*k.inputs, *k.outputs) if n is not None], list(sequence))
 
 
 def _host_word(program: Program, word: dict) -> dict:
@@ -173,7 +195,10 @@ def _device_for(fused: FusedDesign, keys: dict, k, program: Program, target: str
            "operands": [(list(program.buffers[n].shape), program.buffers[n].dtype) for n in operands],
            "inputs": [n is not None for n in k.inputs],
            # scratchpad words are named after the int32 buffers they come from: share a device only with the same
-           "indices": [n for n in operands if program.buffers[n].dtype == "int32"]}
+           "indices": [n for n in operands if program.buffers[n].dtype == "int32"],
+           # a design's params["sequence"] finds its tensors among the operands by buffer: share a device only
+           # with the same buffers repeated at the same places (x * x, a state written in place)
+           "repeats": [operands.index(n) for n in operands]}
     key = hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()[:12]
     if key not in keys:
         params: dict = {}

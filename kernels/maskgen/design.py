@@ -57,7 +57,7 @@ def build(target: str, step, buffers: dict, params: dict):
         rt.fill(of_p.prod(), p_arg, tap=df.taps(io, param, param.index.reshape(-1)[:1])[0], placement=io.Tile(0, 0))
         for tap in df.taps(io, out, out.index.reshape(rows, row)):
             rt.drain(of_y.cons(), y_arg, tap=tap, placement=io.Tile(0, 0), wait=True)
-    params.update({"cores": 1, "rows": rows, "row": row})
+    params.update({"cores": 1, "rows": rows, "row": row, "sequence": df.sequence_of(step, [param, out])})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 

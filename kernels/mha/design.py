@@ -122,7 +122,8 @@ def build(target: str, step, buffers: dict, params: dict):
         for fifo, idx, c in drains:
             for tap in df.taps(io, out, idx):
                 rt.drain(fifo.cons(), args[-1], tap=tap, placement=io.Tile(c, 0), wait=True)
-    params.update({"tq": tq, "tk": tk, "d": d, "heads": heads, "cores": cores, "items_per_core": per_core})
+    params.update({"tq": tq, "tk": tk, "d": d, "heads": heads, "cores": cores, "items_per_core": per_core,
+                   "sequence": df.sequence_of(step, operands)})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 

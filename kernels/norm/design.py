@@ -74,7 +74,7 @@ def build(target: str, step, buffers: dict, params: dict):
     state = {"st": (2, np.float32, None), **df.epilogue_state(step, n_head, opmap)}
     s = df.Streaming(rows, row, piece, per_row, shared, out, passes=passes, state=state)
     params.update({"chunk": step.attrs["tiling"]["chunk"], "op": op})
-    return df.streaming(target, "norm", s, fns, body, step.attrs["tiling"]["cores"], params)
+    return df.streaming(target, "norm", s, fns, body, step.attrs["tiling"]["cores"], params, step)
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def build(target: str, step, buffers: dict, params: dict):
     params.update({"channels_per_call": cb, "items_per_core": len(items) // cores})
     return df.per_core_design(target, "pool", [df.Stream(x, x_t, x_core)], df.Stream(out, y_t, y_core), [kernel],
                               {"oy": (1, np.int32, np.zeros(1, np.int32))}, body,
-                              [len(items) // cores * ho], params)
+                              [len(items) // cores * ho], params, step)
 
 
 if __name__ == "__main__":

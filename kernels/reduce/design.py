@@ -87,7 +87,7 @@ def build(target: str, step, buffers: dict, params: dict):
     s = df.Streaming(items, x_rows.shape[1], piece, per_row, [], out.rows(out.index.reshape(items, out_row)),
                      out_row=out_row, out_dtype=out.dtype, state=state)
     params.update({"chunk": chunk, "mode": mode, "group": out_row})
-    return df.streaming(target, "reduce", s, fns, body, step.attrs["tiling"]["cores"], params)
+    return df.streaming(target, "reduce", s, fns, body, step.attrs["tiling"]["cores"], params, step)
 
 
 def _item_operands(step, buffers, out, items: int, out_row: int) -> list:

@@ -38,7 +38,7 @@ def build(target: str, step, buffers: dict, params: dict):
 
     s = df.Streaming(rows, row, row, per_row, shared, out, state=df.epilogue_state(step, n_head, opmap))
     params.update({"chunk": step.attrs["tiling"]["chunk"]})
-    return df.streaming(target, "rope", s, fns, body, step.attrs["tiling"]["cores"], params)
+    return df.streaming(target, "rope", s, fns, body, step.attrs["tiling"]["cores"], params, step)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def build(target: str, step, buffers: dict, params: dict):
 
     params.update({"rows_per_call": rt_, "items_per_core": len(items) // cores})
     return df.per_core_design(target, "transpose", [df.Stream(x, t, x_core)], df.Stream(out, t, y_core), [kernel],
-                              {}, body, [len(items) // cores], params)
+                              {}, body, [len(items) // cores], params, step)
 
 
 if __name__ == "__main__":
