@@ -33,7 +33,6 @@ import os
 import shutil
 import subprocess
 import sys
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -280,9 +279,11 @@ def transfer_sites(fused, log: list[dict], symbols: list[str]) -> dict[str, list
         placed = []
         for run in fused.sequences[symbol]:
             entry = per_device[run.device]
-            order = fused.parameters[run.device].get("sequence")   # positions in the run's operands, if recorded
-            operands = [run.operands[i] for i in order] if order is not None \
-                else _sequence_operands(entry["types"], run.operands, run.device)
+            order = fused.parameters[run.device].get("sequence")   # positions in the run's operands
+            if order is None:
+                raise InstructionStreamError(f"{run.device}: its design records no params['sequence'], so its "
+                                             f"transfers cannot be placed among the run's operands")
+            operands = [run.operands[i] for i in order]
             for index, offset, word, kind in entry["transfers"]:
                 buffer, arena, byte_offset, _, dtype = operands[index]
                 size = np.dtype(_DTYPES[dtype]).itemsize
@@ -293,30 +294,6 @@ def transfer_sites(fused, log: list[dict], symbols: list[str]) -> dict[str, list
 
 
 _DTYPES = {"bfloat16": np.uint16, "float32": np.float32, "int32": np.int32}
-
-
-def _sequence_operands(types, operands, device: str) -> list[tuple]:
-    """The run operand behind each argument of a design's runtime sequence, when the design does not record
-    params["sequence"] (the position in the run's operands of each sequence argument): all of them in order, or
-    the ones that match in order by element count and dtype (a gather takes no id tensor, the ids being
-    scratchpad words; glu takes its input twice, once per half). A design that orders its tensors otherwise (gemm
-    puts a residual before the bias; eltwise may put a broadcast operand second) fails here: it must record
-    params["sequence"]."""
-    def key(t):
-        shape, dtype = typing.get_args(t)
-        return int(np.prod(shape)), np.dtype(typing.get_args(dtype)[0]).name
-    wanted, found, rest = [key(t) for t in types], [], list(operands)
-    for k in wanted:
-        if found and (found[-1][3], found[-1][4]) == k and not (rest and (rest[0][3], rest[0][4]) == k):
-            found.append(found[-1])
-            continue
-        while rest and (rest[0][3], rest[0][4]) != k:
-            rest.pop(0)
-        if not rest:
-            raise InstructionStreamError(f"{device}: its runtime sequence takes {wanted}; the run passes "
-                                         f"{[(o[3], o[4]) for o in operands]}")
-        found.append(rest.pop(0))
-    return found
 
 
 def insts_patches(path: Path) -> tuple[DdrPatch, ...]:
