@@ -50,7 +50,8 @@ class TimedTranscriber:
     timing the session entries it runs (encode vs decoder steps)."""
     transcriber: object
     clock: object = None
-    decodes: list = field(default_factory=list)
+    decodes: list = field(default_factory=list)    # of the current session
+    history: list = field(default_factory=list)    # of all sessions (wall times), for calibrate()
 
     def __post_init__(self):
         session = self.transcriber.recognizer.session
@@ -79,6 +80,7 @@ class TimedTranscriber:
     def decode_window(self, samples, *, offset=0.0):
         d = Decode(audio_end=offset + len(samples) / 16000, start=self.clock())
         self.decodes.append(d)
+        self.history.append(d)
         started = time.perf_counter()
         try:
             return self.transcriber.decode_window(samples, offset=offset)
@@ -160,14 +162,14 @@ def main():
     overrides = {k: option_value(v) for k, v in (item.split("=", 1) for item in args.set)}
     settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.partials]
     paces = [p for p in args.paces.split(",") for _ in range(args.runs if p == "realtime" else 1)]
-    encoder_s, step_s = args.encoder_s, args.step_s
-    if "modeled" in paces and (encoder_s is None or step_s is None):
-        encoder_s, step_s = calibrate(timed, audio, encoder_s, step_s)
     print(f"{load()}; options {overrides or 'defaults'}", flush=True)
-    for pace in paces:
+    for pace in sorted(paces, key=lambda p: p == "modeled"):     # calibrate on the decodes of the others too
         for partials in settings:
             options = DictationOptions(**{"partials": partials, **overrides})
             if pace == "modeled":
+                if args.encoder_s is None or args.step_s is None:
+                    args.encoder_s, args.step_s = calibrate(timed, audio, args.encoder_s, args.step_s)
+                encoder_s, step_s = args.encoder_s, args.step_s
                 events, decodes = modeled_session(timed, audio, options, encoder_s, step_s)
                 label = f"modeled (encoder {encoder_s:.2f} s + {1000 * step_s:.0f} ms/step)"
             else:
@@ -196,13 +198,14 @@ def main():
 
 
 def calibrate(timed: TimedTranscriber, audio: np.ndarray, encoder_s, step_s) -> tuple[float, float]:
-    """The fastest encoder pass and decoder step of a few decodes: the idle machine, as near as a shared one
-    can tell (other programs only ever make them slower)."""
+    """The fastest encoder pass and decoder step (per decode) of five more decodes and all so far: the idle
+    machine, as near as a shared one can tell (other programs only ever make them slower)."""
     timed.clock, timed.decodes = (lambda: 0.0), []
-    for _ in range(3):
+    for _ in range(5):
         timed.decode_window(audio[:8 * 16000])
-    encoder = min(d.encoder for d in timed.decodes)
-    step = min(d.decoder / d.steps for d in timed.decodes)
+    measured = [d for d in timed.history if d.encodes and d.steps]
+    encoder = min(d.encoder / d.encodes for d in measured)
+    step = min(d.decoder / d.steps for d in measured)
     return encoder if encoder_s is None else encoder_s, step if step_s is None else step_s
 
 
