@@ -109,11 +109,14 @@ def tiling(kernel, shape_of, target: Target) -> dict:
     extra = sum(1 for e in kernel.chain if e["operand"] is not None)
     if kind in MATMUL_KINDS:
         M, K, N = _mkn(kernel, ins, shape_of)
+        batch = _batch(kernel, ins, shape_of)
         mm, mk, mn = target.mac_shape
         for m, k, n in GEMM_TILES:
             t = {"M": M, "K": K, "N": N, "m": min(m, _up(M, mm)), "k": _depth(K, k, mk), "n": min(n, _up(N, mn)),
                  "epilogue_operands": extra, "precision": MATMUL_PRECISION[target.name]}
             t |= {"Kp": _up(K, t["k"]), "Np": _up(N, t["n"])}
+            if batch > 1:  # a bmm with one B per batch slice: its row tiles stay within a slice (kernels/gemm)
+                t |= {"batch": batch, "m": min(t["m"], _up(M // batch, mm))}
             if (kind == "gemm" and SPLIT_WEIGHTS[target.name] and M <= SPLIT_WEIGHTS_MAX_ROWS
                     and N <= SPLIT_WEIGHTS_MAX_WIDTH * K):
                 t["weight_planes"] = 2
@@ -168,11 +171,19 @@ def _mkn(kernel, ins, shape_of):
     if kernel.kind == "bmm":
         a, b = ins[0], ins[1]
         N = b[-2] if kernel.attrs["transpose_b"] else b[-1]
-        return math.prod(a[:-1]), a[-1], N
+        return math.prod(shape_of(kernel.outputs[0])[:-1]), a[-1], N
     x, w = ins[0], ins[1]  # conv: implicit GEMM per group
     out = shape_of(kernel.outputs[0])
     groups = node.attrs.get("groups", 1)
     return math.prod(out) // w[0], math.prod(w[1:]), w[0] // groups
+
+
+def _batch(kernel, ins, shape_of) -> int:
+    """How many B operands a bmm has: one per batch slice of its output when B itself is batched (attention-like
+    scores against per-head keys, the conformer's rel-pos scores), else 1 (one B shared by all of A's rows)."""
+    if kernel.kind != "bmm" or math.prod(ins[1][:-2]) == 1:
+        return 1
+    return math.prod(shape_of(kernel.outputs[0])[:-2])
 
 
 # ---- resources of a tiling, and the limit checks ----------------------------------------------------
