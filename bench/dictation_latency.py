@@ -4,8 +4,9 @@ end of its utterance's words and its arrival, and where they went:
 
     quiet    audio after the last words that the final's decode waited for (the hangover, or early_final
              when the decode started before the hangover confirmed the end; negative: a click came after)
-    queue    from that audio's arrival to the decode's start; `behind` of it was spent waiting for an
-             earlier decode (a partial) still running
+    queue    from that audio's arrival to the decode's start
+    behind   (not a term of the sum) how long after the words ended an earlier decode (a partial that
+             missed the end) kept the worker busy: it delays the final's decode and is part of quiet + queue
     encoder  the encoder pass; decoder: the decoder steps (and their count); other: mel, guards, host work
     confirm  from the decode's end to the final's emission (an early decode waits for the hangover)
 
@@ -90,13 +91,14 @@ class TimedTranscriber:
 
 def breakdown(final, decodes: list[Decode], hangover: float) -> dict:
     """Split one final's latency into quiet + queue + encoder + decoder + other + confirm (audio seconds)."""
-    # the last decode before the final that reached about its end (a click after the words may come later)
-    used = [d for d in decodes if d.end <= final.at + 1e-3 and final.end - 0.3 <= d.audio_end <= final.end + hangover + 0.05]
+    # the last decode before the final that reached about its end (clicks after the words move the end of
+    # the hangover later, and a decode that started before such a click may have served as the final)
+    used = [d for d in decodes if d.end <= final.at + 1e-3 and final.end - 0.3 <= d.audio_end <= final.end + hangover + 0.5]
     if not used:
         return {}
     d = used[-1]
     before = [p for p in decodes if p.start < d.start]
-    behind = max(0.0, min(d.start, before[-1].end) - max(d.audio_end, before[-1].start)) if before else 0.0
+    behind = max(0.0, min(d.start, before[-1].end) - max(final.end, before[-1].start)) if before else 0.0
     return {"quiet": d.audio_end - final.end, "queue": d.start - d.audio_end, "behind": behind,
             "encoder": d.encoder, "decoder": d.decoder, "steps": d.steps,
             "other": d.wall - d.encoder - d.decoder, "confirm": final.at - d.end}
@@ -110,7 +112,7 @@ def modeled_session(timed: TimedTranscriber, audio: np.ndarray, options, encoder
     clock = [0.0]
     timed.clock, timed.decodes = (lambda: clock[0]), []
     rec = Recognizer(timed, options)
-    events, fed = [], 0
+    events, fed, modeled = [], 0, None
     while fed < len(audio):
         due = min(len(audio), max(int(clock[0] * SAMPLE_RATE), fed + 4 * FRAME))
         before = len(timed.decodes)
@@ -121,6 +123,8 @@ def modeled_session(timed: TimedTranscriber, audio: np.ndarray, options, encoder
             d.start, d.encoder, d.decoder = clock[0], encoder_s * d.encodes, step_s * d.steps
             d.wall = d.encoder + d.decoder
             clock[0] = d.end = d.start + d.wall
+            modeled = d.wall if modeled is None else 0.8 * modeled + 0.2 * d.wall
+            rec.decode_seconds = modeled          # the Recognizer's average, which paces partials
         events += [replace(e, at=clock[0]) for e in new]
     events += [replace(e, at=clock[0]) for e in rec.finish()]
     return events, rec.decodes
