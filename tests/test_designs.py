@@ -163,7 +163,7 @@ def programs():
 # Models whose every kernel step builds on both targets (kernels/README.md, the counts table): a refusal is a
 # regression. And no model's GEMM may be refused for a width, depth or row count off the tile: the memory plan
 # pads GEMM outputs to whole tiles (sdk/compiler/memory.py: pad_to_tiles) and the GEMM design handles M < R.
-BUILDS_IN_FULL = {"bert", "clip", "resnet", "vit", "whisper"}
+BUILDS_IN_FULL = {"bert", "clip", "conformer", "resnet", "vit", "whisper"}
 OFF_THE_TILE = r"not multiples of the tile n|needs a padded activation buffer|below the MAC"
 
 
@@ -337,10 +337,13 @@ def test_fused_design_is_one_sequence_per_dispatch(synthetic_programs, target):
     assert set(manifest["devices"]) == set(fused.devices) and manifest["arenas"] == fused.arenas
 
 
-def test_fused_design_names_the_kernels_it_cannot_build(programs):
-    # the conformer's rel-pos attention scores are a batched bmm, which no design expresses yet
-    with standin.installed(), pytest.raises(df.DesignError, match=r"kernel steps have no design.*bmm"):
-        fused_design.build(programs("conformer", "npu2"))
+def test_fused_design_names_the_kernels_it_cannot_build():
+    # a constant pad along two axes is no concat (layout.pads_as_concats), and no design writes a constant
+    def padded(w, x):
+        return {"y": ops.pad(ops.relu(x), pads=((1, 1), (2, 2)))}
+    program = compile_graphs([trace(padded, name="pad2", weights={}, inputs={"x": ((4, 6), "float32")})], "npu2")
+    with standin.installed(), pytest.raises(df.DesignError, match=r"1 kernel steps have no design.*pad.*constant"):
+        fused_design.build(program)
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
@@ -365,8 +368,9 @@ def test_transpose_design(target):
 @pytest.mark.parametrize("target", TARGET_NAMES)
 def test_gemm_blocking_matches_the_kernel_layout(target):
     """The memtile access patterns of the GEMM design, run as an address simulator, produce the blocked tiles
-    the kernel reads (tests/test_kernels.py feeds gemm.cc exactly this layout), and un-block its output."""
-    from kernels.gemm.design import blocking, unblocking
+    the kernel reads (tests/test_kernels.py feeds gemm.cc exactly this layout), and un-block its output. A tile
+    of B^T [n, k] (a bmm's B read by its columns) arrives as B's blocks in B's order, each one transposed."""
+    from kernels.gemm.design import blocking, blocking_transposed, unblocking
     R, S, T = TARGETS[target].mac_shape
     m, k = 16, 32
 
@@ -382,6 +386,10 @@ def test_gemm_blocking_matches_the_kernel_layout(target):
     tile = np.arange(m * k)
     expect = tile.reshape(m // R, R, k // S, S).transpose(0, 2, 1, 3).reshape(-1)
     np.testing.assert_array_equal(tile[stream(blocking(m, k, R, S), m * k)], expect)
+    n = 16
+    bt = np.arange(n * k).reshape(n, k)                                   # bt[j, q] is B[q, j]
+    expect = bt.reshape(n // T, T, k // S, S).transpose(2, 0, 1, 3).reshape(-1)  # [k/S][n/T][T][S]
+    np.testing.assert_array_equal(bt.reshape(-1)[stream(blocking_transposed(n, k, T, S), n * k)], expect)
     rows = 3
     blocked = np.concatenate([np.arange(m * k).reshape(m // R, R, k // T, T).transpose(0, 2, 1, 3).reshape(-1)
                               + i * m * k for i in range(rows)])
@@ -487,6 +495,42 @@ def test_gemm_fills_deliver_the_tiles_each_core_multiplies(target, planes):
         np.testing.assert_array_equal(b_streams[f"gemm_b{c}"], np.concatenate(want))
     # and every output element is drained exactly once
     assert (standin.written(rec, 2) == 1).all()
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_bmm_with_a_batched_b_streams_each_slice_its_own(target):
+    """The conformer's rel-pos scores: q [1, H, T, D] @ r [1, H, D, 2T - 1], where r is the [2T - 1, H x D]
+    position projection read through reshape + transpose, so B's columns are contiguous and its rows are not.
+    One B per head (tiling batch): the A stream carries each head's row tile, and the B stream that head's
+    B^T rows [n, k], the row past N = 15 (the output is padded to 16 columns) a repeat of the last one, which
+    gemm_mac_bt zeroes. The drains write every element of the padded output once."""
+    from sdk.program import Buffer, Step, Usage
+    H, T, D = 4, 8, 8
+    N = 2 * T - 1
+    buffers = {"q": Buffer("q", (1, H, T, D), "bfloat16", Usage.SCRATCH),
+               "r": Buffer("r", (N, H * D), "bfloat16", Usage.SCRATCH),
+               "y": Buffer("y", (1, H, T, 16), "float32", Usage.SCRATCH)}
+    tiling = {"M": H * T, "K": D, "N": N, "m": 8, "k": 8, "n": 16, "Kp": D, "Np": 16, "batch": H, "cores": 4,
+              "precision": "bf16"}
+    step = Step("kernel", "bmm", ("q", "r"), ("y",),
+                {"head": {"op": "matmul", "attrs": {}}, "chain": [], "tiling": tiling, "stored_width": 16,
+                 "views": [[], [("reshape", (1, N, H, D)), ("transpose", (0, 2, 3, 1))]], "n_head": 2})
+    params = {}
+    with standin.installed():
+        from kernels.gemm import design
+        rec = design.build(target, step, buffers, params)
+    assert standin.check(rec, TARGETS[target]) == []
+    assert params["batch"] == H and params["b_transposed"] and params["cores"] == 1
+    assert (standin.written(rec, 2) == 1).all()
+
+    def delivered(data_index):
+        return np.concatenate([t.tap.addresses() for t in rec.runtime.transfers
+                               if t.kind == "fill" and t.data is rec.runtime.data[data_index]])
+
+    np.testing.assert_array_equal(delivered(0), np.arange(H * T * D))   # head by head, T rows each
+    rows = np.minimum(np.arange(16), N - 1)
+    want = [(rows[:, None] * H * D + h * D + np.arange(D)).reshape(-1) for h in range(H)]
+    np.testing.assert_array_equal(delivered(1), np.concatenate(want))
 
 
 def _gemm_step(inputs, outputs, tiling, chain=(), stored_width=None):

@@ -289,6 +289,46 @@ def test_gemm_norm_prologue_matches_emu(lib, record_parity, op):
     check(record_parity, f"gemm with a {op} prologue", out, ref)
 
 
+@pytest.mark.parametrize("mac", [(4, 8, 4), (8, 8, 8)], ids=["npu1", "npu2"])
+def test_bmm_with_a_batched_transposed_b_matches_emu(lib, record_parity, mac):
+    """Rel-pos attention scores as the conformer computes them: q [1, H, T, D] @ r [1, H, D, 2T - 1], with r read
+    from a [2T - 1, H x D] projection through reshape + transpose. Each head multiplies its own B, which arrives
+    as [n, k] tiles of B^T (blocked [k/S][n/T][T][S] by the memtile); the output is padded from N = 31 to 32
+    columns, and the row of B^T past N repeats the last one, which gemm_mac_bt zeroes: the padding column holds
+    the epilogue of a zero accumulator, as the emulator stores it."""
+    R, S, T = mac
+    H, Tq, D, m, k, n = 2, 16, 16, 8, 8, 16           # 2 row tiles per head, 2 K steps, 2 column tiles
+    N, Np = 2 * Tq - 1, 32
+    g = rng(7)
+    q, r = bf16(g.normal(size=(1, H, Tq, D))), bf16(g.normal(size=(N, H * D)))
+    chain = chain_of(("scale", 0.25))
+    tiling = {"M": H * Tq, "K": D, "N": N, "m": m, "k": k, "n": n, "Kp": D, "Np": Np, "batch": H,
+              "precision": "bf16"}
+    ref = golden("bmm", "matmul", {"q": q, "r": r}, out_dtype=np.float32, chain=chain, tiling=tiling, n_head=2,
+                 views=[[], [("reshape", (1, N, H, D)), ("transpose", (0, 2, 3, 1))]], stored_width=Np)
+    assert ref.shape == (1, H, Tq, Np)
+    gemm = lib("gemm", MMUL_R=R, MMUL_S=S, MMUL_T=T)
+    words, imms = dataflow.encode_chain(chain, 2)
+    no_bias = np.zeros(n, np.float32)
+    out = np.zeros((1, H, Tq, Np), np.float32)
+    for h in range(H):
+        bt = r[np.minimum(np.arange(Np), N - 1), h * D:(h + 1) * D]      # B^T rows of this head, the last repeated
+        for i in range(Tq // m):
+            for j in range(Np // n):
+                acc = np.zeros(m * n, np.float32)
+                call(gemm, "gemm_zero", acc, m, n)
+                for s in range(D // k):
+                    a_tile = blocked(q[0, h, i * m:(i + 1) * m, s * k:(s + 1) * k], R, S)
+                    obj = bt[j * n:(j + 1) * n, s * k:(s + 1) * k]                         # [n, k] of B^T
+                    bt_obj = np.ascontiguousarray(obj.reshape(n // T, T, k // S, S).transpose(2, 0, 1, 3).reshape(-1))
+                    call(gemm, "gemm_mac_bt", a_tile, 0, bt_obj, min(n, N - j * n), acc, m, k, n)
+                c = np.zeros(m * n, np.float32)
+                call(gemm, "gemm_store", acc, no_bias, 0, 0, c, 1, m, n, words, len(chain), imms)
+                out[0, h, i * m:(i + 1) * m, j * n:(j + 1) * n] = unblocked(c, m, n, R, T)
+    assert (out[..., N:] == 0).all()
+    check(record_parity, f"bmm{R}x{S}x{T} batched B^T", out, ref)
+
+
 def test_gemv_matches_emu(lib, record_parity):
     K, N, k, n = 48, 64, 16, 32
     g = rng(2)

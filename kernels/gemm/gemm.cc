@@ -5,7 +5,8 @@
 // from row-major tiles (kernels/gemm/design.py, dims_to_stream):
 //   A [m/R][k/S][R][S]   B [k/S][n/T][S][T]   C and the output [m/R][n/T][R][T]
 // The design streams B from the weights arena (packed tile-major by sdk/compiler/layout.py) for `gemm`, or
-// from the scratch arena for `bmm` (activation x activation). emu.py's _gemm / _bmm are the numerics spec.
+// from the scratch arena for `bmm` (activation x activation; one B per batch slice when B is batched), where a
+// B whose columns are contiguous comes as tiles of B^T instead (gemm_mac_bt). emu.py's _gemm / _bmm are the numerics spec.
 #include "../include/npu_kernel.h"
 
 #ifndef MMUL_R
@@ -79,6 +80,66 @@ NPU_KERNEL void gemm_mac(const void *a, int32_t a_f32, const bf16 *b, int32_t pl
         const float x = npu_mac_operand(av, (i * kb + q) * MMUL_R * MMUL_S + r * MMUL_S + s);
         for (int32_t p = 0; p < planes; ++p)
           sum += x * to_f32(b[p * k * n + (q * nb + j) * MMUL_S * MMUL_T + s * MMUL_T + t]);
+      }
+      acc[(i * nb + j) * MMUL_R * MMUL_T + r * MMUL_T + t] = sum;
+    }
+}
+#endif
+
+// A bmm whose B is read as rows of B^T (kernels/gemm/design.py: its columns are contiguous in memory, its rows
+// are not, as for scores against per-head keys or relative positions): each B object is an [n x k] tile of B^T,
+// which the memtile blocks [k/S][n/T][T][S], so that every block is the transpose of the S x T block gemm_mac
+// reads at the same place. Columns from n_valid on lie past N, in the output's padding to whole tiles
+// (sdk/compiler/memory.py pad_to_tiles): the design fills them with a real row of B^T again, and they are zeroed
+// here first, so that those output columns hold the epilogue of a zero accumulator, as a GEMM's do.
+static void gemm_bt_clear(bf16 *bt, int32_t n_valid, int32_t k, int32_t n) {
+  const int32_t nb = n / MMUL_T;
+  for (int32_t col = n_valid; col < n; ++col)
+    for (int32_t kk = 0; kk < k; ++kk)
+      bt[((kk / MMUL_S) * nb + col / MMUL_T) * MMUL_S * MMUL_T + (col % MMUL_T) * MMUL_S + kk % MMUL_S] = to_bf16(0.0f);
+}
+
+#ifdef __AIENGINE__
+template <typename TA>
+static void gemm_mac_bt_vec(const TA *a, const bf16 *bt, float *acc, int32_t m, int32_t k, int32_t n) {
+  using MMUL = aie::mmul<MMUL_R, MMUL_S, MMUL_T, bfloat16, bfloat16, accfloat>;
+  const int32_t mb = m / MMUL_R, kb = k / MMUL_S, nb = n / MMUL_T;
+  for (int32_t i = 0; i < mb; ++i)
+    chess_prepare_for_pipelining for (int32_t j = 0; j < nb; ++j) {
+      float *c = acc + (i * nb + j) * MMUL_R * MMUL_T;
+      MMUL C(aie::load_v<MMUL_R * MMUL_T>(c));
+      for (int32_t kk = 0; kk < kb; ++kk) {
+        auto A = gemm_a_block(a + (i * kb + kk) * MMUL_R * MMUL_S);
+        auto Bt = aie::load_v<MMUL_S * MMUL_T>(bt + (kk * nb + j) * MMUL_S * MMUL_T);  // T x S
+        C.mac(A, aie::transpose(Bt, MMUL_T, MMUL_S));                                      // -> S x T
+      }
+      aie::store_v(c, C.template to_vector<float>());
+    }
+}
+
+NPU_KERNEL void gemm_mac_bt(const void *a, int32_t a_f32, bf16 *bt, int32_t n_valid, float *acc, int32_t m, int32_t k,
+                            int32_t n) {
+  NPU_ROUND_EVEN();
+  gemm_bt_clear(bt, n_valid, k, n);
+  if (a_f32)
+    gemm_mac_bt_vec((const float *)a, bt, acc, m, k, n);
+  else
+    gemm_mac_bt_vec((const bf16 *)a, bt, acc, m, k, n);
+}
+#else
+NPU_KERNEL void gemm_mac_bt(const void *a, int32_t a_f32, bf16 *bt, int32_t n_valid, float *acc, int32_t m, int32_t k,
+                            int32_t n) {
+  gemm_bt_clear(bt, n_valid, k, n);
+  const npu_vec av = {a, a_f32, 0};
+  const int32_t kb = k / MMUL_S, nb = n / MMUL_T;
+  for (int32_t row = 0; row < m; ++row)
+    for (int32_t col = 0; col < n; ++col) {
+      const int32_t i = row / MMUL_R, r = row % MMUL_R, j = col / MMUL_T, t = col % MMUL_T;
+      float sum = acc[(i * nb + j) * MMUL_R * MMUL_T + r * MMUL_T + t];
+      for (int32_t kk = 0; kk < k; ++kk) {
+        const int32_t q = kk / MMUL_S, s = kk % MMUL_S;
+        sum += npu_mac_operand(av, (i * kb + q) * MMUL_R * MMUL_S + r * MMUL_S + s) *
+               to_f32(bt[(q * nb + j) * MMUL_S * MMUL_T + t * MMUL_S + s]);
       }
       acc[(i * nb + j) * MMUL_R * MMUL_T + r * MMUL_T + t] = sum;
     }

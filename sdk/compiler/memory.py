@@ -84,17 +84,17 @@ def residual_stream(f: Fused) -> set[str]:
 
 
 def pad_to_tiles(f: Fused, target: Target) -> set[str]:
-    """Store each GEMM output whose width N is not a multiple of its tile n as [..., Np] (Np: whole tiles), so
-    that the GEMM drains whole tiles; every reader reads the value through a `slice` view of its first N columns.
-    The padding columns hold what the kernel computes there: its epilogue of a zero accumulator (the packed
-    weight and bias are zero past N), finite, so a GEMM whose K is not a multiple of its tile k may read such
-    a row on to Kp against its weight's zero rows (kernels/gemm reads them; the emulator pads with zeros, the
-    same sum). An entry output keeps its shape: the GEMM stores a padded scratch value in the output's dtype
+    """Store each GEMM (or bmm) output whose width N is not a multiple of its tile n as [..., Np] (Np: whole
+    tiles), so that the kernel drains whole tiles; every reader reads the value through a `slice` view of its
+    first N columns. The padding columns hold what the kernel computes there: its epilogue of a zero accumulator
+    (the packed weight and bias are zero past N; a bmm's kernel zeroes B past N), finite, so a GEMM whose K is
+    not a multiple of its tile k may read such a row on to Kp against its weight's zero rows (kernels/gemm reads
+    them; the emulator pads with zeros, the same sum). An entry output keeps its shape: the GEMM stores a padded scratch value in the output's dtype
     and a copy kernel moves the slice into the io buffer. Merged projections, cache writes and epilogues that
     read an operand are not padded (their designs refuse them). Returns the scratch values kept in their
     dtype: the padded entry outputs, and values of odd width (in fp32 their rows are whole 32-bit words)."""
     outputs, keep = set(f.outputs.values()), set()
-    for k in [k for k in f.kernels if k.kind == "gemm"]:
+    for k in [k for k in f.kernels if k.kind in ("gemm", "bmm")]:
         t = k.attrs["tiling"]
         if t["Np"] == t["N"] or len(k.outputs) != 1 or "state_writes" in k.attrs \
                 or any(c["operand"] is not None for c in k.chain):

@@ -55,9 +55,11 @@ def _kernel_attrs(f: Fused, k: Kernel, views, buffers) -> dict:
     attrs["n_head"] = 3 if k.kind == "gemm" else len(k.head.inputs)
     if k.kind == "gemm":
         attrs["n_splits"] = list(k.attrs["n_splits"])
-        for key in ("prologue", "state_writes", "stored_width"):
+        for key in ("prologue", "state_writes"):
             if key in k.attrs:
                 attrs[key] = k.attrs[key]
+    if "stored_width" in k.attrs:  # a gemm or bmm output padded to whole tiles (memory.pad_to_tiles)
+        attrs["stored_width"] = k.attrs["stored_width"]
     # bytes the kernel moves: what the cost model charges to DRAM bandwidth
     weight_bytes = sum(buffers[r.value].nbytes for r in k.inputs if r is not None and r.value in buffers
                        and buffers[r.value].arena == "weights")
