@@ -329,8 +329,8 @@ class Recognizer:
             return events
         # A decode cannot be interrupted, and the final must not wait for one that missed the last words. So
         # when the talker seems to be stopping, decode at once: once the hangover confirms the end, that decode
-        # is the final. Partials start in a pause (or when long overdue), so that the one running when the
-        # talker stops has heard the end too.
+        # is the final. Partials start in a pause (or when two intervals overdue), so that the one running
+        # when the talker stops has most likely heard the end too.
         quiet = self._now() - self.last_speech if self.options.vad else 0.0
         every = max(self.options.partial_every, self.decode_seconds / max(self.options.partial_share, 1e-3))
         wanted = self.options.partials or self._duration() >= self._commit_after
@@ -338,7 +338,7 @@ class Recognizer:
             if not self._heard_end():
                 events += self._partial()
         elif wanted and self._since_decode >= every and (
-                quiet >= self.options.final_tail - 1e-9 or not self.options.vad or self._since_decode >= 2 * every):
+                quiet >= self.options.final_tail - 1e-9 or not self.options.vad or self._since_decode >= 3 * every):
             events += self._partial()
         return events
 

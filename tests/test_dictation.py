@@ -184,7 +184,7 @@ def test_the_final_is_decoded_before_the_hangover_ends_and_not_again():
 
 def test_a_partial_that_heard_the_end_is_the_final():
     """Partials start in pauses; the one that started after the last words is the final (one decode fewer)."""
-    options = DictationOptions(partial_every=0.4)
+    options = DictationOptions(partial_every=0.3)
     model = _BurstCounter()
     events = _run(Recognizer(model, options), np.concatenate([_quiet(1), _tone(1.0), _quiet(2)]))
     partials = [e for _, e in events if isinstance(e, Partial)]
