@@ -235,8 +235,8 @@ def dims_of(index: np.ndarray) -> tuple[int, list[tuple[int, int]]]:
 
 def taps(io, operand_: Operand, index: np.ndarray, max_dims: int = 4) -> list:
     """TensorAccessPatterns over the operand's tensor that read `index` in order: one per buffer descriptor.
-    A pattern with more dimensions than a descriptor has, or that is not affine as a whole (a shifted last
-    tile), is split along its outermost dimension."""
+    A pattern with more dimensions than a descriptor has, that steps by 0 in any but its outermost dimension,
+    or that is not affine as a whole (a shifted last tile), is split along its outermost dimension."""
     try:
         offset, dims = dims_of(index)
     except DesignError:
@@ -246,7 +246,10 @@ def taps(io, operand_: Operand, index: np.ndarray, max_dims: int = 4) -> list:
     if dims[-1][1] != 1 and dims[-1][0] > 1:
         raise DesignError(f"operand {operand_.name}: its innermost access stride is {dims[-1][1]} elements; the "
                           f"DMAs move 32-bit words, so an element-granular transpose needs kernels/transpose")
-    if len(dims) <= max_dims:
+    # a shim buffer descriptor steps by 0 only in its outermost dimension, the repeat (mlir-aie verifies every
+    # other stride of aiex.npu.dma_memcpy_nd non-zero, a constraint of the descriptors: mlir-aie#2308), so a
+    # pattern that repeats inside is split until the repeat is outermost
+    if len(dims) <= max_dims and not any(s == 0 for _, s in dims[1:]):
         sizes = [1] * (4 - len(dims)) + [n for n, _ in dims]
         strides = [0] * (4 - len(dims)) + [s for _, s in dims]
         return [io.TensorAccessPattern((operand_.elements,), offset, sizes, strides)]

@@ -576,22 +576,33 @@ def _check_calls(rec):
     return found
 
 
-def _check_memory(rec, target):
-    found = []
+def l1_use(rec) -> dict:
+    """Bytes of L1 each core tile allocates: its stack, every fifo object it holds (depth x object) and its
+    GlobalBuffers."""
     l1: dict[Tile, int] = {}
     for w in rec.workers:
         used = w.stack_size + sum(h.depth * h.fifo.nbytes for h in w.handles) + sum(_nbytes(b.obj_type)
                                                                                     for b in w.buffers)
         l1[w.placement] = l1.get(w.placement, 0) + used
-    for tile, used in l1.items():
-        if used > target.l1_bytes:
-            found.append(f"core {tile}: {used} bytes of L1 (with stack) > {target.l1_bytes}")
+    return l1
+
+
+def memtile_use(rec) -> dict:
+    """Bytes each memtile allocates for the links placed on it (depth x the linked large object)."""
     mem: dict[Tile, int] = {}
     for link in rec.links:
         big = link.src[0] if link.kind != "join" else link.dst[0]
         depth = max(h.depth for h in big.cons_handles) if link.kind != "join" else big.prod().depth
         mem[link.placement] = mem.get(link.placement, 0) + depth * big.nbytes
-    for tile, used in mem.items():
+    return mem
+
+
+def _check_memory(rec, target):
+    found = []
+    for tile, used in l1_use(rec).items():
+        if used > target.l1_bytes:
+            found.append(f"core {tile}: {used} bytes of L1 (with stack) > {target.l1_bytes}")
+    for tile, used in memtile_use(rec).items():
         if used > target.memtile_bytes:
             found.append(f"memtile {tile}: {used} bytes > {target.memtile_bytes}")
     return found
@@ -613,6 +624,8 @@ def _check_channels_and_bds(rec, target):
             dims = h.dims_from_stream if not h.is_prod else []
             if len(dims) > target.core_dims:
                 found.append(f"core {w.placement}: {h.fifo.name} dims_from_stream has {len(dims)} dims")
+            if any(n > 1 and s == 0 for n, s in dims):
+                found.append(f"core {w.placement}: {h.fifo.name} dims_from_stream steps by 0")
     for link in rec.links:
         add(s2mm, link.placement, len(link.src))
         add(mm2s, link.placement, len(link.dst))
@@ -620,6 +633,8 @@ def _check_channels_and_bds(rec, target):
         for f in (*link.src, *link.dst):
             if len(f.dims_to_stream) > target.memtile_dims:
                 found.append(f"memtile {link.placement}: {f.name} dims_to_stream has {len(f.dims_to_stream)} dims")
+            if any(n > 1 and s == 0 for n, s in f.dims_to_stream):  # no repeat dimension in a memtile pattern
+                found.append(f"memtile {link.placement}: {f.name} dims_to_stream steps by 0")
     seen = set()
     for t in rec.runtime.transfers:
         if t.placement.row != 0 or t.placement.col < 0:
@@ -631,6 +646,9 @@ def _check_channels_and_bds(rec, target):
         live = [(n, s) for n, s in zip(t.tap.sizes, t.tap.strides) if n > 1]
         if len(live) > target.shim_dims + 1:  # three dimensions plus the repeat count
             found.append(f"shim {t.placement}: a {t.kind} of {t.handle.fifo.name} has {len(live)} dimensions")
+        if any(s == 0 for _, s in live[1:]):  # only the repeat steps by 0 (mlir-aie#2308: a BD constraint)
+            found.append(f"shim {t.placement}: a {t.kind} of {t.handle.fifo.name} steps by 0 inside its pattern "
+                         f"(sizes {t.tap.sizes}, strides {t.tap.strides}); only the outermost dimension may repeat")
         if t.tap.sizes[-1] > 1 and t.tap.strides[-1] != 1:  # the innermost dimension is the contiguous run
             found.append(f"shim {t.placement}: innermost stride {t.tap.strides[-1]} (DMAs move contiguous words)")
         if t.tap.sizes[-1] * t.data.dtype.itemsize % 4:

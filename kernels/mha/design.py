@@ -31,7 +31,7 @@ def build(target: str, step, buffers: dict, params: dict):
             raise df.DesignError(f"attention operand {o.name} is {o.dtype}; the kernel reads bf16")
     Tq, Tk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     heads = math.prod(q.shape[:-2])
-    tq = min(t["tq"], Tq)
+    tq = _query_tile(Tq, min(t["tq"], Tq))
     tk = max(x for x in range(1, min(t["tk"], Tk) + 1) if Tk % x == 0 and (x % 2 == 0 or x == Tk or d % 2 == 0))
     if has_mask and (tq * tk) % 2:
         raise df.DesignError(f"a mask block of {tq} x {tk} bf16 is not whole 32-bit words: pad rows to even")
@@ -116,15 +116,28 @@ def build(target: str, step, buffers: dict, params: dict):
     rt = io.Runtime()
     with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
         rt.start(*workers)
-        for fifo, i, idx, shim in fills:
-            for tap in df.taps(io, operands[i], idx):
-                rt.fill(fifo.prod(), args[i], tap=tap, placement=io.Tile(shim, 0))
-        for fifo, idx, c in drains:
-            for tap in df.taps(io, out, idx):
-                rt.drain(fifo.cons(), args[-1], tap=tap, placement=io.Tile(c, 0), wait=True)
+        # one task group per work item (on every core at once): an item's key rows repeat per pass, a repeat
+        # that a shim descriptor makes only in its outermost dimension, so each item is its own transfer, and
+        # the group frees its descriptors once the item's output is drained
+        for item in range(per_core):
+            tg = rt.task_group()
+            for fifo, i, idx, shim in fills:
+                for tap in df.taps(io, operands[i], idx[item]):
+                    rt.fill(fifo.prod(), args[i], tap=tap, task_group=tg, placement=io.Tile(shim, 0))
+            for fifo, idx, c in drains:
+                for tap in df.taps(io, out, idx[item]):
+                    rt.drain(fifo.cons(), args[-1], tap=tap, task_group=tg, placement=io.Tile(c, 0), wait=True)
+            rt.finish_task_group(tg)
     params.update({"tq": tq, "tk": tk, "d": d, "heads": heads, "cores": cores, "items_per_core": per_core,
                    "sequence": df.sequence_of(step, operands)})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+
+
+def _query_tile(Tq: int, tq: int) -> int:
+    """The query tile: a divisor of Tq of at least half the catalog's tile when there is one (Whisper's 1500
+    frames: 30), so that no tile overlaps another; else the catalog's, the last tile shifted back to end at Tq,
+    its overlapping rows computed again and written twice with the same values (ViT's 197 tokens, a prime)."""
+    return max((x for x in range(max(1, tq // 2), tq + 1) if Tq % x == 0), default=tq)
 
 
 if __name__ == "__main__":

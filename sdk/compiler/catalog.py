@@ -102,27 +102,53 @@ SPLIT_WEIGHTS_MAX_ROWS, SPLIT_WEIGHTS_MAX_WIDTH = 16, 8
 GEMM_TILES = [(64, 64, 32), (32, 64, 32), (32, 32, 32), (16, 32, 16), (8, 32, 8), (8, 16, 8)]
 
 
-def tiling(kernel, shape_of, target: Target) -> dict:
-    """The tiling a kernel uses on `target` (the largest that fits), with what the limit checks need."""
+def storage_bytes(f, wide: set) -> callable:
+    """Bytes per element of each operand as the memory plan will store it (memory.py): the entry's inputs,
+    parameters and outputs keep the host's dtype, the residual stream and whole-word values (`wide`) stay fp32,
+    every other float is bf16. The tiling counts A and C tiles by it (a pre-LN prologue's A is the fp32 residual)."""
+    outputs = set(f.outputs.values())
+
+    def bytes_of(ref) -> int:
+        v = f.values[ref.value]
+        if v.dtype != "float32":
+            return 4
+        if v.kind in ("input", "param") or ref.value in outputs or ref.value in wide:
+            return 4
+        return 2
+    return bytes_of
+
+
+def tiling(kernel, shape_of, target: Target, bytes_of=None) -> dict:
+    """The tiling a kernel uses on `target` (the largest that fits), with what the limit checks need.
+    `bytes_of(ref)`: an operand's stored element size (storage_bytes), bf16 when not given."""
     kind, node = kernel.kind, kernel.head
     ins = [shape_of(r) if r is not None else None for r in kernel.inputs]
     extra = sum(1 for e in kernel.chain if e["operand"] is not None)
+    size = bytes_of or (lambda ref: 2)
     if kind in MATMUL_KINDS:
         M, K, N = _mkn(kernel, ins, shape_of)
         batch = _batch(kernel, ins, shape_of)
         mm, mk, mn = target.mac_shape
+        from .fuse import Ref  # noqa: PLC0415 - outputs are value names, operands Refs
         for m, k, n in GEMM_TILES:
             t = {"M": M, "K": K, "N": N, "m": min(m, _up(M, mm)), "k": _depth(K, k, mk), "n": min(n, _up(N, mn)),
-                 "epilogue_operands": extra, "precision": MATMUL_PRECISION[target.name]}
+                 "epilogue_operands": extra, "precision": MATMUL_PRECISION[target.name],
+                 "a_bytes": size(kernel.inputs[0]), "out_bytes": max(size(Ref(o)) for o in kernel.outputs),
+                 "bias": kind == "gemm" and len(kernel.inputs) > 2 and kernel.inputs[2] is not None}
             t |= {"Kp": _up(K, t["k"]), "Np": _up(N, t["n"])}
             if batch > 1:  # a bmm with one B per batch slice: its row tiles stay within a slice (kernels/gemm)
                 t |= {"batch": batch, "m": min(t["m"], _up(M // batch, mm))}
+            if N % 2 and t["Np"] != N:
+                t["out_bytes"] = 4  # an odd width padded to whole tiles is stored fp32 (memory.pad_to_tiles)
+            if K % 2:
+                t["a_bytes"] = 4  # rows of odd width are fp32 to be whole words (such a padded output, above)
             if (kind == "gemm" and SPLIT_WEIGHTS[target.name] and M <= SPLIT_WEIGHTS_MAX_ROWS
                     and N <= SPLIT_WEIGHTS_MAX_WIDTH * K):
                 t["weight_planes"] = 2
             if "prologue" in kernel.attrs:
                 t["prologue_k"] = K  # the norm needs whole A rows: their statistics, gamma and beta
             t["cores"] = min(target.cores, math.ceil(M / t["m"]) * (t["Np"] // t["n"]))
+            t["vector"] = _vector(t, target)
             if fits(kind, t, target):
                 return t
         return t  # nothing fits: the check names the limit
@@ -140,7 +166,7 @@ def tiling(kernel, shape_of, target: Target) -> dict:
     # streaming kinds: rows of the last axis, processed in chunks
     first = next((s for s in ins if s is not None), (1,))
     out_shape = shape_of(kernel.outputs[0])
-    row = max(first[-1] if first else 1, 1)
+    row = max((out_shape or first or (1,))[-1], 1)  # the output's row (a first operand may be a scalar)
     elems = max(math.prod(out_shape), math.prod(first), 1)
     streams_in = max(1, len([s for s in ins[:len(ins) - extra] if s is not None]))
     for chunk in (4096, 2048, 1024, 512, 256, 128, 64):
@@ -150,6 +176,24 @@ def tiling(kernel, shape_of, target: Target) -> dict:
         if fits(kind, t, target):
             return t
     return t
+
+
+# The fp32 vectors a GEMM core holds in L1 (bias; with a norm prologue also gamma and beta) cover its column
+# tiles: jt x n floats, at least K with a prologue. The catalog budgets `vector` floats for each; the GEMM design
+# takes only grids within it (kernels/gemm: `Nt / cols x n <= vector`). The budget is what the widest grid that
+# always exists needs (one core row, as many columns as divide Nt), at least VECTOR_FLOOR, so that small GEMMs
+# keep their grids; a GEMV runs ceil(Nt / cores) tiles per core (kernels/gemv).
+VECTOR_FLOOR = 256
+CHAIN_BYTES = 2 * 8 * 4  # the epilogue's opcode words and immediates (kernels/dataflow.MAX_CHAIN each)
+
+
+def _vector(t: dict, target: Target) -> int:
+    Nt = t["Np"] // t["n"]
+    if t["M"] == 1:  # kernels/gemv: the bias only when there is one
+        jt = -(-Nt // min(t["cores"], target.columns * target.shim_channels - 1))
+        return max(jt * t["n"] if t["bias"] else 1, t.get("prologue_k", 1))
+    cols = max(c for c in range(1, min(target.columns, Nt) + 1) if Nt % c == 0)
+    return max(Nt // cols * t["n"], t.get("prologue_k", 1), VECTOR_FLOOR)
 
 
 def _depth(K: int, k: int, mk: int) -> int:
@@ -201,19 +245,35 @@ class Footprint:
 
 def footprint(kind: str, t: dict, target: Target) -> Footprint:
     e = t.get("epilogue_operands", 0)
-    if kind in MATMUL_KINDS:
+    if kind in ("gemm", "bmm"):
+        # what kernels/gemm (and kernels/gemv for one row) allocate per core: double-buffered A, B (both planes
+        # of split weights) and C objects, the fp32 accumulator, the fp32 vectors (bias; gamma and beta with a
+        # prologue) of `vector` floats, the epilogue words; a prologue adds the row statistics, the K step
+        # position and the normalised bf16 A tile. A residual rides on the A stream in A-sized objects.
+        m, k, n = t["m"], t["k"], t["n"]
+        ab, ob, planes = t.get("a_bytes", 2), t.get("out_bytes", 2), t.get("weight_planes", 1)
+        pro = "prologue_k" in t
+        vector = t.get("vector", max(n, t.get("prologue_k", 1)))
+        if t.get("M") == 1:  # kernels/gemv: one row, k elements per object
+            m = 1
+        l1 = (2 * m * k * ab + 2 * planes * k * n * 2 + 2 * m * n * ob + m * n * 4
+              + (3 if pro else 1) * vector * 4 + CHAIN_BYTES
+              + ((2 * m * 4 + 4 + m * k * 2) if pro else 0))
+        if t.get("M") == 1:  # the row broadcast from one memtile; W goes shim -> core
+            memtile = 2 * k * ab
+        else:  # per memtile at most every core row's A and C objects, and its column's B
+            memtile = 2 * target.rows * m * (k * ab + n * ob) + 2 * planes * k * n * 2
+        ins = input_streams(kind, 2, e) + (1 if pro else 0)
+    elif kind == "conv":
         m, k, n = t["m"], t["k"], t["n"]
         l1 = (2 * m * k * 2          # A tiles, double-buffered bf16
-              + 2 * k * n * 2 * t.get("weight_planes", 1)  # B tiles (hi and lo planes of split weights)
+              + 2 * k * n * 2        # B tiles
               + m * n * 4            # fp32 accumulator
               + 2 * m * n * 2        # output tiles
               + 2 * n * 2            # bias
               + e * 2 * m * n * 2)   # epilogue operands (residuals)
-        memtile = 2 * (target.rows * k * n * 2 * t.get("weight_planes", 1) + m * k * 2)  # B tiles per core, shared A
+        memtile = 2 * (target.rows * k * n * 2 + m * k * 2)  # B tiles per core, shared A
         ins = input_streams(kind, 2, e)
-        if "prologue_k" in t:  # norm prologue: gamma and beta rows, per-row mean and 1/std
-            l1 += 2 * t["prologue_k"] * 2 + m * 8
-            ins += 1
     elif kind == "mha":
         tq, tk, d = t["tq"], t["tk"], t["d"]
         l1 = (2 * tq * d * 2 + 2 * 2 * tk * d * 2   # q tile, k and v blocks (double-buffered)

@@ -57,10 +57,10 @@ def compile_npu(graphs: Sequence[Graph], target: str) -> Program:
     for g in graphs:
         f = fuse(g, hw)
         stats.append(partition(f))
-        shape = shape_of(f)
+        shape, stored = shape_of(f), catalog.storage_bytes(f, memory.residual_stream(f))
         for k in f.kernels:
             if k.kind != "host":
-                k.attrs["tiling"] = catalog.tiling(k, shape, hw)
+                k.attrs["tiling"] = catalog.tiling(k, shape, hw, stored)
         fused.append(f)
     constants = {n: a for g in graphs for n, a in g.constants.items()}
     weight_buffers, recipes = layout.plan(fused, hw, constants)
