@@ -35,6 +35,12 @@ def blocking(rows: int, cols: int, r: int, c: int) -> list[tuple[int, int]]:
     return [(rows // r, r * cols), (cols // c, c), (r, cols), (c, 1)]
 
 
+def blocking_transposed(n: int, k: int, t: int, s: int) -> list[tuple[int, int]]:
+    """dims_to_stream that reads a row-major [n, k] tile of B^T as [k/s][n/t][t][s]: B's blocks in gemm_mac's
+    order, each one transposed (t x s), which gemm_mac_bt transposes back in registers."""
+    return [(k // s, s), (n // t, t * k), (t, k), (s, 1)]
+
+
 def unblocking(n_tiles: int, rows: int, cols: int, r: int, c: int) -> list[tuple[int, int]]:
     """dims_to_stream that reads n_tiles blocked [rows/r][cols/c][r][c] tiles back in row-major order."""
     return [(n_tiles * rows // r, r * cols), (r, c), (cols // c, r * c), (c, 1)]
@@ -48,34 +54,29 @@ def build(target: str, step, buffers: dict, params: dict):
     R, S, T = hw.mac_shape
     if m % R or k % S or n % T:
         raise df.DesignError(f"tile {m}x{k}x{n} is not a multiple of the {R}x{S}x{T} MAC shape")
-    if M < m:  # fewer rows than the catalog's tile: a smaller tile (the last one shifted), at least the MAC rows
-        m = max((M // R) * R, R)
+    batch = t.get("batch", 1)  # a bmm with one B per batch slice: each slice's Mb rows of A with its own B
+    Mb = M // batch
+    if Mb < m:  # fewer rows than the catalog's tile: a smaller tile (the last one shifted), at least the MAC rows
+        m = max((Mb // R) * R, R)
     n_operands = sum(1 for c in step.attrs["chain"] if c["operand"] is not None)
     if n_operands > 1:
         raise df.DesignError("a GEMM epilogue that reads an operand tile more than once (two residuals): "
                              "a core has two input DMA channels")
-    Mt, Kt, Nt = math.ceil(M / m), t["Kp"] // k, t["Np"] // n
+    Mt, Kt, Nt = batch * math.ceil(Mb / m), t["Kp"] // k, t["Np"] // n
     planes = t.get("weight_planes", 1) if step.op == "gemm" else 1  # split weights: hi and lo per B tile
     head_inputs = step.attrs.get("n_head", 3)
 
     a = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
-    a_idx = _a_rows(a, buffers[step.inputs[0]], K, t["Kp"], k)
+    b_transposed = False  # B's objects are tiles of B^T (gemm_mac_bt)
     if step.op == "gemm":
+        a_idx = _a_rows(a, buffers[step.inputs[0]], K, t["Kp"], k)
         b = df.operand(step.inputs[1], buffers[step.inputs[1]])             # packed [planes, Kt, Nt, k, n]
-        b_idx = b.index.reshape(planes, Kt, Nt, k * n).transpose(1, 2, 0, 3).reshape(Kt, Nt, planes * k * n)
+        b_idx = b.index.reshape(planes, Kt, Nt, k * n).transpose(1, 2, 0, 3).reshape(1, Kt, Nt, planes * k * n)
         has_bias = step.inputs[2] is not None
         bias = df.operand(step.inputs[2], buffers[step.inputs[2]]) if has_bias else None
     else:
         b = df.operand(step.inputs[1], buffers[step.inputs[1]], step.attrs["views"][1])
-        bk = b.index
-        if step.attrs["head"]["attrs"].get("transpose_b", False) or step.attrs["head"]["op"] == "linear":
-            bk = np.swapaxes(bk, -1, -2)
-        if bk.ndim > 2:
-            raise df.DesignError("bmm with a batched B (attention scores outside the mha kernel): not expressed "
-                                 "by this design")
-        if K % k or N % n:
-            raise df.DesignError(f"bmm with K = {K}, N = {N} not multiples of the tile {k}x{n}")
-        b_idx = bk.reshape(Kt, k, Nt, n).transpose(0, 2, 1, 3).reshape(Kt, Nt, k * n)
+        a_idx, b_idx, b_transposed = _bmm_operands(step, a, b, batch, Mb, K, N, k, n, Kt, Nt)
         has_bias, bias = False, None
     outs = [df.operand(o, buffers[o]) for o in step.outputs]
     if len({o.dtype for o in outs}) > 1:
@@ -92,10 +93,12 @@ def build(target: str, step, buffers: dict, params: dict):
         # (M < R: the A transfers, one per K step, go in task groups so that shim buffer descriptors are reused)
         if step.op != "gemm" or (n_operands and len(outs) > 1):
             raise df.DesignError("an epilogue that reads an operand, on a bmm or merged projections: not expressed")
-        return _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffers, shift, planes)
-    grid = _grid(hw, Mt, Nt, t["cores"], M, m, _widest(t))
+        return _build_per_core_a(target, step, params, a, a_idx, b, b_idx[0], bias, outs, buffers, shift, planes)
+    grid = _grid(hw, Mt // batch, Nt, t["cores"], Mb, m, _widest(t))
     cols, rows, shim = grid["cols"], grid["rows"], grid["shim"]
     it, jt = Mt // rows, Nt // cols                                  # tiles per core along M and N
+    # a group of row tiles (one per core row) lies within one batch slice, so a column's cores share its B
+    b_slice = [il * rows * batch // Mt for il in range(it)]
     # the bias (fp32) leads each column's B stream: its jt tiles, repeated to whole B objects
     kb = planes * k                                                   # rows of one B object
     g = math.gcd(2 * jt, kb)
@@ -108,7 +111,8 @@ def build(target: str, step, buffers: dict, params: dict):
     acc_ty = df.tensor(m * n, np.float32)
     vec_i, vec_f, i32 = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32), np.int32
     kzero = io.Kernel("gemm_zero", "gemm.o", [acc_ty, i32, i32])
-    kmac = io.Kernel("gemm_mac", "gemm.o", [a_ty, i32, b_ty, i32, acc_ty, i32, i32, i32])
+    kmac = io.Kernel("gemm_mac_bt" if b_transposed else "gemm_mac", "gemm.o",
+                     [a_ty, i32, b_ty, i32, acc_ty, i32, i32, i32])
     bias_ty = df.tensor(max(jt * n, 1), np.float32)
     kbias = io.Kernel("gemm_bias_load", "gemm.o", [b_ty, bias_ty, i32, i32, i32, i32])
     kstore = io.Kernel("gemm_store", "gemm.o", [acc_ty, bias_ty, i32, i32, c_ty, i32, i32, i32, vec_i, i32, vec_f])
@@ -121,8 +125,9 @@ def build(target: str, step, buffers: dict, params: dict):
                                    dims_to_stream=blocking(m, k, R, S)) for r in range(rows)]
     # B: one stream per core column (the bias objects first), blocked in the memtile, down the column
     b_l3 = [io.ObjectFifo(b_ty, depth=2, name=f"gemm_b{c}") for c in range(cols)]
+    b_blocks = blocking_transposed(n, k, T, S) if b_transposed else blocking(kb, n, S, T)
     b_l2 = [b_l3[c].cons().forward(placement=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
-                                   dims_to_stream=blocking(kb, n, S, T)) for c in range(cols)]
+                                   dims_to_stream=b_blocks) for c in range(cols)]
     # C: joined per column in the memtile, un-blocked on the way to the shim
     c_l3 = [io.ObjectFifo(df.tensor(rows * m * n, outs[0].dtype), depth=2, name=f"gemm_c{c}",
                           dims_to_stream=unblocking(rows, m, n, R, T)) for c in range(cols)]
@@ -130,7 +135,7 @@ def build(target: str, step, buffers: dict, params: dict):
                                 obj_types=[c_ty] * rows, depths=[2] * rows,
                                 names=[f"gemm_c{c}r{r}" for r in range(rows)]) for c in range(cols)]
 
-    def body(a_in, b_in, c_out, acc, bias, chain, imm, zero, mac, load_bias, store, tiles, k_steps):
+    def body(a_in, b_in, c_out, acc, bias, chain, imm, zero, mac, load_bias, store, tiles, k_steps, b_count):
         for q in range(bias_objects):  # unrolled: a few objects, each with its constant slice of the bias
             first = q * floats_per_object
             bt = b_in.acquire(1)
@@ -141,7 +146,7 @@ def build(target: str, step, buffers: dict, params: dict):
                 zero(acc, m, n)
                 for _ in io.range_(k_steps):
                     at, bt = a_in.acquire(1), b_in.acquire(1)
-                    mac(at, a_f32, bt, planes, acc, m, k, n)
+                    mac(at, a_f32, bt, b_count[jl], acc, m, k, n)
                     a_in.release(1)
                     b_in.release(1)
                 ct = c_out.acquire(1)
@@ -155,8 +160,10 @@ def build(target: str, step, buffers: dict, params: dict):
                     io.GlobalBuffer(bias_ty, name=f"gemm_bias_c{c}r{r}"),
                     io.GlobalBuffer(vec_i, initial_value=words, name=f"gemm_chain_c{c}r{r}"),
                     io.GlobalBuffer(vec_f, initial_value=imms, name=f"gemm_imm_c{c}r{r}")]
+            # gemm_mac's weight planes, or gemm_mac_bt's columns within N, per column tile
+            b_count = [min(n, N - (jl * cols + c) * n) if b_transposed else planes for jl in range(jt)]
             workers.append(io.Worker(body, [a_l2[r].cons(), b_l2[c].cons(), c_l2[c][r].prod(), *bufs,
-                                            kzero, kmac, kbias, kstore, it * jt, Kt],
+                                            kzero, kmac, kbias, kstore, it * jt, Kt, b_count],
                                      placement=io.Tile(c, 2 + r), stack_size=df.STACK_BYTES))
 
     operands, at = df.sequence_args(step, buffers, {0: a, 1: b, 2: bias}, outs)
@@ -169,14 +176,15 @@ def build(target: str, step, buffers: dict, params: dict):
         if any(shift):
             rt.sync_parameters()
         for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
-            for tap in _a_taps(io, a, a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt), M):
+            for tap in _a_taps(io, a, a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt, batch), Mb):
                 rt.fill(a_l3[r].prod(), a_arg, tap=tap, placement=io.Tile(shim[("a", r)], 0))
         for c in range(cols):
             if has_bias:  # first the column's bias tiles, repeated to whole B objects
                 bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
                 for tap in df.taps(io, bias, bi):
                     rt.fill(b_l3[c].prod(), bias_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
-            bt = np.broadcast_to(b_idx[:, c::cols].transpose(1, 0, 2)[:, None], (jt, it, Kt, kb * n))
+            per_j = np.moveaxis(b_idx[:, :, c::cols], 2, 0)          # [jt, slices, Kt, object]
+            bt = np.broadcast_to(per_j, (jt, it) + per_j.shape[2:]) if batch == 1 else per_j[:, b_slice]
             for tap in df.taps(io, b, bt):
                 rt.fill(b_l3[c].prod(), b_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
             for jl in range(jt):  # the column's C objects, column tile by column tile, into their output
@@ -184,15 +192,49 @@ def build(target: str, step, buffers: dict, params: dict):
                 o = _owner(splits, j * n)
                 lo = sum(splits[:o])
                 oi = outs[o].index.reshape(-1, outs[o].shape[-1])
-                tiles = np.stack([oi[tile_rows(i, m, M, rows), j * n - lo:(j + 1) * n - lo]
+                tiles = np.stack([oi[tile_rows(i, m, M, rows, batch), j * n - lo:(j + 1) * n - lo]
                                   for il in range(it) for i in [il * rows + r for r in range(rows)]])
                 for tap in df.taps(io, outs[o], tiles):
                     rt.drain(c_l3[c].cons(), out_args[o], tap=tap, placement=io.Tile(c, 0), wait=True,
                              offset_parameter=shift[o])
     params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
                    "m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
-                   "tiles_per_core": it * jt, "k_steps": Kt})
+                   "tiles_per_core": it * jt, "k_steps": Kt, "batch": batch, "b_transposed": b_transposed})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+
+
+def _bmm_operands(step, a, b, batch, Mb, K, N, k, n, Kt, Nt):
+    """A bmm's A rows [batch x Mb, K] and B objects [slices, Kt, Nt, object]: B is an activation read through
+    its access pattern, one per batch slice when the catalog says B is batched (else one for all the rows).
+    B comes as [k, n] tiles of its rows when those are contiguous, else as [n, k] tiles of B^T when its columns
+    are (the kernel is then gemm_mac_bt): a DMA cannot read a bf16 operand with an innermost stride other than 1.
+    Rows of B^T past N (the output's padding to whole tiles) read its last row again; gemm_mac_bt zeroes them."""
+    bk = b.index
+    if step.attrs["head"]["attrs"].get("transpose_b", False) or step.attrs["head"]["op"] == "linear":
+        bk = np.swapaxes(bk, -1, -2)
+    if batch > 1:  # B (and A) broadcast to the output's batch slices
+        lead = np.broadcast_shapes(a.index.shape[:-2], bk.shape[:-2])
+        if math.prod(lead) != batch or a.index.shape[-2] != Mb:
+            raise df.DesignError(f"bmm batch {lead} of {a.index.shape[-2]} rows against the tiling's {batch} of {Mb}")
+        bk = np.broadcast_to(bk, lead + bk.shape[-2:]).reshape(batch, K, N)
+        a_rows = np.broadcast_to(a.index, lead + a.index.shape[-2:]).reshape(batch * Mb, K)
+    elif math.prod(bk.shape[:-2]) > 1:
+        raise df.DesignError("bmm with a batched B that its tiling does not declare (no tiling batch): not "
+                             "expressed by this design")
+    else:
+        bk, a_rows = bk.reshape(1, K, N), a.index.reshape(-1, K)
+    if K % k:
+        raise df.DesignError(f"bmm with K = {K} not a multiple of the tile k = {k}")
+    if N == 1 or (np.diff(bk, axis=-1) == 1).all():       # rows of B contiguous: [k, n] tiles
+        if N % n:
+            raise df.DesignError(f"bmm with K = {K}, N = {N} not multiples of the tile {k}x{n}")
+        return a_rows, bk.reshape(-1, Kt, k, Nt, n).transpose(0, 1, 3, 2, 4).reshape(-1, Kt, Nt, k * n), False
+    bt = np.swapaxes(bk, -1, -2)                          # [slices, N, K]: the rows of B^T
+    if K > 1 and not (np.diff(bt, axis=-1) == 1).all():
+        raise df.DesignError(f"operand {b.name}: neither its rows nor its columns are contiguous; an "
+                             f"element-granular transpose in a bmm operand view")
+    bt = bt[:, np.minimum(np.arange(Nt * n), N - 1)]      # rows past N: the last row again (zeroed by the kernel)
+    return a_rows, bt.reshape(-1, Nt, n, Kt, k).transpose(0, 3, 1, 2, 4), True
 
 
 def _cache_rows(step, params, outs, splits, M) -> list:
@@ -438,22 +480,26 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 
-def a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt):
+def a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt, batch=1):
     """A's stream for core row r: for each of its row tiles, the K steps, repeated for each column tile.
     `a_idx` is [M, Kt * k] (rows read on into their padding, see _a_rows)."""
     M = a_idx.shape[0]
-    tiles = np.stack([a_idx[tile_rows(i, m, M, rows)] for i in range(r, rows * it, rows)])  # [it, m, Kp]
+    tiles = np.stack([a_idx[tile_rows(i, m, M, rows, batch)] for i in range(r, rows * it, rows)])  # [it, m, Kp]
     tiles = tiles.reshape(it, m, Kt, k).transpose(0, 2, 1, 3)                          # [it, Kt, m, k]
     return np.broadcast_to(tiles[None], (jt, it, Kt, m, k))
 
 
-def tile_rows(i: int, m: int, M: int, rows: int = 1) -> np.ndarray:
+def tile_rows(i: int, m: int, M: int, rows: int = 1, batch: int = 1) -> np.ndarray:
     """The A rows of row tile i, which are the output rows it drains to. Tiles go in groups of `rows` (one per
     core row); the last group is shifted up to end at M as a whole, so that its tiles stay evenly spaced (one
     transfer), their rows recomputed and written twice with the same values; when M is shorter than a group,
     the last tile alone. With fewer rows than the MAC shape (M < m = R, a projection of a few pooled rows) the M
     rows repeat through the tile: each is computed m / M times and written over with the same values, so no
-    buffer needs padding rows."""
+    buffer needs padding rows. A bmm with one B per batch slice tiles each slice's M / batch rows so."""
+    if batch > 1:
+        Mb = M // batch
+        s, i = divmod(i, math.ceil(Mb / m))
+        return s * Mb + tile_rows(i, m, Mb, rows)
     if M < m:
         return np.arange(m) % M
     if M >= rows * m:
