@@ -160,8 +160,11 @@ def build(target: str, step, buffers: dict, params: dict):
                                  placement=io.Tile(col, row), stack_size=df.STACK_BYTES))
         shim = take(col)
         # core c's column tiles: jt consecutive ones (within one output of merged projections where their widths
-        # allow: one drain); the last core, past Nt, recomputes its own last tile (written again, same values)
-        mine = [min(j, Nt - 1) for j in range(c * jt, (c + 1) * jt)]
+        # allow: one drain); the last core, past Nt, shifts back to end at Nt and recomputes the tiles it shares
+        # with the core before (written again, same values), so that its tiles stay evenly spaced: one transfer
+        # for its bias and weights, not one per repeat of a clamped tile
+        first = min(c * jt, Nt - jt)
+        mine = list(range(first, first + jt))
         if has_bias:
             bi = np.broadcast_to(bias.index.reshape(Nt, n)[mine][None], (bias_repeat, jt, n))
             fills.append((w_fifo, pos_of[2], bi, shim))
