@@ -533,6 +533,35 @@ def test_bmm_with_a_batched_b_streams_each_slice_its_own(target):
     np.testing.assert_array_equal(delivered(1), np.concatenate(want))
 
 
+def _rel_pos_scores(T, H, D):
+    """The conformer's rel-pos scores alone: q heads [1, H, T, D] @ the position projection [2T - 1, H x D]
+    viewed [1, H, D, 2T - 1] (sdk/models/conformer.py)."""
+    def scores(w, x, pos):
+        q = ops.linear(x, w["wq"]).reshape(1, T, H, D).transpose(0, 2, 1, 3)
+        r = ops.linear(pos, w["wr"]).reshape(1, 2 * T - 1, H, D).transpose(0, 2, 3, 1)
+        return {"bd": ops.relu((q + w["bv"].reshape(1, H, 1, D)) @ r)}
+    return trace(scores, name="scores", weights={"wq": (H * D, H * D), "wr": (H * D, H * D), "bv": (H, D)},
+                 inputs={"x": ((1, T, H * D), "float32"), "pos": ((2 * T - 1, H * D), "float32")})
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_bmm_wider_than_a_tile_shifts_its_last_column_tile(target):
+    """N = 2T - 1 = 47 over tiles of n = 32: the memory plan leaves the bmm output unpadded (fp32, rows of odd
+    width are whole words), and the design shifts the last column tile to end at N (B^T rows 15..46 of each
+    head): output columns 15..31 are written twice, with the same values, and every element at least once."""
+    program = compile_graphs([_rel_pos_scores(24, 2, 16)], target)
+    (step,) = [k for k in kernel_steps(program) if k.op == "bmm"]
+    t = step.attrs["tiling"]
+    assert (t["N"], t["n"], t["batch"]) == (47, 32, 2) and "stored_width" not in step.attrs
+    out = program.buffers[step.outputs[0]]
+    assert out.shape == (1, 2, 24, 47) and out.dtype == "float32"
+    problems, params = check_step(step, program, target)
+    assert problems == [] and params["shifted_columns"] and params["b_transposed"]
+    rec, _ = build_step(step, program, target)
+    hits = standin.written(rec, 2).reshape(2 * 24, 47)
+    assert (hits[:, :15] == 1).all() and (hits[:, 15:32] == 2).all() and (hits[:, 32:] == 1).all()
+
+
 def _gemm_step(inputs, outputs, tiling, chain=(), stored_width=None):
     from sdk.program import Step
     t = {"precision": "bf16", "cores": 8, **tiling}

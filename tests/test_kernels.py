@@ -289,44 +289,50 @@ def test_gemm_norm_prologue_matches_emu(lib, record_parity, op):
     check(record_parity, f"gemm with a {op} prologue", out, ref)
 
 
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "shifted"])
 @pytest.mark.parametrize("mac", [(4, 8, 4), (8, 8, 8)], ids=["npu1", "npu2"])
-def test_bmm_with_a_batched_transposed_b_matches_emu(lib, record_parity, mac):
+def test_bmm_with_a_batched_transposed_b_matches_emu(lib, record_parity, mac, padded):
     """Rel-pos attention scores as the conformer computes them: q [1, H, T, D] @ r [1, H, D, 2T - 1], with r read
     from a [2T - 1, H x D] projection through reshape + transpose. Each head multiplies its own B, which arrives
-    as [n, k] tiles of B^T (blocked [k/S][n/T][T][S] by the memtile); the output is padded from N = 31 to 32
-    columns, and the row of B^T past N repeats the last one, which gemm_mac_bt zeroes: the padding column holds
-    the epilogue of a zero accumulator, as the emulator stores it."""
+    as [n, k] tiles of B^T (blocked [k/S][n/T][T][S] by the memtile). N = 31 columns: either the output is
+    padded to 32 (memory.pad_to_tiles), the row of B^T past N repeats the last one and gemm_mac_bt zeroes it, so
+    the padding column holds the epilogue of a zero accumulator as the emulator stores it; or the last column
+    tile shifts to end at N (columns 15 on, written twice with the same values)."""
     R, S, T = mac
     H, Tq, D, m, k, n = 2, 16, 16, 8, 8, 16           # 2 row tiles per head, 2 K steps, 2 column tiles
     N, Np = 2 * Tq - 1, 32
+    width = Np if padded else N
     g = rng(7)
     q, r = bf16(g.normal(size=(1, H, Tq, D))), bf16(g.normal(size=(N, H * D)))
     chain = chain_of(("scale", 0.25))
     tiling = {"M": H * Tq, "K": D, "N": N, "m": m, "k": k, "n": n, "Kp": D, "Np": Np, "batch": H,
               "precision": "bf16"}
     ref = golden("bmm", "matmul", {"q": q, "r": r}, out_dtype=np.float32, chain=chain, tiling=tiling, n_head=2,
-                 views=[[], [("reshape", (1, N, H, D)), ("transpose", (0, 2, 3, 1))]], stored_width=Np)
-    assert ref.shape == (1, H, Tq, Np)
+                 views=[[], [("reshape", (1, N, H, D)), ("transpose", (0, 2, 3, 1))]],
+                 **({"stored_width": Np} if padded else {}))
+    assert ref.shape == (1, H, Tq, width)
     gemm = lib("gemm", MMUL_R=R, MMUL_S=S, MMUL_T=T)
     words, imms = dataflow.encode_chain(chain, 2)
     no_bias = np.zeros(n, np.float32)
-    out = np.zeros((1, H, Tq, Np), np.float32)
+    out = np.full((1, H, Tq, width), np.nan, np.float32)
     for h in range(H):
-        bt = r[np.minimum(np.arange(Np), N - 1), h * D:(h + 1) * D]      # B^T rows of this head, the last repeated
         for i in range(Tq // m):
             for j in range(Np // n):
+                col0 = j * n if padded else min(j * n, N - n)
+                bt = r[np.minimum(col0 + np.arange(n), N - 1), h * D:(h + 1) * D]   # [n, K] of B^T
                 acc = np.zeros(m * n, np.float32)
                 call(gemm, "gemm_zero", acc, m, n)
                 for s in range(D // k):
                     a_tile = blocked(q[0, h, i * m:(i + 1) * m, s * k:(s + 1) * k], R, S)
-                    obj = bt[j * n:(j + 1) * n, s * k:(s + 1) * k]                         # [n, k] of B^T
+                    obj = bt[:, s * k:(s + 1) * k]
                     bt_obj = np.ascontiguousarray(obj.reshape(n // T, T, k // S, S).transpose(2, 0, 1, 3).reshape(-1))
-                    call(gemm, "gemm_mac_bt", a_tile, 0, bt_obj, min(n, N - j * n), acc, m, k, n)
+                    call(gemm, "gemm_mac_bt", a_tile, 0, bt_obj, min(n, N - col0), acc, m, k, n)
                 c = np.zeros(m * n, np.float32)
                 call(gemm, "gemm_store", acc, no_bias, 0, 0, c, 1, m, n, words, len(chain), imms)
-                out[0, h, i * m:(i + 1) * m, j * n:(j + 1) * n] = unblocked(c, m, n, R, T)
-    assert (out[..., N:] == 0).all()
-    check(record_parity, f"bmm{R}x{S}x{T} batched B^T", out, ref)
+                out[0, h, i * m:(i + 1) * m, col0:col0 + n] = unblocked(c, m, n, R, T)
+    if padded:
+        assert (out[..., N:] == 0).all()
+    check(record_parity, f"bmm{R}x{S}x{T} batched B^T {'padded' if padded else 'shifted'}", out, ref)
 
 
 def test_gemv_matches_emu(lib, record_parity):
@@ -667,8 +673,11 @@ def test_rope_matches_emu(lib, record_parity):
 
 # ---- attention -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("Tq,Tk,tk", [(6, 24, 8), (1, 32, 16)], ids=["prefill", "decode"])
-def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk):
+@pytest.mark.parametrize("Tq,Tk,tk,mask_f32", [(6, 24, 8, False), (1, 32, 16, False), (6, 21, 7, True)],
+                         ids=["prefill", "decode", "fp32-mask"])
+def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk, mask_f32):
+    """A fp32 mask (rows of odd width are stored so) rides in the key block's object as pairs of bf16 units and is
+    announced by a negative mask_rows."""
     g = rng(9)
     d, scale = 16, 0.25
     q, kk, v = bf16(g.normal(size=(1, 2, Tq, d))), bf16(g.normal(size=(1, 2, Tk, d))), bf16(g.normal(size=(1, 2, Tk, d)))
@@ -682,14 +691,17 @@ def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk):
         st, acc = np.zeros(2 * Tq, np.float32), np.zeros(Tq * d, np.float32)
         qt = np.ascontiguousarray(q[0, h])
         call(lib_, "mha_begin", st, acc, Tq, d)
+        rows = -Tq if mask_f32 else Tq
+        stored = (lambda m: np.ascontiguousarray(m, np.float32).view(BF16)) if mask_f32 else (lambda m: m)  # noqa: E731
         blocks = [np.ascontiguousarray(np.concatenate([kk[0, h, j:j + tk].reshape(-1), v[0, h, j:j + tk].reshape(-1),
-                                                       mask[:, j:j + tk].reshape(-1)])) for j in range(0, Tk, tk)]
+                                                       stored(mask[:, j:j + tk]).reshape(-1)]))
+                  for j in range(0, Tk, tk)]
         for kvm in blocks:  # the memtile-joined key block: k, v, mask
-            call(lib_, "mha_max", qt, kvm, st, Tq, tk, d, scale, Tq)
+            call(lib_, "mha_max", qt, kvm, st, Tq, tk, d, scale, rows)
         for kvm in blocks:
-            call(lib_, "mha_sum", qt, kvm, st, Tq, tk, d, scale, Tq)
+            call(lib_, "mha_sum", qt, kvm, st, Tq, tk, d, scale, rows)
         for kvm in blocks:
-            call(lib_, "mha_pv", qt, kvm, st, acc, Tq, tk, d, scale, Tq)
+            call(lib_, "mha_pv", qt, kvm, st, acc, Tq, tk, d, scale, rows)
         y = np.zeros(Tq * d, BF16)
         call(lib_, "mha_store", acc, y, 0, Tq, d, chain, 0, imm)
         out[0, h] = y.astype(np.float32).reshape(Tq, d)

@@ -68,6 +68,12 @@ def build(target: str, step, buffers: dict, params: dict):
 
     a = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
     b_transposed = False  # B's objects are tiles of B^T (gemm_mac_bt)
+    # a bmm output of N >= n columns off the tile is not padded (memory.pad_to_tiles): its last column tile
+    # shifts to end at N, its first columns computed and written twice with the same values
+    shifted_cols = step.op == "bmm" and N % n != 0 and N > n and not step.attrs.get("stored_width")
+
+    def _col0(j: int) -> int:  # the first output column of column tile j
+        return min(j * n, N - n) if shifted_cols else j * n
     if step.op == "gemm":
         a_idx = _a_rows(a, buffers[step.inputs[0]], K, t["Kp"], k)
         b = df.operand(step.inputs[1], buffers[step.inputs[1]])             # packed [planes, Kt, Nt, k, n]
@@ -76,7 +82,7 @@ def build(target: str, step, buffers: dict, params: dict):
         bias = df.operand(step.inputs[2], buffers[step.inputs[2]]) if has_bias else None
     else:
         b = df.operand(step.inputs[1], buffers[step.inputs[1]], step.attrs["views"][1])
-        a_idx, b_idx, b_transposed = _bmm_operands(step, a, b, batch, Mb, K, N, k, n, Kt, Nt)
+        a_idx, b_idx, b_transposed = _bmm_operands(step, a, b, batch, Mb, K, N, k, n, Kt, Nt, _col0)
         has_bias, bias = False, None
     outs = [df.operand(o, buffers[o]) for o in step.outputs]
     if len({o.dtype for o in outs}) > 1:
@@ -84,7 +90,7 @@ def build(target: str, step, buffers: dict, params: dict):
     splits = step.attrs.get("n_splits") or [N]
     if step.attrs.get("stored_width"):
         splits = [step.attrs["stored_width"]]  # padded to whole tiles by the memory plan (memory.pad_to_tiles)
-    if any(x % n for x in splits):
+    if any(x % n for x in splits) and not shifted_cols:
         raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}: the output buffer "
                              f"needs padding to {t['Np']} columns")
     shift = _cache_rows(step, params, outs, splits, M)
@@ -161,7 +167,7 @@ def build(target: str, step, buffers: dict, params: dict):
                     io.GlobalBuffer(vec_i, initial_value=words, name=f"gemm_chain_c{c}r{r}"),
                     io.GlobalBuffer(vec_f, initial_value=imms, name=f"gemm_imm_c{c}r{r}")]
             # gemm_mac's weight planes, or gemm_mac_bt's columns within N, per column tile
-            b_count = [min(n, N - (jl * cols + c) * n) if b_transposed else planes for jl in range(jt)]
+            b_count = [min(n, N - _col0(jl * cols + c)) if b_transposed else planes for jl in range(jt)]
             workers.append(io.Worker(body, [a_l2[r].cons(), b_l2[c].cons(), c_l2[c][r].prod(), *bufs,
                                             kzero, kmac, kbias, kstore, it * jt, Kt, b_count],
                                      placement=io.Tile(c, 2 + r), stack_size=df.STACK_BYTES))
@@ -192,23 +198,25 @@ def build(target: str, step, buffers: dict, params: dict):
                 o = _owner(splits, j * n)
                 lo = sum(splits[:o])
                 oi = outs[o].index.reshape(-1, outs[o].shape[-1])
-                tiles = np.stack([oi[tile_rows(i, m, M, rows, batch), j * n - lo:(j + 1) * n - lo]
+                tiles = np.stack([oi[tile_rows(i, m, M, rows, batch), _col0(j) - lo:_col0(j) + n - lo]
                                   for il in range(it) for i in [il * rows + r for r in range(rows)]])
                 for tap in df.taps(io, outs[o], tiles):
                     rt.drain(c_l3[c].cons(), out_args[o], tap=tap, placement=io.Tile(c, 0), wait=True,
                              offset_parameter=shift[o])
     params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
                    "m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
-                   "tiles_per_core": it * jt, "k_steps": Kt, "batch": batch, "b_transposed": b_transposed})
+                   "tiles_per_core": it * jt, "k_steps": Kt, "batch": batch, "b_transposed": b_transposed,
+                   "shifted_columns": shifted_cols})
     return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
 
 
-def _bmm_operands(step, a, b, batch, Mb, K, N, k, n, Kt, Nt):
+def _bmm_operands(step, a, b, batch, Mb, K, N, k, n, Kt, Nt, col0):
     """A bmm's A rows [batch x Mb, K] and B objects [slices, Kt, Nt, object]: B is an activation read through
     its access pattern, one per batch slice when the catalog says B is batched (else one for all the rows).
     B comes as [k, n] tiles of its rows when those are contiguous, else as [n, k] tiles of B^T when its columns
     are (the kernel is then gemm_mac_bt): a DMA cannot read a bf16 operand with an innermost stride other than 1.
-    Rows of B^T past N (the output's padding to whole tiles) read its last row again; gemm_mac_bt zeroes them."""
+    Column tile j covers B's columns col0(j) on (the last one shifted to end at N, when the output is not padded);
+    rows of B^T past N (the output's padding to whole tiles) read its last row again; gemm_mac_bt zeroes them."""
     bk = b.index
     if step.attrs["head"]["attrs"].get("transpose_b", False) or step.attrs["head"]["op"] == "linear":
         bk = np.swapaxes(bk, -1, -2)
@@ -225,15 +233,18 @@ def _bmm_operands(step, a, b, batch, Mb, K, N, k, n, Kt, Nt):
         bk, a_rows = bk.reshape(1, K, N), a.index.reshape(-1, K)
     if K % k:
         raise df.DesignError(f"bmm with K = {K} not a multiple of the tile k = {k}")
+    cols = np.stack([col0(j) + np.arange(n) for j in range(Nt)])
+    cols = np.minimum(cols, N - 1).reshape(-1)           # columns past N (the padding): the last one again
     if N == 1 or (np.diff(bk, axis=-1) == 1).all():       # rows of B contiguous: [k, n] tiles
-        if N % n:
+        if (np.diff(cols.reshape(Nt, n), axis=-1) == 0).any():  # gemm_mac would not zero the columns past N
             raise df.DesignError(f"bmm with K = {K}, N = {N} not multiples of the tile {k}x{n}")
+        bk = bk[..., cols]
         return a_rows, bk.reshape(-1, Kt, k, Nt, n).transpose(0, 1, 3, 2, 4).reshape(-1, Kt, Nt, k * n), False
     bt = np.swapaxes(bk, -1, -2)                          # [slices, N, K]: the rows of B^T
     if K > 1 and not (np.diff(bt, axis=-1) == 1).all():
         raise df.DesignError(f"operand {b.name}: neither its rows nor its columns are contiguous; an "
                              f"element-granular transpose in a bmm operand view")
-    bt = bt[:, np.minimum(np.arange(Nt * n), N - 1)]      # rows past N: the last row again (zeroed by the kernel)
+    bt = bt[:, cols]                                      # rows past N: the last row again (zeroed by the kernel)
     return a_rows, bt.reshape(-1, Nt, n, Kt, k).transpose(0, 3, 1, 2, 4), True
 
 

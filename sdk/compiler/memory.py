@@ -89,10 +89,12 @@ def pad_to_tiles(f: Fused, target: Target) -> set[str]:
     first N columns. The padding columns hold what the kernel computes there: its epilogue of a zero accumulator
     (the packed weight and bias are zero past N; a bmm's kernel zeroes B past N), finite, so a GEMM whose K is
     not a multiple of its tile k may read such a row on to Kp against its weight's zero rows (kernels/gemm reads
-    them; the emulator pads with zeros, the same sum). An entry output keeps its shape: the GEMM stores a padded scratch value in the output's dtype
-    and a copy kernel moves the slice into the io buffer. Merged projections, cache writes and epilogues that
-    read an operand are not padded (their designs refuse them). Returns the scratch values kept in their
-    dtype: the padded entry outputs, and values of odd width (in fp32 their rows are whole 32-bit words)."""
+    them; the emulator pads with zeros, the same sum). An entry output keeps its shape: the GEMM stores a padded
+    scratch value in the output's dtype and a copy kernel moves the slice into the io buffer. Merged projections,
+    cache writes and epilogues that read an operand are not padded (their designs refuse them), nor is a bmm
+    output wider than one tile: kernels/gemm shifts its last column tile to end at N (columns written twice with
+    the same values). Returns the scratch values kept in their dtype: the padded entry outputs, and values of
+    odd width (in fp32 their rows are whole 32-bit words)."""
     outputs, keep = set(f.outputs.values()), set()
     for k in [k for k in f.kernels if k.kind in ("gemm", "bmm")]:
         t = k.attrs["tiling"]
@@ -101,6 +103,10 @@ def pad_to_tiles(f: Fused, target: Target) -> set[str]:
             continue
         value = f.values[k.outputs[0]]
         if value.kind != "node" or value.shape[-1] != t["N"]:
+            continue
+        if k.kind == "bmm" and t["N"] > t["n"]:  # the last column tile shifts instead (kernels/gemm)
+            if t["N"] % 2 and value.dtype == "float32":
+                keep.add(value.name)  # rows of an odd number of bf16 elements are not whole 32-bit words
             continue
         shape = (*value.shape[:-1], t["Np"])
         cut = ("slice", len(shape) - 1, 0, t["N"], 1)
