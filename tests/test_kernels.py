@@ -673,8 +673,11 @@ def test_rope_matches_emu(lib, record_parity):
 
 # ---- attention -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("Tq,Tk,tk", [(6, 24, 8), (1, 32, 16)], ids=["prefill", "decode"])
-def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk):
+@pytest.mark.parametrize("Tq,Tk,tk,mask_f32", [(6, 24, 8, False), (1, 32, 16, False), (6, 21, 7, True)],
+                         ids=["prefill", "decode", "fp32-mask"])
+def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk, mask_f32):
+    """A fp32 mask (rows of odd width are stored so) rides in the key block's object as pairs of bf16 units and is
+    announced by a negative mask_rows."""
     g = rng(9)
     d, scale = 16, 0.25
     q, kk, v = bf16(g.normal(size=(1, 2, Tq, d))), bf16(g.normal(size=(1, 2, Tk, d))), bf16(g.normal(size=(1, 2, Tk, d)))
@@ -688,14 +691,17 @@ def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk):
         st, acc = np.zeros(2 * Tq, np.float32), np.zeros(Tq * d, np.float32)
         qt = np.ascontiguousarray(q[0, h])
         call(lib_, "mha_begin", st, acc, Tq, d)
+        rows = -Tq if mask_f32 else Tq
+        stored = (lambda m: np.ascontiguousarray(m, np.float32).view(BF16)) if mask_f32 else (lambda m: m)  # noqa: E731
         blocks = [np.ascontiguousarray(np.concatenate([kk[0, h, j:j + tk].reshape(-1), v[0, h, j:j + tk].reshape(-1),
-                                                       mask[:, j:j + tk].reshape(-1)])) for j in range(0, Tk, tk)]
+                                                       stored(mask[:, j:j + tk]).reshape(-1)]))
+                  for j in range(0, Tk, tk)]
         for kvm in blocks:  # the memtile-joined key block: k, v, mask
-            call(lib_, "mha_max", qt, kvm, st, Tq, tk, d, scale, Tq)
+            call(lib_, "mha_max", qt, kvm, st, Tq, tk, d, scale, rows)
         for kvm in blocks:
-            call(lib_, "mha_sum", qt, kvm, st, Tq, tk, d, scale, Tq)
+            call(lib_, "mha_sum", qt, kvm, st, Tq, tk, d, scale, rows)
         for kvm in blocks:
-            call(lib_, "mha_pv", qt, kvm, st, acc, Tq, tk, d, scale, Tq)
+            call(lib_, "mha_pv", qt, kvm, st, acc, Tq, tk, d, scale, rows)
         y = np.zeros(Tq * d, BF16)
         call(lib_, "mha_store", acc, y, 0, Tq, d, chain, 0, imm)
         out[0, h] = y.astype(np.float32).reshape(Tq, d)

@@ -26,14 +26,21 @@ def build(target: str, step, buffers: dict, params: dict):
     v = df.operand(step.inputs[2], buffers[step.inputs[2]], step.attrs["views"][2])
     has_mask = len(step.inputs) > 3 and step.inputs[3] is not None
     mask = df.operand(step.inputs[3], buffers[step.inputs[3]], step.attrs["views"][3]) if has_mask else None
-    for o in (q, k, v) + ((mask,) if has_mask else ()):
+    for o in (q, k, v):
         if o.dtype != df.BF16:
             raise df.DesignError(f"attention operand {o.name} is {o.dtype}; the kernel reads bf16")
+    # a mask is bf16, or fp32 when its rows are an odd number of elements (the compiler stores it so: whole
+    # 32-bit words for the DMAs; the kernel reads it by a negative mask_rows)
+    mask_f32 = has_mask and df.is_f32(mask)
+    if has_mask and not mask_f32 and mask.dtype != df.BF16:
+        raise df.DesignError(f"attention mask {mask.name} is {mask.dtype}; the kernel reads bf16 or fp32")
     Tq, Tk, d = q.shape[-2], k.shape[-2], q.shape[-1]
     heads = math.prod(q.shape[:-2])
     tq = _query_tile(Tq, min(t["tq"], Tq))
-    tk = max(x for x in range(1, min(t["tk"], Tk) + 1) if Tk % x == 0 and (x % 2 == 0 or x == Tk or d % 2 == 0))
-    if has_mask and (tq * tk) % 2:
+    # a key block of tk rows: a bf16 mask's rows of tk elements are whole words when tk is even
+    fits = [x for x in range(1, min(t["tk"], Tk) + 1) if Tk % x == 0 and (x % 2 == 0 or x == Tk or d % 2 == 0)]
+    tk = max([x for x in fits if x % 2 == 0] if has_mask and not mask_f32 and Tk % 2 == 0 else fits)
+    if has_mask and not mask_f32 and (tq * tk) % 2:
         raise df.DesignError(f"a mask block of {tq} x {tk} bf16 is not whole 32-bit words: pad rows to even")
     q_tiles = math.ceil(Tq / tq)
     starts = [min(i * tq, Tq - tq) for i in range(q_tiles)]     # the last tile shifts back: rows written twice
@@ -53,7 +60,7 @@ def build(target: str, step, buffers: dict, params: dict):
 
     io = df.iron()
     i32, f32 = np.int32, np.float32
-    kvm_units = 2 * tk * d + (tq * tk if has_mask else 0)
+    kvm_units = 2 * tk * d + (tq * tk * (2 if mask_f32 else 1) if has_mask else 0)  # in bf16 units
     q_t, kvm_t, y_t = df.tensor(tq * d), df.tensor(kvm_units), df.tensor(tq * d, out.dtype)
     st_t, acc_t = df.tensor(2 * tq, np.float32), df.tensor(tq * d, np.float32)
     vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
@@ -63,7 +70,8 @@ def build(target: str, step, buffers: dict, params: dict):
                io.Kernel("mha_pv", "mha.o", [q_t, kvm_t, st_t, acc_t, i32, i32, i32, f32, i32]),
                io.Kernel("mha_store", "mha.o", [acc_t, y_t, i32, i32, i32, vec_i, i32, vec_f])]
     words, imms = df.encode_chain(step.attrs["chain"], len(step.inputs))
-    scale, n_chain, mask_rows = float(step.attrs["head"]["attrs"]["scale"]), len(step.attrs["chain"]), tq * has_mask
+    scale, n_chain = float(step.attrs["head"]["attrs"]["scale"]), len(step.attrs["chain"])
+    mask_rows = tq * has_mask * (-1 if mask_f32 else 1)
 
     def body(q_in, kvm_in, y_out, st, acc, chain, imm, begin, kmax, ksum, pv, store, n_items, n_blocks):
         for _ in io.range_(n_items):
@@ -92,7 +100,7 @@ def build(target: str, step, buffers: dict, params: dict):
         q_l2 = q_l3.cons().forward(placement=mem, name=f"mha_q{c}_l2", depth=1)
         kvm = io.ObjectFifo(kvm_t, depth=2, name=f"mha_kvm{c}")
         parts = kvm.prod().join([0, tk * d] + ([2 * tk * d] if has_mask else []), placement=mem,
-                                obj_types=[df.tensor(tk * d)] * 2 + ([df.tensor(tq * tk)] if has_mask else []),
+                                obj_types=[df.tensor(tk * d)] * 2 + ([df.tensor(tq * tk, mask.dtype)] if has_mask else []),
                                 depths=[2] * (2 + has_mask), names=[f"mha_k{c}", f"mha_v{c}"] + [f"mha_m{c}"] * has_mask)
         y_l2 = io.ObjectFifo(y_t, depth=2, name=f"mha_y{c}")
         y_l3 = y_l2.cons().forward(placement=mem, name=f"mha_y{c}_l3", depth=2)

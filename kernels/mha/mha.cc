@@ -5,7 +5,9 @@
 // keys of the window; decode is tq = 1 against the KV cache, whose unwritten tail the causal-cache mask
 // (from the position runtime parameter, kernels/maskgen) hides. A key block arrives as one object joined in
 // the memtile, kvm = [k: tk x d][v: tk x d][mask: mask_rows x tk] (bf16): mask_rows = 1 broadcasts one row
-// over the query tile; mask_rows = 0 means no mask. st: [max[tq], sum[tq]] fp32; acc: [tq x d] fp32.
+// over the query tile; mask_rows = 0 means no mask; a negative mask_rows is a mask of -mask_rows rows stored in
+// fp32 (a mask whose rows are an odd number of elements: in fp32 they are whole 32-bit words for the DMAs).
+// st: [max[tq], sum[tq]] fp32; acc: [tq x d] fp32.
 #include "../include/npu_kernel.h"
 
 static inline float mha_score(const bf16 *q, const bf16 *kvm, int32_t i, int32_t j, int32_t tk, int32_t d,
@@ -14,7 +16,8 @@ static inline float mha_score(const bf16 *q, const bf16 *kvm, int32_t i, int32_t
   float dot = 0.0f;
   for (int32_t c = 0; c < d; ++c) dot += to_f32(q[i * d + c]) * to_f32(k[j * d + c]);
   float s = dot * scale;
-  if (mask_rows) s += to_f32(mask[(mask_rows == 1 ? 0 : i) * tk + j]);
+  if (mask_rows > 0) s += to_f32(mask[(mask_rows == 1 ? 0 : i) * tk + j]);
+  if (mask_rows < 0) s += reinterpret_cast<const float *>(mask)[(mask_rows == -1 ? 0 : i) * tk + j];
   return s;
 }
 

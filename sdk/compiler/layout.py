@@ -245,8 +245,22 @@ def word_values(f: Fused) -> set[str]:
       axis, innermost stride 0): one fp32 word per row, which the kernel repeats;
     - rows gathered from a table whose rows are an odd number of elements (the table is stored in fp32 too);
     - a mean whose work item stores an odd number of values (kernels/reduce);
-    - a concat along the row of pieces of odd width, and its inputs."""
+    - a concat along the row of pieces of odd width, and its inputs;
+    - rows of an odd number of elements that a row-streaming kernel reads or writes, and an attention mask's:
+      CLIP's 77-token masks, ResNet's 7 x 7 maps (not those a transpose or an attention's q / k / v moves:
+      those kernels read bf16)."""
     words = set()
+    bf16_only = {r.value for k in f.kernels if k.kind == "transpose" for r in k.inputs if r is not None}
+    bf16_only |= {v for k in f.kernels if k.kind == "transpose" for v in k.outputs}
+    bf16_only |= {r.value for k in f.kernels if k.kind == "mha" for r in k.inputs[:3] if r is not None}
+    for k in f.kernels:
+        rows = list(k.inputs[3:4]) if k.kind == "mha" else list(k.inputs) if k.kind in ROW_KINDS else []
+        touched = [r.value for r in rows if r is not None] + (list(k.outputs) if k.kind in ROW_KINDS else [])
+        for v in touched:
+            value = f.values.get(v)
+            if value is not None and value.kind == "node" and value.shape and value.shape[-1] % 2 \
+                    and v not in bf16_only:
+                words.add(v)
     for k in f.kernels:
         if not k.outputs or k.outputs[0] not in f.values:
             continue
