@@ -562,6 +562,18 @@ def test_bmm_wider_than_a_tile_shifts_its_last_column_tile(target):
     assert (hits[:, :15] == 1).all() and (hits[:, 15:32] == 2).all() and (hits[:, 32:] == 1).all()
 
 
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_bmm_slices_off_the_row_tile_go_in_task_groups(target):
+    """T = 72 rows per head over row tiles of 64: each head's last row tile shifts (rows 8..71), so every head's
+    A tiles and output tiles are transfers of their own. Eight heads would take more shim buffer descriptors than
+    there are; the batched bmm's runtime sequence goes in task groups, which reuse them."""
+    program = compile_graphs([_rel_pos_scores(72, 8, 16)], target)
+    (step,) = [k for k in kernel_steps(program) if k.op == "bmm"]
+    assert step.attrs["tiling"]["batch"] == 8 and step.attrs["tiling"]["m"] == 64
+    problems, _ = check_step(step, program, target)
+    assert problems == []
+
+
 def _gemm_step(inputs, outputs, tiling, chain=(), stored_width=None):
     from sdk.program import Step
     t = {"precision": "bf16", "cores": 8, **tiling}

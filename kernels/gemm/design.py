@@ -181,28 +181,41 @@ def build(target: str, step, buffers: dict, params: dict):
         rt.start(*workers)
         if any(shift):
             rt.sync_parameters()
-        for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
-            for tap in _a_taps(io, a, a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt, batch), Mb):
-                rt.fill(a_l3[r].prod(), a_arg, tap=tap, placement=io.Tile(shim[("a", r)], 0))
+        # one part: everything in stream order; a batched bmm goes in task groups of a few row-tile groups per
+        # column tile, so that shim buffer descriptors are reused (each slice's tiles are their own transfers)
+        group = max(1, (hw.shim_bds - 4) // 4)
+        parts = [(range(jt), range(it), False)] if batch == 1 else \
+            [(range(jl, jl + 1), range(i0, min(it, i0 + group)), True)
+             for jl in range(jt) for i0 in range(0, it, group)]
+        a_streams = [a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt, batch) for r in range(rows)]
+        b_streams = []
         for c in range(cols):
-            if has_bias:  # first the column's bias tiles, repeated to whole B objects
-                bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
-                for tap in df.taps(io, bias, bi):
-                    rt.fill(b_l3[c].prod(), bias_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
             per_j = np.moveaxis(b_idx[:, :, c::cols], 2, 0)          # [jt, slices, Kt, object]
-            bt = np.broadcast_to(per_j, (jt, it) + per_j.shape[2:]) if batch == 1 else per_j[:, b_slice]
-            for tap in df.taps(io, b, bt):
-                rt.fill(b_l3[c].prod(), b_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
-            for jl in range(jt):  # the column's C objects, column tile by column tile, into their output
-                j = jl * cols + c
-                o = _owner(splits, j * n)
-                lo = sum(splits[:o])
-                oi = outs[o].index.reshape(-1, outs[o].shape[-1])
-                tiles = np.stack([oi[tile_rows(i, m, M, rows, batch), _col0(j) - lo:_col0(j) + n - lo]
-                                  for il in range(it) for i in [il * rows + r for r in range(rows)]])
-                for tap in df.taps(io, outs[o], tiles):
-                    rt.drain(c_l3[c].cons(), out_args[o], tap=tap, placement=io.Tile(c, 0), wait=True,
-                             offset_parameter=shift[o])
+            b_streams.append(np.broadcast_to(per_j, (jt, it) + per_j.shape[2:]) if batch == 1 else per_j[:, b_slice])
+        for jls, ils, grouped in parts:
+            tg = rt.task_group() if grouped else None
+            for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
+                for tap in _a_taps(io, a, a_streams[r][jls.start:jls.stop, ils.start:ils.stop], Mb):
+                    rt.fill(a_l3[r].prod(), a_arg, tap=tap, task_group=tg, placement=io.Tile(shim[("a", r)], 0))
+            for c in range(cols):
+                if has_bias:  # first the column's bias tiles, repeated to whole B objects
+                    bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
+                    for tap in df.taps(io, bias, bi):
+                        rt.fill(b_l3[c].prod(), bias_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
+                for tap in df.taps(io, b, b_streams[c][jls.start:jls.stop, ils.start:ils.stop]):
+                    rt.fill(b_l3[c].prod(), b_arg, tap=tap, task_group=tg, placement=io.Tile(shim[("b", c)], 0))
+                for jl in jls:  # the column's C objects, column tile by column tile, into their output
+                    j = jl * cols + c
+                    o = _owner(splits, j * n)
+                    lo = sum(splits[:o])
+                    oi = outs[o].index.reshape(-1, outs[o].shape[-1])
+                    tiles = np.stack([oi[tile_rows(i, m, M, rows, batch), _col0(j) - lo:_col0(j) + n - lo]
+                                      for il in ils for i in [il * rows + r for r in range(rows)]])
+                    for tap in df.taps(io, outs[o], tiles):
+                        rt.drain(c_l3[c].cons(), out_args[o], tap=tap, task_group=tg, placement=io.Tile(c, 0),
+                                 wait=True, offset_parameter=shift[o])
+            if grouped:
+                rt.finish_task_group(tg)
     params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
                    "m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
                    "tiles_per_core": it * jt, "k_steps": Kt, "batch": batch, "b_transposed": b_transposed,
