@@ -127,9 +127,12 @@ def plan(fused: list[Fused], target: Target, constants: dict[str, np.ndarray]) -
                 _pack_gemm(f, k, buffers, recipes)
             # a gather or concat copies weights into its output as they are stored: store them in its dtype
             copied = "float32" if k.outputs and k.outputs[0] in wide else "bfloat16"
-            for r in k.inputs:
+            for i, r in enumerate(k.inputs):
                 if r is not None and r.value in f.values and f.values[r.value].kind in ("weight", "const"):
-                    plain(r.value, f.values[r.value], copied if k.kind in ("gather", "concat") else None)
+                    value = f.values[r.value]  # rows of odd width that a row kernel or a mask reads: fp32 words
+                    odd = (k.kind in ROW_KINDS - {"conv"} or k.kind == "mha" and i == 3) and value.shape \
+                        and value.shape[-1] % 2  # (conv weights are read by taps, not as rows)
+                    plain(r.value, value, copied if k.kind in ("gather", "concat") else "float32" if odd else None)
     return buffers, recipes
 
 
@@ -248,11 +251,13 @@ def word_values(f: Fused) -> set[str]:
     - a concat along the row of pieces of odd width, and its inputs;
     - rows of an odd number of elements that a row-streaming kernel reads or writes, and an attention mask's:
       CLIP's 77-token masks, ResNet's 7 x 7 maps (not those a transpose or an attention's q / k / v moves:
-      those kernels read bf16)."""
+      those kernels read bf16; nor what a DMA-only kind copies into a bf16 output)."""
     words = set()
     bf16_only = {r.value for k in f.kernels if k.kind == "transpose" for r in k.inputs if r is not None}
     bf16_only |= {v for k in f.kernels if k.kind == "transpose" for v in k.outputs}
     bf16_only |= {r.value for k in f.kernels if k.kind == "mha" for r in k.inputs[:3] if r is not None}
+    bf16_only |= {r.value for k in f.kernels if k.kind in ("concat", "copy", "gather", "state_write")
+                  for r in k.inputs if r is not None}  # a DMA copies bytes into its output's dtype
     for k in f.kernels:
         rows = list(k.inputs[3:4]) if k.kind == "mha" else list(k.inputs) if k.kind in ROW_KINDS else []
         touched = [r.value for r in rows if r is not None] + (list(k.outputs) if k.kind in ROW_KINDS else [])
