@@ -183,8 +183,10 @@ def build(target: str, step, buffers: dict, params: dict):
             rt.sync_parameters()
         # one part: everything in stream order; a batched bmm goes in task groups of a few row-tile groups per
         # column tile, so that shim buffer descriptors are reused (each slice's tiles are their own transfers)
-        group = max(1, (hw.shim_bds - 4) // 4)
-        parts = [(range(jt), range(it), False)] if batch == 1 else \
+        # (also a GEMM over several column tiles whose last row-tile group is shifted: its A is two transfers per
+        # column tile, too many descriptors at once for Whisper's 1500 rows on npu1)
+        group = max(1, (hw.shim_bds - 4) // 4) if batch > 1 else it
+        parts = [(range(jt), range(it), False)] if batch == 1 and (jt == 1 or M % (rows * m) == 0) else \
             [(range(jl, jl + 1), range(i0, min(it, i0 + group)), True)
              for jl in range(jt) for i0 in range(0, it, group)]
         a_streams = [a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt, batch) for r in range(rows)]
