@@ -185,6 +185,7 @@ def tiling(kernel, shape_of, target: Target, bytes_of=None) -> dict:
 # keep their grids; a GEMV runs ceil(Nt / cores) tiles per core (kernels/gemv).
 VECTOR_FLOOR = 256
 CHAIN_BYTES = 2 * 8 * 4  # the epilogue's opcode words and immediates (kernels/dataflow.MAX_CHAIN each)
+STATE_BYTES = 256        # a streaming kernel's operand map and running statistics
 
 
 def _vector(t: dict, target: Target) -> int:
@@ -286,8 +287,10 @@ def footprint(kind: str, t: dict, target: Target) -> Footprint:
     else:
         c = t["chunk"]
         ins = input_streams(kind, t["in_streams"], e)
-        l1 = (ins + 1) * 2 * c * 2 + c * 4  # double-buffered bf16 chunks per stream + an fp32 working row
-        memtile = (ins + 1) * 2 * c * 2 * target.rows
+        # double-buffered chunks per stream (fp32 where the operand is: the residual stream, whole-word rows),
+        # an fp32 working row, the epilogue words and the small state (operand map, statistics)
+        l1 = (ins + 1) * 2 * c * 4 + c * 4 + CHAIN_BYTES + STATE_BYTES
+        memtile = (ins + 1) * 2 * c * 4 * target.rows
         if kind in DMA_ONLY:
             l1 = 0  # no core involved: shim -> memtile -> shim
     l1 += target.stack_bytes if l1 else 0
