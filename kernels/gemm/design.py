@@ -200,7 +200,7 @@ def build(target: str, step, buffers: dict, params: dict):
                 for tap in _a_taps(io, a, a_streams[r][jls.start:jls.stop, ils.start:ils.stop], Mb):
                     rt.fill(a_l3[r].prod(), a_arg, tap=tap, task_group=tg, placement=io.Tile(shim[("a", r)], 0))
             for c in range(cols):
-                if has_bias:  # first the column's bias tiles, repeated to whole B objects
+                if has_bias and jls.start == ils.start == 0:  # first the column's bias tiles, to whole B objects
                     bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
                     for tap in df.taps(io, bias, bi):
                         rt.fill(b_l3[c].prod(), bias_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
