@@ -56,6 +56,7 @@ def test_simulated_live_session_matches_file_transcription(transcriber, record_p
     # decode takes here: partials may use at most half of real time)
     first_partial = next(i for i, e in enumerate(events) if isinstance(e, Partial))
     assert first_partial < events.index(finals[0])
+    assert events[first_partial].at < finals[0].end, "no partial while the first clip (7 s) was spoken"
 
 
 def _silence_and_noise(seconds_each: int = 20) -> np.ndarray:
