@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..errors import ProgramError
 from .hardware import KB, Target
 
@@ -130,8 +132,9 @@ def tiling(kernel, shape_of, target: Target, bytes_of=None) -> dict:
         batch = _batch(kernel, ins, shape_of)
         mm, mk, mn = target.mac_shape
         from .fuse import Ref  # noqa: PLC0415 - outputs are value names, operands Refs
+        run = _contiguous_run(kernel.inputs[0], shape_of, K)
         for m, k, n in GEMM_TILES:
-            t = {"M": M, "K": K, "N": N, "m": min(m, _up(M, mm)), "k": _depth(K, k, mk), "n": min(n, _up(N, mn)),
+            t = {"M": M, "K": K, "N": N, "m": min(m, _up(M, mm)), "k": _depth(K, k, mk, run), "n": min(n, _up(N, mn)),
                  "epilogue_operands": extra, "precision": MATMUL_PRECISION[target.name],
                  "a_bytes": size(kernel.inputs[0]), "out_bytes": max(size(Ref(o)) for o in kernel.outputs),
                  "bias": kind == "gemm" and len(kernel.inputs) > 2 and kernel.inputs[2] is not None}
@@ -197,13 +200,33 @@ def _vector(t: dict, target: Target) -> int:
     return max(Nt // cols * t["n"], t.get("prologue_k", 1), VECTOR_FLOOR)
 
 
-def _depth(K: int, k: int, mk: int) -> int:
+def _depth(K: int, k: int, mk: int, run: int = 0) -> int:
     """A tile's K depth: at most k, and a divisor of K when K is a multiple of the MAC depth, so that A's rows
     need no padding (only a GEMM output has padding to read on into: memory.pad_to_tiles); else K rounded up to
-    the MAC depth."""
+    the MAC depth. When A's rows are runs of `run` contiguous elements (read through a transpose: Parakeet's
+    subsampling output, 256 channels x 10 frequencies per frame), a multiple of the run where one divides K, so
+    that each K step is an affine access pattern."""
     if K % mk:
         return min(k, _up(K, mk))
-    return max(d for d in range(mk, min(k, K) + 1, mk) if K % d == 0)
+    depths = [d for d in range(mk, min(k, K) + 1, mk) if K % d == 0]
+    whole = [d for d in depths if run and d % run == 0]
+    return max(whole or depths)
+
+
+def _contiguous_run(ref, shape_of, K: int) -> int:
+    """How many consecutive elements of A's rows are contiguous in its buffer (0: the whole row, or no views)."""
+    views = getattr(ref, "views", ())
+    if not views:
+        return 0
+    from .fuse import Ref  # noqa: PLC0415
+    from .layout import apply_views  # noqa: PLC0415 - layout imports this module
+    base = shape_of(Ref(ref.value))
+    rows = apply_views(np.arange(math.prod(base)).reshape(base), views)
+    if rows.shape[-1] != K:  # a convolution's K is its window, not A's row
+        return 0
+    row = rows.reshape(-1, K)[0]
+    breaks = np.flatnonzero(np.diff(row) != 1)
+    return int(breaks[0]) + 1 if breaks.size else 0
 
 
 def _mkn(kernel, ins, shape_of):
