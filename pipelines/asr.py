@@ -65,6 +65,8 @@ class TranscribeOptions:
     suppress_blank: bool = True       # no blank / end-of-text as the first sampled token
     suppress_tokens: tuple[int, ...] | None = None    # None: the model's own list (non-speech symbols)
     max_initial_timestamp: float = 1.0
+    tokens_per_second: float = 10.0   # sampled tokens allowed per second of audio (+ 16): about twice fast speech
+                                      # with timestamps; bounds a looping decode of a short window
     seed: int = 0                     # for sampling at temperature > 0
 
 
@@ -169,10 +171,11 @@ class WhisperRecognizer:
                           report["device_effective"], str(source) if isinstance(source, (str, Path)) else "",
                           report)
 
-    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0) -> list[Segment]:
+    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True) -> list[Segment]:
         """Segments of ONE window of at most 30 s of mono 16 kHz float audio, with times in seconds from
         `offset` (no seek loop: text after the last timestamp is kept as a segment ending at the window's
-        end). Silence gives []. Stable API for live dictation, which calls it on a growing buffer."""
+        end). Silence gives []. Stable API for live dictation, which calls it on a growing buffer; it passes
+        fallback=False for partial hypotheses, which then cost one greedy pass (no temperature retries)."""
         samples = np.asarray(samples_16k, dtype=np.float32)
         if samples.ndim != 1 or len(samples) > audio.WHISPER_CHUNK:
             raise UsageError(f"decode_window takes mono audio of at most 30 s, got shape {samples.shape}",
@@ -181,7 +184,7 @@ class WhisperRecognizer:
             return []
         size = len(samples) // audio.WHISPER_HOP
         with self._lock:
-            found, _, _ = self._window(samples, size, offset, None, keep_tail=True)
+            found, _, _ = self._window(samples, size, offset, None, keep_tail=True, fallback=fallback)
         return found
 
     def report(self) -> dict:
@@ -200,7 +203,7 @@ class WhisperRecognizer:
     # -- one window
 
     def _window(self, samples: np.ndarray, size: int, offset: float, language: str | None,
-                keep_tail: bool = False) -> tuple[list[Segment], int, str]:
+                keep_tail: bool = False, fallback: bool = True) -> tuple[list[Segment], int, str]:
         """Decode one window: (segments, mel frames to advance, language)."""
         o = self.options
         if float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) < o.silence_rms:
@@ -215,8 +218,9 @@ class WhisperRecognizer:
         if not o.timestamps:
             prompt.append(self.tokenizer.no_timestamps)
         result = None
-        for temperature in o.temperatures:
-            result = self._decode(prompt, temperature)
+        max_tokens = int(o.tokens_per_second * len(samples) / audio.SAMPLE_RATE) + 16
+        for temperature in o.temperatures if fallback else o.temperatures[:1]:
+            result = self._decode(prompt, temperature, max_tokens)
             retry = ((o.compression_ratio_threshold is not None
                       and result.compression_ratio > o.compression_ratio_threshold)
                      or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold))
@@ -236,8 +240,9 @@ class WhisperRecognizer:
         ids = np.array(list(self.tokenizer.languages.values()))
         return list(self.tokenizer.languages)[int(np.argmax(logits[ids]))]
 
-    def _decode(self, prompt: list[int], temperature: float) -> _Result:
-        """Sample one window's tokens at `temperature` (0 = greedy) after `prompt`; cross K/V are in state."""
+    def _decode(self, prompt: list[int], temperature: float, max_tokens: int) -> _Result:
+        """Sample at most `max_tokens` of one window's tokens at `temperature` (0 = greedy) after `prompt`;
+        cross K/V are in state."""
         tok, rng = self.tokenizer, np.random.default_rng(self.options.seed)
         no_speech_prob = 0.0
 
@@ -253,7 +258,7 @@ class WhisperRecognizer:
         for pos, t in enumerate(prompt[:-1]):
             logits_at(t, pos)
         tokens, sum_logprob = list(prompt), 0.0
-        limit = min(self.cfg.max_target_positions // 2, self.cfg.max_target_positions - len(prompt))
+        limit = min(self.cfg.max_target_positions // 2, self.cfg.max_target_positions - len(prompt), max_tokens)
         for _ in range(limit):
             pos, sampled = len(tokens) - 1, tokens[len(prompt):]
             first = int(not sampled)
@@ -411,9 +416,9 @@ class Transcriber:
                           report["device_requested"], report["device_effective"],
                           str(source) if isinstance(source, (str, Path)) else "", report)
 
-    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0) -> list[Segment]:
+    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True) -> list[Segment]:
         """Segments of one window of at most `window_seconds` of mono 16 kHz audio (see WhisperRecognizer)."""
-        return self.recognizer.decode_window(samples_16k, offset=offset)
+        return self.recognizer.decode_window(samples_16k, offset=offset, fallback=fallback)
 
     def report(self) -> dict:
         return self.recognizer.report()

@@ -230,8 +230,9 @@ class ConformerRecognizer:
             return ctc_greedy(out["log_probs"][0, :n], self.cfg.blank_id)
         return self.transducer(out["projected"][0, :n])
 
-    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0) -> list[Segment]:
-        """Segments (start, end, text) of one window; times in seconds, shifted by `offset`."""
+    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True) -> list[Segment]:
+        """Segments (start, end, text) of one window; times in seconds, shifted by `offset`. Greedy search has
+        no fallback passes, so `fallback` changes nothing here."""
         return self.segments(self.window_tokens(samples_16k), offset=offset)
 
     # -- any length --

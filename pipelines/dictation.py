@@ -280,7 +280,7 @@ def _agreement(a: list[str], b: list[str]) -> int:
 class Recognizer:
     """The streaming engine without threads: `accept(samples_16k)` -> events, `finish()` at the end.
 
-    `transcriber` is anything with `decode_window(samples_16k, *, offset) -> [Segment(start, end, text)]`.
+    `transcriber` is anything with `decode_window(samples_16k, *, offset, fallback) -> [Segment(start, end, text)]`.
     One call to accept() runs at most one partial decode, so when decoding is slower than real time the
     caller simply hands over bigger chunks and partials get rarer; finals are never skipped.
     """
@@ -339,7 +339,9 @@ class Recognizer:
                 events += self._partial()
         elif wanted and self._since_decode >= every and (
                 quiet >= self.options.final_tail - 1e-9 or not self.options.vad or self._since_decode >= 3 * every):
-            events += self._partial()
+            # A decode amid speech can never serve as the final (it did not hear the end): one greedy pass
+            # without temperature retries keeps it short, so that a final is less likely to wait behind it.
+            events += self._partial(fallback=quiet >= self.options.final_tail - 1e-9 or not self.options.vad)
         return events
 
     def finish(self) -> list[Event]:
@@ -421,7 +423,7 @@ class Recognizer:
 
     # -- decoding
 
-    def _decode(self) -> _Hypothesis:
+    def _decode(self, fallback: bool = True) -> _Hypothesis:
         """Decode left context + the utterance buffer; keep the segments that reach into the buffer. When the
         first of them claims to start inside the context (Whisper's segment times are loose, and it may merge
         context and utterance into one segment), its leading words that re-transcribe the end of the recent
@@ -432,7 +434,8 @@ class Recognizer:
         self.decodes += 1
         self._since_decode = 0.0
         started = time.perf_counter()
-        segments = self.transcriber.decode_window(audio, offset=self._buffer_start - len(context) * FRAME_SECONDS)
+        segments = self.transcriber.decode_window(audio, offset=self._buffer_start - len(context) * FRAME_SECONDS,
+                                                  fallback=fallback)
         took = time.perf_counter() - started
         self.decode_seconds = took if not self.decode_seconds else 0.8 * self.decode_seconds + 0.2 * took
         window_end = self._buffer_start + self._duration()
@@ -444,8 +447,8 @@ class Recognizer:
         self._latest, self._latest_end = hyp, window_end
         return hyp
 
-    def _partial(self) -> list[Event]:
-        hyp = self._decode()
+    def _partial(self, fallback: bool = True) -> list[Event]:
+        hyp = self._decode(fallback)
         if self._previous is not None:
             self._agreed = max(self._agreed, _agreement(self._previous.words, hyp.words))
         self._agreed = min(self._agreed, len(hyp.words))

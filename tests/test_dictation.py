@@ -136,7 +136,7 @@ class _BurstCounter:
     def __init__(self):
         self.decoded_until = []
 
-    def decode_window(self, samples, *, offset=0.0):
+    def decode_window(self, samples, *, offset=0.0, fallback=True):
         from pipelines.asr import Segment
         loud = np.abs(samples[:len(samples) // 480 * 480].reshape(-1, 480)).max(axis=1) > 0.05
         bursts = int(np.sum(loud[1:] & ~loud[:-1]) + loud[0]) if len(loud) else 0

@@ -178,6 +178,27 @@ def test_decode_window_offsets(transcriber, results):
     assert normalise(" ".join(s.text for s in segs)) == normalise(results[CLIPS[4].stem].text)
 
 
+def test_decode_window_bounds_its_tokens_and_partials_skip_fallback(transcriber, monkeypatch):
+    """tokens_per_second caps a window's sampled tokens (a looping decode of short audio ends), and
+    fallback=False (live partials) is one greedy pass even when its result would call for a retry."""
+    rec = transcriber.recognizer
+    speech = load_audio(CLIPS[0])
+    calls = []
+    real = rec._decode
+
+    def logged(prompt, temperature, max_tokens):
+        result = real(prompt, temperature, max_tokens)
+        calls.append((temperature, max_tokens, len(result.tokens)))
+        return result
+    monkeypatch.setattr(rec, "_decode", logged)
+    monkeypatch.setattr(rec, "options", TranscribeOptions(tokens_per_second=0.0, logprob_threshold=0.0))
+    rec.decode_window(speech, fallback=False)
+    assert calls == [(0.0, 16, 16)]          # capped at 0 x duration + 16; no retry although log-prob < 0
+    calls.clear()
+    rec.decode_window(speech)
+    assert [c[0] for c in calls] == list(TranscribeOptions().temperatures)  # the same window retries hotter
+
+
 class _Once:
     """The real Transcriber, each file transcribed once: the CLI tests exercise formatting and wiring."""
 
