@@ -253,7 +253,35 @@ def taps(io, operand_: Operand, index: np.ndarray, max_dims: int = 4) -> list:
         sizes = [1] * (4 - len(dims)) + [n for n, _ in dims]
         strides = [0] * (4 - len(dims)) + [s for _, s in dims]
         return [io.TensorAccessPattern((operand_.elements,), offset, sizes, strides)]
+    if len(dims) <= max_dims and index.ndim >= 2:  # a repeat inside: runs of rows whose repeat is outermost
+        return [t for run in _runs(index, lambda r: _repeats_outermost(r, max_dims))
+                for t in taps(io, operand_, run, max_dims)]
     return [t for i in range(index.shape[0]) for t in taps(io, operand_, index[i], max_dims)]
+
+
+def _repeats_outermost(index: np.ndarray, max_dims: int) -> bool:
+    try:
+        _, dims = dims_of(index)
+    except DesignError:
+        return False
+    return len(dims) <= max_dims and not any(s == 0 for _, s in dims[1:])
+
+
+def _runs(index: np.ndarray, ok) -> list[np.ndarray]:
+    """Split along the first axis into consecutive runs, each as long as `ok` allows (found by bisection; a run
+    of one row is taken as it is): a per-head bias repeated over each head's rows becomes one transfer per head."""
+    runs, i, n = [], 0, index.shape[0]
+    while i < n:
+        lo, hi = i + 1, n
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if ok(index[i:mid]):
+                lo = mid
+            else:
+                hi = mid - 1
+        runs.append(index[i] if lo == i + 1 else index[i:lo])
+        i = lo
+    return runs
 
 
 def _affine_runs(index: np.ndarray) -> list[np.ndarray]:
