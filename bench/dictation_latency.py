@@ -78,13 +78,13 @@ class TimedTranscriber:
     def window_seconds(self) -> float:
         return self.transcriber.window_seconds
 
-    def decode_window(self, samples, *, offset=0.0, fallback=True):
+    def decode_window(self, samples, *, offset=0.0, fallback=True, stop=None):
         d = Decode(audio_end=offset + len(samples) / 16000, start=self.clock())
         self.decodes.append(d)
         self.history.append(d)
         started = time.perf_counter()
         try:
-            return self.transcriber.decode_window(samples, offset=offset, fallback=fallback)
+            return self.transcriber.decode_window(samples, offset=offset, fallback=fallback, stop=stop)
         finally:
             d.wall, d.end = time.perf_counter() - started, self.clock()
 

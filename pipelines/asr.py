@@ -28,7 +28,7 @@ import threading
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -171,11 +171,13 @@ class WhisperRecognizer:
                           report["device_effective"], str(source) if isinstance(source, (str, Path)) else "",
                           report)
 
-    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True) -> list[Segment]:
+    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True,
+                      stop: Callable[[], bool] | None = None) -> list[Segment] | None:
         """Segments of ONE window of at most 30 s of mono 16 kHz float audio, with times in seconds from
         `offset` (no seek loop: text after the last timestamp is kept as a segment ending at the window's
-        end). Silence gives []. Stable API for live dictation, which calls it on a growing buffer; it passes
-        fallback=False for partial hypotheses, which then cost one greedy pass (no temperature retries)."""
+        end). Silence gives []. Stable API for live dictation, which calls it on a growing buffer: it passes
+        fallback=False for partial hypotheses (one greedy pass, no temperature retries) and `stop`, polled
+        before the encoder and every decoder step: once it says True, the decode is given up (None)."""
         samples = np.asarray(samples_16k, dtype=np.float32)
         if samples.ndim != 1 or len(samples) > audio.WHISPER_CHUNK:
             raise UsageError(f"decode_window takes mono audio of at most 30 s, got shape {samples.shape}",
@@ -184,8 +186,8 @@ class WhisperRecognizer:
             return []
         size = len(samples) // audio.WHISPER_HOP
         with self._lock:
-            found, _, _ = self._window(samples, size, offset, None, keep_tail=True, fallback=fallback)
-        return found
+            found = self._window(samples, size, offset, None, keep_tail=True, fallback=fallback, stop=stop)
+        return None if found is None else found[0]
 
     def report(self) -> dict:
         """The model and the devices (requested, effective, and why they differ)."""
@@ -202,13 +204,15 @@ class WhisperRecognizer:
 
     # -- one window
 
-    def _window(self, samples: np.ndarray, size: int, offset: float, language: str | None,
-                keep_tail: bool = False, fallback: bool = True) -> tuple[list[Segment], int, str]:
-        """Decode one window: (segments, mel frames to advance, language)."""
+    def _window(self, samples: np.ndarray, size: int, offset: float, language: str | None, keep_tail: bool = False,
+                fallback: bool = True, stop: Callable[[], bool] | None = None) -> tuple[list[Segment], int, str] | None:
+        """Decode one window: (segments, mel frames to advance, language), or None once `stop()` is True."""
         o = self.options
         if float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) < o.silence_rms:
             return [], size, language or o.language or "en"
         mel = audio.whisper_log_mel(samples, self.cfg.num_mel_bins, n_samples=self.cfg.n_frames * audio.WHISPER_HOP)
+        if stop is not None and stop():
+            return None
         self.session.run("encode", self.state, mel=mel[None])
         language = language or o.language or ("en" if self.english_only else self._detect_language())
         prompt = [self.tokenizer.sot]
@@ -220,7 +224,9 @@ class WhisperRecognizer:
         result = None
         max_tokens = int(o.tokens_per_second * len(samples) / audio.SAMPLE_RATE) + 16
         for temperature in o.temperatures if fallback else o.temperatures[:1]:
-            result = self._decode(prompt, temperature, max_tokens)
+            result = self._decode(prompt, temperature, max_tokens, stop)
+            if result is None:
+                return None
             retry = ((o.compression_ratio_threshold is not None
                       and result.compression_ratio > o.compression_ratio_threshold)
                      or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold))
@@ -240,9 +246,10 @@ class WhisperRecognizer:
         ids = np.array(list(self.tokenizer.languages.values()))
         return list(self.tokenizer.languages)[int(np.argmax(logits[ids]))]
 
-    def _decode(self, prompt: list[int], temperature: float, max_tokens: int) -> _Result:
+    def _decode(self, prompt: list[int], temperature: float, max_tokens: int,
+                stop: Callable[[], bool] | None = None) -> _Result | None:
         """Sample at most `max_tokens` of one window's tokens at `temperature` (0 = greedy) after `prompt`;
-        cross K/V are in state."""
+        cross K/V are in state. None once `stop()` is True."""
         tok, rng = self.tokenizer, np.random.default_rng(self.options.seed)
         no_speech_prob = 0.0
 
@@ -260,6 +267,8 @@ class WhisperRecognizer:
         tokens, sum_logprob = list(prompt), 0.0
         limit = min(self.cfg.max_target_positions // 2, self.cfg.max_target_positions - len(prompt), max_tokens)
         for _ in range(limit):
+            if stop is not None and stop():
+                return None
             pos, sampled = len(tokens) - 1, tokens[len(prompt):]
             first = int(not sampled)
             ranges = self._ranges(sampled)
@@ -416,9 +425,10 @@ class Transcriber:
                           report["device_requested"], report["device_effective"],
                           str(source) if isinstance(source, (str, Path)) else "", report)
 
-    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True) -> list[Segment]:
+    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True,
+                      stop: Callable[[], bool] | None = None) -> list[Segment] | None:
         """Segments of one window of at most `window_seconds` of mono 16 kHz audio (see WhisperRecognizer)."""
-        return self.recognizer.decode_window(samples_16k, offset=offset, fallback=fallback)
+        return self.recognizer.decode_window(samples_16k, offset=offset, fallback=fallback, stop=stop)
 
     def report(self) -> dict:
         return self.recognizer.report()

@@ -25,6 +25,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Callable
+
 import numpy as np
 
 from pipelines import audio
@@ -230,9 +232,13 @@ class ConformerRecognizer:
             return ctc_greedy(out["log_probs"][0, :n], self.cfg.blank_id)
         return self.transducer(out["projected"][0, :n])
 
-    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True) -> list[Segment]:
+    def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True,
+                      stop: Callable[[], bool] | None = None) -> list[Segment] | None:
         """Segments (start, end, text) of one window; times in seconds, shifted by `offset`. Greedy search has
-        no fallback passes, so `fallback` changes nothing here."""
+        no fallback passes, so `fallback` changes nothing here; `stop` is asked once, before the encoder (one
+        pass, not cut short), and True gives None."""
+        if stop is not None and stop():
+            return None
         return self.segments(self.window_tokens(samples_16k), offset=offset)
 
     # -- any length --

@@ -150,12 +150,10 @@ class Vad:
 
     def __call__(self, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """frames [n, FRAME] -> (loud [n] bool, voiced [n] bool)."""
-        centred = frames - frames.mean(axis=1, keepdims=True)
-        energy_db = 10 * np.log10(np.mean(centred ** 2, axis=1) + 1e-12)
+        energy_db = _energy_db(frames)
         loud = np.empty(len(frames), bool)
         for i, e in enumerate(energy_db):
-            floor = np.partition(np.fromiter(self._energies, float, self.HISTORY), self.HISTORY // 10)[self.HISTORY // 10]
-            loud[i] = e > max(floor + self.options.vad_threshold_db, self.options.vad_min_db)
+            loud[i] = e > self._threshold()
             self._energies.append(e)
         diff = np.diff(frames, axis=1)
         spectrum = np.fft.rfft(diff, 2 * diff.shape[1], axis=1)
@@ -163,6 +161,22 @@ class Vad:
         r0 = np.maximum(autocorr[:, :1], 1e-12)
         voicing = (autocorr[:, self._lags] / r0 * self._unbias).max(axis=1)
         return loud, loud & (voicing > self.options.voicing_threshold)
+
+    def quiet_tail(self, samples: np.ndarray) -> float:
+        """Seconds of quiet frames at the end of `samples`, against the current floor (which this does not
+        update: a look at audio that has arrived but that the engine has not taken yet)."""
+        n = len(samples) // FRAME
+        loud = _energy_db(samples[len(samples) - n * FRAME:].reshape(n, FRAME)) > self._threshold()
+        return (n - 1 - int(np.flatnonzero(loud)[-1]) if loud.any() else n) * FRAME_SECONDS
+
+    def _threshold(self) -> float:
+        floor = np.partition(np.fromiter(self._energies, float, self.HISTORY), self.HISTORY // 10)[self.HISTORY // 10]
+        return max(floor + self.options.vad_threshold_db, self.options.vad_min_db)
+
+
+def _energy_db(frames: np.ndarray) -> np.ndarray:
+    centred = frames - frames.mean(axis=1, keepdims=True)
+    return 10 * np.log10(np.mean(centred ** 2, axis=1) + 1e-12)
 
 
 # ----------------------------------------------------------------------------------------------- text guards
@@ -280,7 +294,8 @@ def _agreement(a: list[str], b: list[str]) -> int:
 class Recognizer:
     """The streaming engine without threads: `accept(samples_16k)` -> events, `finish()` at the end.
 
-    `transcriber` is anything with `decode_window(samples_16k, *, offset, fallback) -> [Segment(start, end, text)]`.
+    `transcriber` is anything with `decode_window(samples_16k, *, offset, fallback, stop) -> [Segment(start, end, text)]`
+    (`stop`, when given, is polled during the decode; once it says True the decode returns None).
     One call to accept() runs at most one partial decode, so when decoding is slower than real time the
     caller simply hands over bigger chunks and partials get rarer; finals are never skipped.
     """
@@ -297,7 +312,12 @@ class Recognizer:
         self._last_words = 0.0               # ... in a loud run at least `onset` long
         self._loud_run = 0                   # consecutive loud frames
         self.decodes = 0
+        self.stopped_decodes = 0             # partials given up because the talker stopped meanwhile
         self.decode_seconds = 0.0            # running average of one decode's wall time
+        # Live capture: the audio that has arrived but accept() has not taken yet (None when audio is fed at
+        # a simulated pace, where that audio lies in the future). A partial amid speech watches it and stops
+        # when the talker has stopped, so that the final's decode starts at once instead of behind it.
+        self.unheard: Callable[[], np.ndarray] | None = None
         self._rest = np.zeros(0, np.float32)  # samples short of a whole frame
         self._preroll_frames = round(options.preroll / FRAME_SECONDS)
         self._context_frames = round(options.context / FRAME_SECONDS)
@@ -341,7 +361,8 @@ class Recognizer:
                 quiet >= self.options.final_tail - 1e-9 or not self.options.vad or self._since_decode >= 3 * every):
             # A decode amid speech can never serve as the final (it did not hear the end): one greedy pass
             # without temperature retries keeps it short, so that a final is less likely to wait behind it.
-            events += self._partial(fallback=quiet >= self.options.final_tail - 1e-9 or not self.options.vad)
+            in_pause = quiet >= self.options.final_tail - 1e-9 or not self.options.vad
+            events += self._partial(fallback=in_pause, stoppable=not in_pause)
         return events
 
     def finish(self) -> list[Event]:
@@ -423,7 +444,12 @@ class Recognizer:
 
     # -- decoding
 
-    def _decode(self, fallback: bool = True) -> _Hypothesis:
+    def _talker_stopped(self) -> bool:
+        pending = np.concatenate([self._rest, self.unheard()])
+        return len(pending) / SAMPLE_RATE >= self.options.early_final and \
+            self.vad.quiet_tail(pending) >= self.options.early_final - 1e-9
+
+    def _decode(self, fallback: bool = True, stoppable: bool = False) -> _Hypothesis | None:
         """Decode left context + the utterance buffer; keep the segments that reach into the buffer. When the
         first of them claims to start inside the context (Whisper's segment times are loose, and it may merge
         context and utterance into one segment), its leading words that re-transcribe the end of the recent
@@ -434,8 +460,12 @@ class Recognizer:
         self.decodes += 1
         self._since_decode = 0.0
         started = time.perf_counter()
+        stop = self._talker_stopped if stoppable and self.unheard is not None and self.options.vad else None
         segments = self.transcriber.decode_window(audio, offset=self._buffer_start - len(context) * FRAME_SECONDS,
-                                                  fallback=fallback)
+                                                  fallback=fallback, stop=stop)
+        if segments is None:
+            self.stopped_decodes += 1
+            return None
         took = time.perf_counter() - started
         self.decode_seconds = took if not self.decode_seconds else 0.8 * self.decode_seconds + 0.2 * took
         window_end = self._buffer_start + self._duration()
@@ -447,8 +477,10 @@ class Recognizer:
         self._latest, self._latest_end = hyp, window_end
         return hyp
 
-    def _partial(self, fallback: bool = True) -> list[Event]:
-        hyp = self._decode(fallback)
+    def _partial(self, fallback: bool = True, stoppable: bool = False) -> list[Event]:
+        hyp = self._decode(fallback, stoppable)
+        if hyp is None:
+            return []
         if self._previous is not None:
             self._agreed = max(self._agreed, _agreement(self._previous.words, hyp.words))
         self._agreed = min(self._agreed, len(hyp.words))
@@ -951,8 +983,10 @@ class Stream:
             transcriber, decode_seconds = self._load()
             self.recognizer = rec = Recognizer(transcriber, self.options)
             rec.decode_seconds = decode_seconds
-            self._set_state("listening")
             pace = getattr(self.source, "pace", None)
+            if pace not in ("simulated", "fast"):
+                rec.unheard = self.ring.unread
+            self._set_state("listening")
             simulated, fast = pace == "simulated", pace == "fast"
             step = FRAME * 4
             while True:

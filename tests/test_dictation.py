@@ -135,9 +135,13 @@ class _BurstCounter:
 
     def __init__(self):
         self.decoded_until = []
+        self.stopped = []
 
-    def decode_window(self, samples, *, offset=0.0, fallback=True):
+    def decode_window(self, samples, *, offset=0.0, fallback=True, stop=None):
         from pipelines.asr import Segment
+        if stop is not None and stop():
+            self.stopped.append(offset + len(samples) / RATE)
+            return None
         loud = np.abs(samples[:len(samples) // 480 * 480].reshape(-1, 480)).max(axis=1) > 0.05
         bursts = int(np.sum(loud[1:] & ~loud[:-1]) + loud[0]) if len(loud) else 0
         end = offset + len(samples) / RATE
@@ -192,6 +196,35 @@ def test_a_partial_that_heard_the_end_is_the_final():
     (final,) = [e for _, e in events if isinstance(e, Final)]
     assert final.text == "word" and len(partials) == len(model.decoded_until) >= 2
     assert final.end < model.decoded_until[-1] < final.end + options.early_final   # a partial in the final pause
+
+
+def test_a_partial_amid_speech_gives_way_when_the_talker_has_stopped():
+    """Live capture: a partial decoded amid speech watches the audio that arrived meanwhile; once that shows
+    early_final s of quiet it is given up (no partial event), and the final's decode starts at once."""
+    options = DictationOptions(partial_every=0.5)
+    audio = np.concatenate([_quiet(1), _tone(2.0), _quiet(2)])
+    arrived = {"until": 0}
+    rec = Recognizer(model := _BurstCounter(), options)
+    # a decode takes 1.2 s: by its end that much more audio has arrived
+    rec.unheard = lambda: audio[arrived["until"]:arrived["until"] + int(1.2 * RATE)]
+    events = []
+    for i in range(0, len(audio), 1920):
+        arrived["until"] = i + 1920
+        events += rec.accept(audio[i:i + 1920])
+    events += rec.finish()
+    (final,) = [e for e in events if isinstance(e, Final)]
+    assert final.text == "word"
+    # the partial forced amid the tone (at ~2.1 s: 1.5 s overdue) sees the tone end and 0.3 s of quiet by
+    # 3.3 s, and gives way; the final is decoded once, 0.2 s into the quiet
+    assert rec.stopped_decodes == len(model.stopped) == 1 and 1.9 <= model.stopped[0] <= 2.3
+    assert model.decoded_until == [pytest.approx(3.0 + options.early_final, abs=0.13)]
+
+    rec = Recognizer(model := _BurstCounter(), options)
+    rec.unheard = lambda: audio[arrived["until"]:arrived["until"] + int(0.5 * RATE)]  # a quick decode: no stop
+    for i in range(0, len(audio), 1920):
+        arrived["until"] = i + 1920
+        rec.accept(audio[i:i + 1920])
+    assert rec.stopped_decodes == 0 and len(model.decoded_until) == 2
 
 
 def test_vad_splits_the_session_at_the_pauses_and_ignores_noise():

@@ -186,9 +186,9 @@ def test_decode_window_bounds_its_tokens_and_partials_skip_fallback(transcriber,
     calls = []
     real = rec._decode
 
-    def logged(prompt, temperature, max_tokens):
-        result = real(prompt, temperature, max_tokens)
-        calls.append((temperature, max_tokens, len(result.tokens)))
+    def logged(prompt, temperature, max_tokens, stop=None):
+        result = real(prompt, temperature, max_tokens, stop)
+        calls.append((temperature, max_tokens, None if result is None else len(result.tokens)))
         return result
     monkeypatch.setattr(rec, "_decode", logged)
     monkeypatch.setattr(rec, "options", TranscribeOptions(tokens_per_second=0.0, logprob_threshold=0.0))
@@ -197,6 +197,10 @@ def test_decode_window_bounds_its_tokens_and_partials_skip_fallback(transcriber,
     calls.clear()
     rec.decode_window(speech)
     assert [c[0] for c in calls] == list(TranscribeOptions().temperatures)  # the same window retries hotter
+    calls.clear()
+    asked = []
+    assert rec.decode_window(speech, stop=lambda: asked.append(1) or len(asked) > 3) is None   # given up
+    assert len(calls) == 1 and len(asked) == 4      # before the encoder, then before each of 3 decoder steps
 
 
 class _Once:
