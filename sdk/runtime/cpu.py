@@ -22,7 +22,10 @@ from .backend import Counters, State, check_inputs, check_weights
 
 
 GEMV_ROWS = 8  # a linear over at most this many rows is bound by reading its weight (decoder steps)
-MIN_PIECE = 1 << 14  # output elements (or weight elements, for a GEMV) below which a piece costs more than it saves
+# Below these a piece costs more than it saves: handing a piece to a worker costs tens of microseconds, and
+# a Whisper decoder step is ~100 small steps (splitting its 384 x 384 GEMVs doubled the step's time).
+MIN_PIECE = 1 << 16      # output elements per piece
+MIN_GEMV_PIECE = 1 << 20  # weight elements per piece of a decoder-step GEMV (the vocabulary projection)
 
 
 def gemv_layout(program: Program, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -51,18 +54,19 @@ def _by_rows(op, width: Callable[..., int] = lambda x, *_: x.shape[-1]):
     """Ops whose output row i depends on input row i only (elementwise ops, norms, softmax over the last
     axis, linear): cut the rows of the first argument."""
     def split(parts, x, *rest, **attrs) -> Pieces | None:
-        if x.size < 2 * MIN_PIECE or x.ndim < 2 or x.dtype != np.float32:
+        if x.ndim < 2 or x.dtype != np.float32:
             return None
         rows = x.reshape(-1, x.shape[-1])
-        if rows.shape[0] < parts:
+        n = rows.shape[0]
+        if n < parts or n * width(x, *rest) < 2 * MIN_PIECE:
             return None
-        out = np.empty((rows.shape[0], width(x, *rest)), np.float32)
+        out = np.empty((n, width(x, *rest)), np.float32)
 
         def piece(a, b):
             def run():
                 out[a:b] = op(rows[a:b], *rest, **attrs)
             return run
-        return out.reshape(*x.shape[:-1], out.shape[1]), [piece(a, b) for a, b in _bounds(rows.shape[0], parts)]
+        return out.reshape(*x.shape[:-1], out.shape[1]), [piece(a, b) for a, b in _bounds(n, parts)]
     return split
 
 
@@ -70,7 +74,7 @@ def _linear(parts, x, w, b=None) -> Pieces | None:
     rows = int(np.prod(x.shape[:-1]))
     if rows > GEMV_ROWS:
         return _by_rows(OPS["linear"].ref, lambda x, w, *_: w.shape[0])(parts, x, w, b)
-    if w.size < 2 * MIN_PIECE:
+    if w.size < 2 * MIN_GEMV_PIECE:
         return None
     out = np.empty((rows, w.shape[0]), np.float32)  # a decoder step: cut the weight's output rows instead
     x2 = x.reshape(rows, -1)
@@ -162,6 +166,14 @@ SPLITTERS: dict[str, Callable[..., Pieces | None]] = {
 }
 
 
+def _weight_streaming(program: Program, entry) -> bool:
+    """A decoder step: every GEMM has at most GEMV_ROWS rows, so the entry streams its weights from memory.
+    BLAS's own threads share that bandwidth best; handing each 384 x 384 GEMV to a worker costs more than
+    the GEMV (Whisper tiny.en's step: 12 ms with BLAS threads, 18-26 ms split). Such entries run as they are."""
+    gemms = [s for s in entry.steps if s.op in ("linear", "matmul")]
+    return bool(gemms) and all(int(np.prod(program.buffers[s.inputs[0]].shape[:-1])) <= GEMV_ROWS for s in gemms)
+
+
 class Workers:
     """`n` threads, the caller being one of them; BLAS single-threaded while a program runs."""
 
@@ -200,6 +212,7 @@ class CpuExecutable:
         self.weights = gemv_layout(program, check_weights(program, weights))
         self.counters = Counters()
         self.workers = Workers(threads)
+        self.weight_streaming = {name for name, e in program.entries.items() if _weight_streaming(program, e)}
 
     def new_state(self) -> State:
         return State({n: np.zeros(b.shape, b.dtype) for n, b in self.program.buffers_of(Usage.STATE).items()})
@@ -209,20 +222,26 @@ class CpuExecutable:
         env: dict[str, np.ndarray] = {**self.weights, **check_inputs(self.program, entry, inputs)}
         if state is not None:
             env.update(state.buffers)
-        with self.workers.one_blas_thread():
-            for step in program_entry.steps:
-                args = [env[i] if i is not None else None for i in step.inputs]
-                if OPS[step.op].variadic:
-                    args = [args]
-                try:
-                    env[step.outputs[0]] = self.workers.run(step.op, args, step.attrs)
-                except KeyError as e:
-                    raise ValueError(f"step {step.op} reads {e}, which nothing wrote: "
-                                     f"a state buffer needs a State (session.new_state())") from None
-                self.counters.host_ops += 1
+        if program_entry.name in self.weight_streaming:
+            self._steps(program_entry, env, lambda op, args, attrs: OPS[op].ref(*args, **attrs))
+        else:
+            with self.workers.one_blas_thread():
+                self._steps(program_entry, env, self.workers.run)
         self.counters.runs += 1
         return {name: np.array(env[buf]) if self.program.buffers[buf].usage is Usage.STATE else env[buf]
                 for name, buf in program_entry.outputs.items()}
+
+    def _steps(self, program_entry, env: dict, run_step: Callable):
+        for step in program_entry.steps:
+            args = [env[i] if i is not None else None for i in step.inputs]
+            if OPS[step.op].variadic:
+                args = [args]
+            try:
+                env[step.outputs[0]] = run_step(step.op, args, step.attrs)
+            except KeyError as e:
+                raise ValueError(f"step {step.op} reads {e}, which nothing wrote: "
+                                 f"a state buffer needs a State (session.new_state())") from None
+            self.counters.host_ops += 1
 
     def close(self):
         self.weights = {}
