@@ -708,6 +708,41 @@ def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk, mask_f32):
     check(record_parity, f"mha Tq={Tq} Tk={Tk}", out, ref)
 
 
+def test_mha_shifted_last_query_tile_rewrites_identical_bytes(lib):
+    """When no query tile divides Tq (ViT's 197 tokens), the design shifts the last tile back to end at Tq, and its
+    first rows are computed again and drained over the previous tile's: a row's output depends on its own query
+    and mask rows only, so both drains carry the same bytes (the rule the design relies on, as the GEMM's shifted
+    last row tile does)."""
+    g = rng(11)
+    Tq, Tk, tk, tq, d, scale = 11, 16, 8, 4, 16, 0.25
+    q, kk, v = bf16(g.normal(size=(Tq, d))), bf16(g.normal(size=(Tk, d))), bf16(g.normal(size=(Tk, d)))
+    mask = bf16(np.where(g.random((Tq, Tk)) < 0.2, -1e4, 0.0))
+    lib_ = lib("mha")
+    chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
+
+    def tile(s):
+        st, acc = np.zeros(2 * tq, np.float32), np.zeros(tq * d, np.float32)
+        qt = np.ascontiguousarray(q[s:s + tq])
+        blocks = [np.ascontiguousarray(np.concatenate([kk[j:j + tk].reshape(-1), v[j:j + tk].reshape(-1),
+                                                       mask[s:s + tq, j:j + tk].reshape(-1)]))
+                  for j in range(0, Tk, tk)]
+        call(lib_, "mha_begin", st, acc, tq, d)
+        for phase in ("mha_max", "mha_sum"):
+            for kvm in blocks:
+                call(lib_, phase, qt, kvm, st, tq, tk, d, scale, tq)
+        for kvm in blocks:
+            call(lib_, "mha_pv", qt, kvm, st, acc, tq, tk, d, scale, tq)
+        y = np.zeros(tq * d, BF16)
+        call(lib_, "mha_store", acc, y, 0, tq, d, chain, 0, imm)
+        return y.reshape(tq, d)
+
+    starts = [min(i * tq, Tq - tq) for i in range(-(-Tq // tq))]          # 0, 4, 7: rows 7 and 8 twice
+    assert starts == [0, 4, 7]
+    before, shifted = tile(starts[1]), tile(starts[2])
+    overlap = starts[1] + tq - starts[2]
+    assert before[tq - overlap:].view(np.uint16).tobytes() == shifted[:overlap].view(np.uint16).tobytes()
+
+
 # ---- reductions, masks, data movement -------------------------------------------------------------------------
 
 def test_argmax_matches_emu(lib):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+import numpy as np
 import pytest
 
 from sdk.compiler import catalog
@@ -62,7 +63,6 @@ CONVOLVING = {"whisper-tiny.en", "clip-vit-b32", "vit-base", "resnet-18", "resne
 REAL_SIZE_GAPS = [
     (CONVOLVING, {"npu1", "npu2"}, "conv2d", r"needs channel-chunked accumulation"),
     ({"resnet-18", "resnet-50"}, {"npu1", "npu2"}, "conv2d", r"one output channel's weights .* exceed the .* block"),
-    ({"vit-base", "clip-vit-b32"}, {"npu1", "npu2"}, "mha", r"elements never written, \d+ written more than once"),
     ({"clip-vit-b32"}, {"npu1", "npu2"}, "gemm", r"shim Tile.*buffer descriptors > 16"),
     ({"parakeet-110m"}, {"npu1", "npu2"}, "gemm", r"^m \d+ != \d+$"),  # a batched bmm's row tile within a slice
 ]
@@ -78,17 +78,35 @@ def documented(model, target, design, message) -> str | None:
 CATALOG_EXACT = ("gemm", "bmm", "mha", "eltwise", "norm", "softmax", "reduce", "rope", "maskgen", "argmax")
 
 
-def written_once(step, rec) -> list[str]:
-    """Every output element written; once, except by GEMM / GEMV (a recomputed last tile, repeated rows)."""
+def written_once(step, rec, params) -> list[str]:
+    """Every output element written; once, except by GEMM / GEMV (a recomputed last tile, repeated rows) and by an
+    `mha` whose query tile does not divide Tq: its last tile shifts back to end at Tq, so exactly the rows it shares
+    with the tile before are written twice, with the same bytes (test_kernels'
+    test_mha_shifted_last_query_tile_rewrites_identical_bytes)."""
     found, out_index = [], len(rec.runtime.data) - len(step.outputs)
     for i, name in enumerate(step.outputs):
         if runtime_shifted(rec, out_index + i):
             continue
         hits = standin.written(rec, out_index + i)
-        if (hits < 1).any() or name_of(step) not in ("gemm", "gemv") and (hits > 1).any():
+        expected = np.ones_like(hits)
+        if name_of(step) == "mha":
+            expected = mha_cover(params, hits.size)
+        if (hits < 1).any() or name_of(step) not in ("gemm", "gemv") and (hits != expected).any():
             found.append(f"output {name}: {int((hits < 1).sum())} elements never written, "
                          f"{int((hits > 1).sum())} written more than once")
     return found
+
+
+def mha_cover(params, elements) -> np.ndarray:
+    """How many of the design's query tiles cover each output element: tiles of tq rows from 0, the last one
+    shifted back to end at Tq."""
+    tq, d, heads = params["tq"], params["d"], params["heads"]
+    Tq = elements // (heads * d)
+    cover = np.zeros(Tq, np.int64)
+    for i in range(-(-Tq // tq)):
+        s = min(i * tq, Tq - tq)
+        cover[s:s + tq] += 1
+    return np.broadcast_to(cover[None, :, None], (heads, Tq, d)).reshape(-1)
 
 
 def beyond_footprint(step, rec, hw) -> list[str]:
@@ -154,7 +172,7 @@ def test_real_size_steps_build_or_are_documented_refusals(model, target):
             if gap is None:
                 failures.append(f"{label}: refused: {e.message}")
             continue
-        problems = standin.check(rec, hw) + agrees_with_catalog(step, params) + written_once(step, rec)
+        problems = standin.check(rec, hw) + agrees_with_catalog(step, params) + written_once(step, rec, params)
         problems += runtime_offsets_in_bounds(rec, params, design in ("gemm", "gemv"))
         problems += beyond_footprint(step, rec, hw)
         if not problems:
