@@ -3,7 +3,8 @@ is one (head, query tile); a core holds its q tile and streams the head's key bl
 exps, probabilities x V; kernels/mha/mha.cc), each block's k, v and mask rows joined in the memtile into one
 object, so a core reads two streams (q; k+v+mask). Decode is a query tile of one row over the cache, whose
 unwritten tail the causal-cache mask hides. Each core's four input streams take two shims, so at most
-columns / 2 cores run (attention at these sizes is bandwidth-bound)."""
+columns / 2 cores run (attention at these sizes is bandwidth-bound). An output stored [B, T, H, D] (step attrs
+stored_perm, sdk/compiler/memory.interleave_heads) takes each item's tq rows of d strided by H * d."""
 from __future__ import annotations
 
 import math
@@ -56,6 +57,10 @@ def build(target: str, step, buffers: dict, params: dict):
     mi = np.broadcast_to(mask.index, q.shape[:-1] + (Tk,)).reshape(heads, Tq, Tk) if has_mask else None
     out = df.operand(step.outputs[0], buffers[step.outputs[0]])
     oi = out.index.reshape(heads, Tq, d)
+    if "stored_perm" in step.attrs:  # stored [B, T, H, D] (memory.interleave_heads): a tile is tq rows strided H * d
+        B, H = q.shape[0], heads // q.shape[0]
+        oi = out.index.reshape(B, Tq, H, d).transpose(0, 2, 1, 3).reshape(heads, Tq, d)
+        params["batch"] = B
     y_f32 = df.is_f32(out)
 
     io = df.iron()

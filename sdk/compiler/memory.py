@@ -10,7 +10,8 @@ On the device, floating-point activations, weights and state are bf16, except th
 see residual_stream) and weight vectors (layout.py); io keeps the host's dtypes.
 
 GEMM outputs are stored padded to whole tiles (pad_to_tiles): a buffer's shape may be wider than its value's,
-and its readers read it through a `slice` view.
+and its readers read it through a `slice` view. An attention output whose readers merge its heads is stored
+[B, T, H, D] (interleave_heads), so that they read plain rows.
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ def plan(fused: list[Fused], weights: dict[str, Buffer], target: Target) -> tupl
         place(buf)
     for f in fused:
         keep = pad_to_tiles(f, target)
+        interleave_heads(f)
         outputs = set(f.outputs.values())
         for name, v in f.values.items():
             if v.kind == "state" and name not in buffers:
@@ -129,6 +131,36 @@ def pad_to_tiles(f: Fused, target: Target) -> set[str]:
             reader.inputs = [Ref(stored, (cut, *r.views)) if r is not None and r.value == value.name else r
                              for r in reader.inputs]
     return keep
+
+
+MERGE_HEADS = ("transpose", (0, 2, 1, 3))
+
+
+def interleave_heads(f: Fused) -> None:
+    """Store an attention output [B, H, T, D] as [B, T, H, D] (heads interleaved per token) when every reader
+    merges its heads (transpose (0, 2, 1, 3), then reshape to [B, T, H * D]): the out-projection then reads
+    plain rows, whose row tiles may cross a sequence's end (CLIP text's 77 tokens) in one transfer each. The
+    `mha` drains each (head, query tile) as tq rows of d strided by H * D (attrs stored_perm); the emulator
+    stores the same transpose (emu._mha). The readers' merge of the heads is then the stored order: they drop it."""
+    readers = {}
+    for k in f.kernels:
+        for r in k.inputs:
+            if r is not None:
+                readers.setdefault(r.value, []).append(r)
+    outputs = set(f.outputs.values()) | set(f.alias)
+    for k in [k for k in f.kernels if k.kind == "mha" and len(k.outputs) == 1]:
+        value = f.values[k.outputs[0]]
+        refs = readers.get(value.name, [])
+        if value.kind != "node" or len(value.shape) != 4 or value.name in outputs or not refs \
+                or any(not r.views or r.views[0] != MERGE_HEADS for r in refs) \
+                or any(c["operand"] is not None for c in k.chain):
+            continue
+        B, H, T, D = value.shape
+        f.values[value.name] = Value(value.name, (B, T, H, D), value.dtype, value.kind)
+        k.attrs["stored_perm"] = list(MERGE_HEADS[1])
+        for reader in f.kernels:
+            reader.inputs = [Ref(r.value, r.views[1:]) if r is not None and r.value == value.name else r
+                             for r in reader.inputs]
 
 
 def _plan_scratch(f: Fused, outputs: set[str], buffers: dict[str, Buffer], keep: set[str]) -> int:

@@ -302,7 +302,9 @@ def _mha(exe, k, head, args):
     if mask is not None:
         s = s + mask
     p = bf16(k_softmax(s))  # probabilities go back to bf16 for the second matmul
-    return p @ v
+    y = p @ v
+    # stored [B, T, H, D] when its readers merge the heads (memory.interleave_heads), as the kernel drains it
+    return np.transpose(y, k.attrs["stored_perm"]) if "stored_perm" in k.attrs else y
 
 
 def _eltwise(exe, k, head, args):
