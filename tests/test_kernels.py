@@ -843,17 +843,53 @@ def test_conv2d_rows_match_emu(lib, record_parity, case):
     s, p = case["stride"], case["padding"]
     ho, wo = (H + 2 * p - kh) // s + 1, (W + 2 * p - kh) // s + 1
     chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
-    oy = np.zeros(1, np.int32)
+    oy = np.zeros(2, np.int32)
     out = np.zeros((1, cout, ho, wo), np.float32)
     for r in range(ho):  # the band the design streams: kh rows from the first row clamped into the image
         rows = np.clip(r * s - p, 0, H - kh) + np.arange(kh)
         band = np.ascontiguousarray(x[0][:, rows, :])
         y = np.zeros(cout * wo, BF16)
         call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 0, cin, W, cout, case["groups"], kh, kh,
-             s, p, wo, H, ho, oy, chain, 0, imm, band, 0)
+             s, p, wo, H, ho, oy, chain, 0, imm, band, 0, cin // case["groups"], kh, 1, np.zeros(1, np.float32))
         out[0, :, r] = y.astype(np.float32).reshape(cout, wo)
     assert oy[0] == 0  # the counter wrapped after the last output row
     check(record_parity, f"conv2d {case}", out, ref)
+
+
+@pytest.mark.parametrize("chunk", [(2, 3, 0), (1, 3, 0), (1, 2, 0), (1, 3, 1)],
+                         ids=["channels", "channel", "rows", "fp32-in-place"])
+def test_conv2d_chunked_accumulation_matches_emu(lib, record_parity, chunk):
+    """A band streamed in chunks of channels (or of one channel's rows, unpadded), one call per chunk into the fp32
+    accumulator (an fp32 output row is its own); the last call adds the bias and stores, as kernels/conv2d/design.py
+    streams bands too big for L1."""
+    g = rng(13)
+    cin, cout, H, W, kh = 4, 6, 8, 8, 4 if chunk[1] == 2 else 3
+    s, p = (2, 1) if chunk[1] == 3 else (4, 0)
+    chunk_cin, chunk_rows, in_place = chunk
+    x = bf16(g.normal(size=(1, cin, H, W)))
+    w = bf16(g.normal(size=(cout, cin, kh, kh)))
+    b = g.normal(size=cout).astype(np.float32)
+    ref = golden("conv", "conv2d", {"x": x, "w": w, "b": b}, attrs={"stride": s, "padding": p, "groups": 1},
+                 out_dtype=np.float32 if in_place else BF16)
+    k = lib("conv2d")
+    ho, wo = (H + 2 * p - kh) // s + 1, (W + 2 * p - kh) // s + 1
+    n_chunks = (cin // chunk_cin) * (kh // chunk_rows)
+    w_chunk = chunk_cin * chunk_rows * kh  # kh == chunk_rows for channel chunks
+    w_chunks = w.reshape(cout, n_chunks, w_chunk).transpose(1, 0, 2)  # what the design streams per chunk
+    chain, imm, oy = np.zeros(8, np.int32), np.zeros(8, np.float32), np.zeros(2, np.int32)
+    acc, out = np.zeros(cout * wo, np.float32), np.zeros((1, cout, ho, wo), np.float32)
+    for r in range(ho):
+        rows = np.clip(r * s - p, 0, H - kh) + np.arange(kh)
+        chunks = np.ascontiguousarray(x[0][:, rows, :]).reshape(n_chunks, -1)
+        y = np.zeros(cout * wo, np.float32 if in_place else BF16)
+        for q in range(n_chunks):
+            call(k, "conv2d_row", np.ascontiguousarray(chunks[q]), 0, np.ascontiguousarray(w_chunks[q]), b, 1, 0, y,
+                 in_place, cin, W, cout, 1, kh, kh, s, p, wo, H, ho, oy, chain, 0, imm, chunks[q], 0, chunk_cin,
+                 chunk_rows, n_chunks, y if in_place else acc)
+            assert oy[1] == (q + 1) % n_chunks
+        out[0, :, r] = y.astype(np.float32).reshape(cout, wo)
+    assert oy[0] == 0
+    check(record_parity, f"conv2d chunked {chunk}", out, ref)
 
 
 def test_conv2d_residual_epilogue_matches_emu(lib, record_parity):
@@ -868,13 +904,13 @@ def test_conv2d_residual_epilogue_matches_emu(lib, record_parity):
                  chain=chain, n_head=3)
     k = lib("conv2d")
     words, imms = dataflow.encode_chain(chain, 3)
-    oy, out = np.zeros(1, np.int32), np.zeros((1, cout, H, W), np.float32)
+    oy, out = np.zeros(2, np.int32), np.zeros((1, cout, H, W), np.float32)
     for r in range(H):
         band = np.ascontiguousarray(x[0][:, np.clip(r - 1, 0, H - 3) + np.arange(3), :])
         row = np.ascontiguousarray(res[0, :, r, :])                        # [cout][wo], the residual row
         y = np.zeros(cout * W, np.float32)
         call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 1, cin, W, cout, 1, 3, 3, 1, 1, W, H, H,
-             oy, words, len(chain), imms, row, 1)
+             oy, words, len(chain), imms, row, 1, cin, 3, 1, np.zeros(1, np.float32))
         out[0, :, r] = y.reshape(cout, W)
     check(record_parity, "conv2d + residual + relu", out, ref)
 
@@ -896,13 +932,14 @@ def test_conv2d_factor_epilogue_matches_emu(lib, record_parity, mode):
     ref = golden("conv", "conv2d", {"x": x, "w": w, "b": b, "s": factor}, attrs=attrs, chain=chain, n_head=3)
     k = lib("conv2d")
     words, imms = dataflow.encode_chain(chain, 3)
-    oy, out = np.zeros(1, np.int32), np.zeros((1, cout, H, W), np.float32)
+    oy, out = np.zeros(2, np.int32), np.zeros((1, cout, H, W), np.float32)
     for r in range(H):
         band = np.ascontiguousarray(x[0][:, np.clip(r - 1, 0, H - 3) + np.arange(3), :])
         obj = np.ascontiguousarray(factor[0, 0, r, :1] if mode == "per_row" else factor[0, :, 0, 0])
         y = np.zeros(cout * W, BF16)
         call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 0, cin, W, cout, cout, 3, 3, 1, 1, W, H, H,
-             oy, words, len(chain), imms, obj, 1 | (4 if mode == "per_row" else 2))
+             oy, words, len(chain), imms, obj, 1 | (4 if mode == "per_row" else 2), 1, 3, 1,
+             np.zeros(1, np.float32))
         out[0, :, r] = y.astype(np.float32).reshape(cout, W)
     check(record_parity, f"conv2d depthwise x {mode} factor + relu", out, ref)
 
@@ -925,7 +962,7 @@ def test_maxpool_matches_emu(lib):
     x = bf16(rng(14).normal(size=(1, 3, 7, 7)))
     ref = golden("pool", "max_pool2d", {"x": x}, attrs={"kernel": 3, "stride": 2, "padding": 1})
     k = lib("pool")
-    oy = np.zeros(1, np.int32)
+    oy = np.zeros(2, np.int32)
     out = np.zeros(ref.shape, np.float32)
     for r in range(ref.shape[2]):
         rows = np.clip(r * 2 - 1, 0, 7 - 3) + np.arange(3)

@@ -59,10 +59,11 @@ REAL = {
 # What still fails at real size, each documented in kernels/README.md ("Real sizes"): (models, targets, design,
 # message). A DesignError is a refusal; the others are checks a built design still fails. Anything else fails the
 # test; a gap that no longer occurs is printed as fixed.
-CONVOLVING = {"whisper-tiny.en", "clip-vit-b32", "vit-base", "resnet-18", "resnet-50", "parakeet-110m"}
 REAL_SIZE_GAPS = [
-    (CONVOLVING, {"npu1", "npu2"}, "conv2d", r"needs channel-chunked accumulation"),
-    ({"resnet-18", "resnet-50"}, {"npu1", "npu2"}, "conv2d", r"one output channel's weights .* exceed the .* block"),
+    # conv2d: Whisper's first conv1d (one fp32 channel of 3000 frames, its output row and the accumulator exceed
+    # L1: needs chunks along the width too); CLIP's 7-wide bf16 output rows are not whole words
+    ({"whisper-tiny.en"}, {"npu1", "npu2"}, "conv2d", r"needs channel-chunked accumulation along the width"),
+    ({"clip-vit-b32"}, {"npu1", "npu2"}, "conv2d", r"output rows of \d+ bytes are not whole 32-bit words"),
     ({"parakeet-110m"}, {"npu1", "npu2"}, "gemm", r"^m \d+ != \d+$"),  # a batched bmm's row tile within a slice
 ]
 
@@ -72,8 +73,9 @@ def documented(model, target, design, message) -> str | None:
                  if model in models and target in targets and d == design and re.search(pattern, message)), None)
 
 
-# The kinds whose tiling the catalog picks by a footprint that bounds the design's allocation. conv2d, dwconv1d,
-# pool and transpose size their own bands and blocks within the limits (standin.check holds them to those).
+# The kinds whose tiling the catalog picks by a footprint that bounds the design's allocation (and conv2d, whose
+# blocks and band chunks stay within the catalog's CONV_L1). dwconv1d, pool and transpose size their own bands and
+# blocks within the limits (standin.check holds them to those).
 CATALOG_EXACT = ("gemm", "bmm", "mha", "eltwise", "norm", "softmax", "reduce", "rope", "maskgen", "argmax")
 
 
@@ -112,7 +114,7 @@ def mha_cover(step, params, elements) -> np.ndarray:
 
 def beyond_footprint(step, rec, hw) -> list[str]:
     """The design's L1 and memtile bytes (the stand-in's count) against the catalog's footprint and the limits."""
-    if step.op not in CATALOG_EXACT:
+    if step.op not in CATALOG_EXACT and name_of(step) != "conv2d":
         return []
     f = catalog.footprint(step.op, step.attrs["tiling"], hw)
     l1, mem = max(standin.l1_use(rec).values(), default=0), max(standin.memtile_use(rec).values(), default=0)
@@ -132,7 +134,7 @@ def test_catalog_footprint_bounds_what_the_designs_allocate(target):
     for model in sorted(MODELS):
         program = compile_graphs(MODELS[model](), target)
         for step in distinct_steps(program):
-            if step.op not in CATALOG_EXACT:
+            if step.op not in CATALOG_EXACT and name_of(step) != "conv2d":
                 continue
             try:
                 rec, _ = build_step(step, program, target)

@@ -9,6 +9,9 @@
 // r_f32 one value per output channel [cout]; with bit 2 one value for the whole output row, a per-row factor)
 // and one store. x and y are bf16, or fp32 (the residual stream) when flagged; the
 // bias is fp32 (a weight vector). A patch embedding is stride = kernel, pad = 0.
+// Channel-chunked accumulation: when a band does not fit L1, the design streams it (and the weights) in n_chunks
+// chunks of chunk_cin channels, or of chunk_rows of one channel's kh rows; a call per chunk adds into the fp32
+// accumulator acc [cout][wo], and the last chunk's call adds the bias, applies the epilogue and stores.
 #include "../include/npu_kernel.h"
 
 // The bias (fp32) arrives first on the weight stream, as whole weight-sized objects: copy `count` floats of
@@ -21,31 +24,47 @@ NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const fl
                            int32_t y_f32, int32_t cin, int32_t width, int32_t cout, int32_t groups, int32_t kh,
                            int32_t kw, int32_t stride, int32_t pad, int32_t wo, int32_t height, int32_t ho,
                            int32_t *oy, const int32_t *chain, int32_t n_chain, const float *imm, const void *res,
-                           int32_t r_f32) {
+                           int32_t r_f32, int32_t chunk_cin, int32_t chunk_rows, int32_t n_chunks, float *acc) {
   NPU_ROUND_EVEN();
   npu_vec xv = {x, x_f32, 0};
   // the chain's operand: a residual row [cout][wo], one value per output channel (bit 1 of r_f32), or one value
   // for the row (bit 2)
   const npu_vec operands[2] = {{res, r_f32 & 1, (r_f32 >> 2) & 1}, {res, r_f32 & 1, (r_f32 >> 2) & 1}};
   const int32_t per_channel = (r_f32 >> 1) & 1;
-  const int32_t cg = cin / groups, og = cout / groups, top = *oy * stride - pad;
+  const int32_t cg = cin / groups, og = cout / groups, top = oy[0] * stride - pad;
   const int32_t bh = kh < height ? kh : height;  // band rows: kh, or the whole image when it is smaller
   const int32_t start = top < 0 ? 0 : (top + bh > height ? height - bh : top);
   const int32_t kh_lo = top < 0 ? -top : 0, kh_hi = top + kh > height ? height - top : kh;
-  *oy = *oy + 1 == ho ? 0 : *oy + 1;
+  // This call's chunk (oy[1] counts them): chunk_cin channels of band rows [r0, r0 + chunk_rows), with the
+  // weights of those channels, all kh rows when the chunk holds whole bands, else only the chunk's rows (the
+  // design then guarantees start == top, so band row == kernel row)
+  const int32_t q = oy[1], per_channel_chunks = bh / chunk_rows;
+  const int32_t r0 = (q % per_channel_chunks) * chunk_rows;
+  const int32_t whole = chunk_rows == bh, w_rows = whole ? kh : chunk_rows;
+  const int32_t first = q == 0, last = q + 1 == n_chunks;
+  const int32_t chans = n_chunks == 1 ? cg : chunk_cin;  // a single chunk is the whole (grouped) band
+  oy[1] = last ? 0 : q + 1;
+  if (last) oy[0] = oy[0] + 1 == ho ? 0 : oy[0] + 1;
   for (int32_t o = 0; o < cout; ++o) {
-    const int32_t g = o / og;
+    const int32_t g = n_chunks == 1 ? o / og : 0;
     for (int32_t ox = 0; ox < wo; ++ox) {
-      float sum = 0.0f;
-      for (int32_t c = 0; c < cg; ++c)
-        for (int32_t r = kh_lo; r < kh_hi; ++r)
+      float sum = first ? 0.0f : acc[o * wo + ox];  // fp32 across chunks
+      for (int32_t c = 0; c < chans; ++c)
+        for (int32_t t = 0; t < chunk_rows; ++t) {
+          const int32_t r = r0 + t + start - top;  // kernel row of band row r0 + t
+          if (r < kh_lo || r >= kh_hi) continue;
+          const int32_t wr = whole ? r : t;
           for (int32_t s = 0; s < kw; ++s) {
             const int32_t ix = ox * stride + s - pad;
             if (ix < 0 || ix >= width) continue;
-            const int32_t band_row = top + r - start;
-            sum += to_f32(w[((o * cg + c) * kh + r) * kw + s]) *
-                   npu_mac_operand(xv, ((g * cg + c) * bh + band_row) * width + ix);
+            sum += to_f32(w[((o * chans + c) * w_rows + wr) * kw + s]) *
+                   npu_mac_operand(xv, ((g * cg + c) * chunk_rows + t) * width + ix);
           }
+        }
+      if (!last) {
+        acc[o * wo + ox] = sum;
+        continue;
+      }
       if (has_bias) sum += bias[j0 + o];
       npu_put(y, y_f32, o * wo + ox, npu_epilogue(sum, per_channel ? o : o * wo + ox, chain, n_chain, imm, operands));
     }

@@ -5,8 +5,11 @@ block's weights resident and streams, for every image and output row, the band o
 (rows outside the image clamped to the edge; the kernel skips them). A grouped convolution (the conformer's
 depthwise conv2d) takes blocks of whole groups, or part of one group, and a block's band carries only its groups'
 input channels. Each core reads two streams straight
-from its column's shim (band; weights) and writes its rows back. Bands whose channels do not fit L1 next to
-the weights would need channel-chunked accumulation, which this design does not do (it refuses them)."""
+from its column's shim (band; weights) and writes its rows back. A band that does not fit L1 streams in chunks of input
+channels, or of one channel's kernel rows when no band is clamped at the image's edge (channel-chunked
+accumulation): each chunk with its weights, re-streamed per output row, one kernel call per chunk adding into an
+fp32 accumulator (the output row itself when it is fp32); the last chunk's call adds the bias, applies the
+epilogue and stores. An epilogue operand follows the last chunk. Chunks along the width are not written."""
 from __future__ import annotations
 
 import math
@@ -14,11 +17,12 @@ import math
 import numpy as np
 
 from kernels import dataflow as df
+from sdk.compiler import catalog
 from sdk.compiler.hardware import TARGETS
 
 KINDS = ("conv",)
 W_BYTES = 8 * 1024      # a resident weight block
-L1_BUDGET = 56 * 1024   # what bands, weights, output rows and the bias may take of the 64 KB
+L1_BUDGET = catalog.CONV_L1  # what bands, weights, output rows, the accumulator and the biases may take
 
 
 def build(target: str, step, buffers: dict, params: dict):
@@ -52,8 +56,8 @@ def build(target: str, step, buffers: dict, params: dict):
     block_cin = lambda c: cin if groups == 1 else max(1, c // og) * cg  # noqa: E731
     res = df.operand(step.inputs[slots[0]], buffers[step.inputs[slots[0]]], step.attrs["views"][slots[0]]) \
         if slots else None
-    fits = [c for c in range(1, cout + 1) if cout % c == 0 and c * per_out * 2 <= W_BYTES
-            and (c * per_out % 2 == 0 or c == cout) and (groups == 1 or c % og == 0 or og % c == 0)]
+    # blocks of output channels; the plan checks their weights against the block (a chunk's, when chunked)
+    fits = [c for c in range(1, cout + 1) if cout % c == 0 and (groups == 1 or c % og == 0 or og % c == 0)]
     # The operand rides as a residual row [cout_b][wo], or as [cout_b] when it has one value per output channel
     # (bit 1 of r_f32), or as [1] when it has one value per output row (a per-row factor; bit 2)
     per_channel = per_row = False
@@ -62,25 +66,38 @@ def build(target: str, step, buffers: dict, params: dict):
         per_row = bool((ri == ri[:, :1, :, :1]).all())
         per_channel = not per_row and bool((ri == ri[:, :, :1, :1]).all())
         r_width = 1 if per_channel or per_row else wo
-        # a block whose residual rows pack whole into band objects, if there is one
-        fits = [c for c in fits if block_cin(c) * min(kh, H) * W * x.dtype.itemsize
-                % ((1 if per_row else c) * r_width * res.dtype.itemsize) == 0] or fits
-    cout_b = max(fits) if fits else 0
-    if not cout_b:
-        raise df.DesignError(f"one output channel's weights ({per_out * 2} bytes) exceed the {W_BYTES} byte block")
+    # a block whose residual rows pack whole into band (chunk) objects, if there is one
+    packs = lambda c, chunk_bytes: res is None or chunk_bytes % (  # noqa: E731
+        (1 if per_row else c) * r_width * res.dtype.itemsize) == 0
+    if ho > 1 and wo * out.dtype.itemsize % 4:
+        raise df.DesignError(f"output rows of {wo * out.dtype.itemsize} bytes are not whole 32-bit words: the memory "
+                             "plan stores only row-streamed odd-width rows in fp32")
+    bh = min(kh, H)                                                                       # band rows
+
+    def n_cores(c):  # cores for blocks of c output channels: the most that divide the blocks
+        most = min(step.attrs["tiling"]["cores"], hw.columns, cout // c)
+        return max(d for d in range(1, most + 1) if (cout // c) % d == 0)
+
+    # the core's biases ride ahead of its weights, repeated to whole weight objects: at most 16 of them
+    def bias_ok(c, w_elems):
+        return not has_bias or math.lcm(cout // n_cores(c), w_elems // 2) // (w_elems // 2) <= 16
+    cout_b, chunk_cin, chunk_rows = plan(fits, block_cin, groups, per_out, bh, kh, kw, W, wo, x.dtype.itemsize,
+                                         out.dtype.itemsize, n_cores, edge_free(ho, sh, ph, kh, H), packs, groups == 1,
+                                         bias_ok)
     cin_b, groups_b = block_cin(cout_b), max(1, cout_b // og) if groups > 1 else 1
-    band = cin_b * min(kh, H) * W
-    if (cout_b * per_out) % 2:
+    band = cin_b * bh * W
+    n_chunks = (cin_b // chunk_cin) * (bh // chunk_rows)
+    chunk = chunk_cin * chunk_rows * W                       # band elements of one chunk
+    w_rows = kh if chunk_rows == bh else chunk_rows
+    w_chunk = (per_out if n_chunks == 1 else chunk_cin * w_rows * kw)  # weights of one output channel per chunk
+    if (cout_b * w_chunk) % 2:
         raise df.DesignError("an odd-sized weight block is not whole 32-bit words")
     blocks = cout // cout_b
-    cores = max(c for c in range(1, min(step.attrs["tiling"]["cores"], hw.columns, blocks) + 1) if blocks % c == 0)
+    cores = n_cores(cout_b)
     mine = blocks // cores
-    l1 = 2 * band * x.dtype.itemsize + 2 * cout_b * per_out * 2 + 2 * cout_b * wo * out.dtype.itemsize \
-        + 4 * mine * cout_b
-    if l1 > L1_BUDGET:
-        raise df.DesignError(f"a band of {cin_b} channels x {kh} rows x {W} ({band * x.dtype.itemsize} bytes) with "
-                             f"its weights needs {l1} bytes of L1: needs channel-chunked accumulation")
-    wobj = cout_b * per_out                                  # bf16 elements of one weight object
+    in_place = n_chunks > 1 and df.is_f32(out)  # an fp32 output row is its own accumulator
+    acc = cout_b * wo if n_chunks > 1 and not in_place else 1
+    wobj = cout_b * w_chunk                                  # bf16 elements of one weight object
     floats = wobj // 2
     n_bias = mine * cout_b
     span = math.lcm(n_bias, floats)                          # the core's biases, repeated to whole objects
@@ -88,7 +105,6 @@ def build(target: str, step, buffers: dict, params: dict):
     if bias_objects > 16:
         raise df.DesignError(f"{bias_objects} objects to carry {n_bias} biases: needs channel-chunked accumulation")
 
-    bh = min(kh, H)                                                                       # band rows
     start = np.clip(np.arange(ho) * sh - ph, 0, H - bh)                                  # each band's first row
     rows = start[:, None] + np.arange(bh)[None]                                           # [ho, bh]
     first_ch = lambda j: 0 if groups == 1 else (j * cout_b // og) * cg                    # block j's first channel  # noqa: E731
@@ -96,18 +112,24 @@ def build(target: str, step, buffers: dict, params: dict):
     x_core, w_core, y_core = [], [], []
     for c in range(cores):
         blks = list(range(c, blocks, cores))
-        x_core.append(np.stack([band_of(b, j) for j in blks for b in range(B)]).reshape(-1, cin_b, bh, W))  # per row
+        bands = np.stack([band_of(b, j) for j in blks for b in range(B)])
+        x_core.append(bands.reshape(-1, n_chunks, chunk))  # [rows, chunks, chunk]
         wparts = []
         if has_bias:
             seq = bias.index.reshape(blocks, cout_b)[c::cores]
             wparts.append(np.broadcast_to(seq[None], (span // n_bias,) + seq.shape))
-        w_core.append((wparts, np.stack([wi[j * cout_b:(j + 1) * cout_b] for j in blks])))
+        if n_chunks == 1:  # the block's weights stay resident over its rows
+            w_core.append((wparts, np.stack([wi[j * cout_b:(j + 1) * cout_b] for j in blks])))
+        else:  # each row streams the block's weights again, chunk by chunk ([chunk][cout_b][w_chunk])
+            chunked = [wi[j * cout_b:(j + 1) * cout_b].reshape(cout_b, n_chunks, w_chunk).transpose(1, 0, 2)
+                       for j in blks]
+            w_core.append((wparts, np.stack([np.broadcast_to(wr[None], (B * ho,) + wr.shape) for wr in chunked])))
         y_core.append(np.stack([oi[b, j * cout_b:(j + 1) * cout_b].transpose(1, 0, 2) for j in blks
                                 for b in range(B)]).reshape(-1, cout_b, wo))
 
     io = df.iron()
     i32 = np.int32
-    band_bytes = band * x.dtype.itemsize
+    band_bytes = chunk * x.dtype.itemsize
     if res is not None:
         res_bytes = (1 if per_row else cout_b) * r_width * res.dtype.itemsize
         if band_bytes % res_bytes:
@@ -123,41 +145,101 @@ def build(target: str, step, buffers: dict, params: dict):
                                             (ho, r_repeat, per_item, r_width))
                             for j in range(c, blocks, cores) for b in range(B)]).reshape(-1, r_repeat, per_item, r_width)
                   for c in range(cores)]
-    x_t, w_t = df.tensor(band, x.dtype), df.tensor(wobj)
+    x_t, w_t = df.tensor(chunk, x.dtype), df.tensor(wobj)
     y_t, bias_t = df.tensor(cout_b * wo, out.dtype), df.tensor(max(n_bias, 1), np.float32)
     vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
-    oy_t = df.tensor(1, np.int32)
+    oy_t = df.tensor(2, np.int32)
+    acc_t = y_t if in_place else df.tensor(acc, np.float32)
     kernels = [io.Kernel("conv_bias_load", "conv2d.o", [w_t, bias_t, i32, i32]),
                io.Kernel("conv2d_row", "conv2d.o", [x_t, i32, w_t, bias_t, i32, i32, y_t, i32, i32, i32, i32, i32, i32,
-                                                   i32, i32, i32, i32, i32, i32, oy_t, vec_i, i32, vec_f, x_t, i32])]
+                                                   i32, i32, i32, i32, i32, i32, oy_t, vec_i, i32, vec_f, x_t, i32,
+                                                   i32, i32, i32, acc_t])]
     words, imms = df.encode_chain(step.attrs["chain"], 3)
     n_chain, x_f32, y_f32 = len(step.attrs["chain"]), df.is_f32(x), df.is_f32(out)
     r_f32 = (df.is_f32(res) | per_channel << 1 | per_row << 2) if res is not None else 0
-    state = {"bias": (max(n_bias, 1), np.float32, None), "oy": (1, np.int32, np.zeros(1, np.int32)),
-             "chain": (df.MAX_CHAIN, np.int32, words), "imm": (df.MAX_CHAIN, np.float32, imms)}
+    state = {"bias": (max(n_bias, 1), np.float32, None), "oy": (2, np.int32, np.zeros(2, np.int32)),
+             "chain": (df.MAX_CHAIN, np.int32, words), "imm": (df.MAX_CHAIN, np.float32, imms),
+             "acc": (acc, np.float32, None)}
 
-    def body(x_in, w_in, y_out, bias_buf, oy, chain, imm, load_bias, conv, n_blocks, n_images):
+    def body(x_in, w_in, y_out, bias_buf, oy, chain, imm, acc_buf, load_bias, conv, n_blocks, n_images):
         for q in range(bias_objects):
             wt = w_in.acquire(1)
             load_bias(wt, bias_buf, q * floats, max(0, min(floats, n_bias - q * floats)))
             w_in.release(1)
         for blk in range(n_blocks):  # unrolled: each block knows where its biases sit
-            wt = w_in.acquire(1)
+            wt = w_in.acquire(1) if n_chunks == 1 else None
             for _ in io.range_(n_images * ho):
-                xt, yt = x_in.acquire(1), y_out.acquire(1)
-                rt_obj = x_in.acquire(1) if res is not None else xt  # the residual row follows the band
-                conv(xt, x_f32, wt, bias_buf, int(has_bias), blk * cout_b, yt, y_f32, cin_b, W, cout_b, groups_b, kh, kw, sw,
-                     pw, wo, H, ho, oy, chain, n_chain, imm, rt_obj, r_f32)
+                yt = y_out.acquire(1)
+                def row(xt, wc, rt_obj):
+                    conv(xt, x_f32, wc, bias_buf, int(has_bias), blk * cout_b, yt, y_f32, cin_b, W, cout_b, groups_b,
+                         kh, kw, sw, pw, wo, H, ho, oy, chain, n_chain, imm, rt_obj, r_f32, chunk_cin, chunk_rows,
+                         n_chunks, yt if in_place else acc_buf)
+                if n_chunks > 1:
+                    for _ in io.range_(n_chunks - 1):  # all but the last chunk: into the fp32 accumulator
+                        xt, wc = x_in.acquire(1), w_in.acquire(1)
+                        row(xt, wc, xt)
+                        x_in.release(1)
+                        w_in.release(1)
+                xt = x_in.acquire(1)
+                wc = w_in.acquire(1) if n_chunks > 1 else wt
+                rt_obj = x_in.acquire(1) if res is not None else xt  # the residual row follows the last chunk
+                row(xt, wc, rt_obj)  # the last chunk: bias, epilogue, store
                 x_in.release(2 if res is not None else 1)
+                if n_chunks > 1:
+                    w_in.release(1)
                 y_out.release(1)
-            w_in.release(1)
+            if n_chunks == 1:
+                w_in.release(1)
 
     lead = (bias, [wp[0] for wp, _ in w_core]) if has_bias else None
     inputs = [df.Stream(x, x_t, x_core, follow=(res, r_core) if res is not None else None),
               df.Stream(w, w_t, [wb for _, wb in w_core], lead)]
-    params.update({"cout_block": cout_b, "blocks_per_core": mine, "band": band})
+    params.update({"cout_block": cout_b, "blocks_per_core": mine, "band": band, "chunks": n_chunks})
     return df.per_core_design(target, "conv2d", inputs, df.Stream(out, y_t, y_core), kernels, state, body,
                               [mine, B], params, step)
+
+
+def edge_free(ho: int, sh: int, ph: int, kh: int, H: int) -> bool:
+    """Every output row's kh input rows lie inside the image (no clamped band), so band row = kernel row."""
+    return ph == 0 and (ho - 1) * sh + kh <= H
+
+
+def plan(fits, block_cin, groups, per_out, bh, kh, kw, W, wo, xb, ob, n_cores, rows_ok, packs, may_chunk, bias_ok):
+    """The widest output-channel block, then the largest chunk of its band, whose L1 fits the budget: the band
+    whole when it fits, else (ungrouped only) chunks of whole channels, else (when no band is clamped) chunks of
+    one channel's rows. Residual rows must pack into the chunk objects when some block lets them (else the
+    design refuses the residual). Returns (cout_b, chunk_cin, chunk_rows)."""
+    for need_pack in (True, False):
+        found = _plan(fits, block_cin, groups, per_out, bh, kh, kw, W, wo, xb, ob, n_cores, rows_ok, may_chunk,
+                      packs if need_pack else lambda c, b: True, bias_ok)
+        if found:
+            return found
+    if not any(c * per_out * 2 <= W_BYTES for c in fits) and not may_chunk:
+        raise df.DesignError(f"one output channel's weights ({per_out * 2} bytes) exceed the {W_BYTES} byte block")
+    raise df.DesignError(f"no chunk of a band ({bh} rows x {W}) fits L1 next to its output row ({wo} wide): "
+                         "needs channel-chunked accumulation" + (" along the width too" if may_chunk else ""))
+
+
+def _plan(fits, block_cin, groups, per_out, bh, kh, kw, W, wo, xb, ob, n_cores, rows_ok, may_chunk, packs, bias_ok):
+    whole = [(c, block_cin(c), bh) for c in sorted(fits, reverse=True)]  # no chunking, when some block fits
+    blocks = sorted(fits, key=lambda c: (n_cores(c), c), reverse=True)     # chunked: as many cores as there are
+    chunks = [(c, n, bh) for c in blocks if may_chunk for n in range(block_cin(c) - 1, 0, -1) if block_cin(c) % n == 0]
+    if may_chunk and rows_ok and bh == kh:
+        chunks += [(c, 1, r) for c in blocks for r in range(bh - 1, 0, -1) if bh % r == 0]
+    for cout_b, chunk_cin, chunk_rows in whole + chunks:
+        chunked = (chunk_cin, chunk_rows) != (block_cin(cout_b), bh)
+        per_chunk = chunk_cin * (kh if chunk_rows == bh else chunk_rows) * kw if chunked else per_out
+        w_elems = cout_b * per_chunk  # a channel's chunk of weights must be whole words
+        if w_elems * 2 > W_BYTES or w_elems % 2 or chunked and per_chunk % 2 \
+                or not packs(cout_b, chunk_cin * chunk_rows * W * xb) or not bias_ok(cout_b, w_elems):
+            continue
+        # double-buffered band chunk, weight object and output row; the fp32 accumulator (an fp32 output row
+        # accumulates in place); the core's biases
+        l1 = (2 * chunk_cin * chunk_rows * W * xb + 2 * w_elems * 2 + 2 * cout_b * wo * ob
+              + (4 * cout_b * wo if chunked and ob != 4 else 0) + 4 * (max(fits) // n_cores(cout_b)))
+        if l1 <= L1_BUDGET:
+            return cout_b, chunk_cin, chunk_rows
+    return None
 
 
 if __name__ == "__main__":

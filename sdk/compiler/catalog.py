@@ -188,6 +188,7 @@ def tiling(kernel, shape_of, target: Target, bytes_of=None) -> dict:
 # keep their grids; a GEMV runs ceil(Nt / cores) tiles per core (kernels/gemv).
 VECTOR_FLOOR = 256
 CHAIN_BYTES = 2 * 8 * 4  # the epilogue's opcode words and immediates (kernels/dataflow.MAX_CHAIN each)
+CONV_L1 = 60 * KB        # what kernels/conv2d's bands, weights, rows, accumulator and biases may take
 STATE_BYTES = 256        # a streaming kernel's operand map and running statistics
 
 
@@ -289,14 +290,11 @@ def footprint(kind: str, t: dict, target: Target) -> Footprint:
             memtile = 2 * target.rows * m * (k * ab + n * ob) + 2 * planes * k * n * 2
         ins = input_streams(kind, 2, e) + (1 if pro else 0)
     elif kind == "conv":
-        m, k, n = t["m"], t["k"], t["n"]
-        l1 = (2 * m * k * 2          # A tiles, double-buffered bf16
-              + 2 * k * n * 2        # B tiles
-              + m * n * 4            # fp32 accumulator
-              + 2 * m * n * 2        # output tiles
-              + 2 * n * 2            # bias
-              + e * 2 * m * n * 2)   # epilogue operands (residuals)
-        memtile = 2 * (target.rows * k * n * 2 + m * k * 2)  # B tiles per core, shared A
+        # kernels/conv2d sizes its output-channel block and band chunk within CONV_L1 (double-buffered band chunk,
+        # weight block and output row, the fp32 accumulator across chunks, the core's biases); besides these it
+        # holds the epilogue words and its row / chunk counters. It reads shim -> core: no memtile.
+        l1 = CONV_L1 + CHAIN_BYTES + 8
+        memtile = 0
         ins = input_streams(kind, 2, e)
     elif kind == "mha":
         tq, tk, d = t["tq"], t["tk"], t["d"]
