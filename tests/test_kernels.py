@@ -892,6 +892,26 @@ def test_conv2d_chunked_accumulation_matches_emu(lib, record_parity, chunk):
     check(record_parity, f"conv2d chunked {chunk}", out, ref)
 
 
+def test_conv2d_whole_image_output_matches_emu(lib, record_parity):
+    """Output rows of odd width in bf16 (CLIP's 7 x 7 patch grid) are not whole words: with bit 1 of y_f32 each call
+    writes its row into the block's whole image [cout][ho][wo], which the design drains once per image."""
+    g = rng(14)
+    cin, cout, H, W, kh = 3, 4, 12, 12, 4
+    x = bf16(g.normal(size=(1, cin, H, W)))
+    w = bf16(g.normal(size=(cout, cin, kh, kh)))
+    b = g.normal(size=cout).astype(np.float32)
+    ref = golden("conv", "conv2d", {"x": x, "w": w, "b": b}, attrs={"stride": kh, "padding": 0, "groups": 1})
+    k = lib("conv2d")
+    ho = wo = H // kh
+    chain, imm, oy = np.zeros(8, np.int32), np.zeros(8, np.float32), np.zeros(2, np.int32)
+    y = np.zeros(cout * ho * wo, BF16)
+    for r in range(ho):
+        band = np.ascontiguousarray(x[0][:, r * kh:(r + 1) * kh, :])
+        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 2, cin, W, cout, 1, kh, kh, kh, 0, wo, H,
+             ho, oy, chain, 0, imm, band, 0, cin, kh, 1, np.zeros(1, np.float32))
+    check(record_parity, "conv2d whole-image output", y.astype(np.float32).reshape(1, cout, ho, wo), ref)
+
+
 def test_conv2d_residual_epilogue_matches_emu(lib, record_parity):
     """conv + residual add + relu (a ResNet block's second conv): the residual row arrives after each band."""
     g = rng(22)

@@ -12,6 +12,8 @@
 // Channel-chunked accumulation: when a band does not fit L1, the design streams it (and the weights) in n_chunks
 // chunks of chunk_cin channels, or of chunk_rows of one channel's kh rows; a call per chunk adds into the fp32
 // accumulator acc [cout][wo], and the last chunk's call adds the bias, applies the epilogue and stores.
+// Bit 1 of y_f32: y is the block's whole image [cout][ho][wo] (output rows of odd width are not whole words, the
+// image is), and each call writes its row oy there.
 #include "../include/npu_kernel.h"
 
 // The bias (fp32) arrives first on the weight stream, as whole weight-sized objects: copy `count` floats of
@@ -32,6 +34,8 @@ NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const fl
   const npu_vec operands[2] = {{res, r_f32 & 1, (r_f32 >> 2) & 1}, {res, r_f32 & 1, (r_f32 >> 2) & 1}};
   const int32_t per_channel = (r_f32 >> 1) & 1;
   const int32_t cg = cin / groups, og = cout / groups, top = oy[0] * stride - pad;
+  // bit 1 of y_f32: y holds the block's whole image [cout][ho][wo] (rows of odd width are not whole words)
+  const int32_t y_ch = (y_f32 >> 1) & 1 ? ho * wo : wo, y_row = (y_f32 >> 1) & 1 ? oy[0] * wo : 0;
   const int32_t bh = kh < height ? kh : height;  // band rows: kh, or the whole image when it is smaller
   const int32_t start = top < 0 ? 0 : (top + bh > height ? height - bh : top);
   const int32_t kh_lo = top < 0 ? -top : 0, kh_hi = top + kh > height ? height - top : kh;
@@ -66,7 +70,7 @@ NPU_KERNEL void conv2d_row(const void *x, int32_t x_f32, const bf16 *w, const fl
         continue;
       }
       if (has_bias) sum += bias[j0 + o];
-      npu_put(y, y_f32, o * wo + ox, npu_epilogue(sum, per_channel ? o : o * wo + ox, chain, n_chain, imm, operands));
+      npu_put(y, y_f32 & 1, o * y_ch + y_row + ox, npu_epilogue(sum, per_channel ? o : o * wo + ox, chain, n_chain, imm, operands));
     }
   }
 }

@@ -67,11 +67,15 @@ def build(target: str, step, buffers: dict, params: dict):
         per_channel = not per_row and bool((ri == ri[:, :, :1, :1]).all())
         r_width = 1 if per_channel or per_row else wo
     # a block whose residual rows pack whole into band (chunk) objects, if there is one
-    packs = lambda c, chunk_bytes: res is None or chunk_bytes % (  # noqa: E731
-        (1 if per_row else c) * r_width * res.dtype.itemsize) == 0
-    if ho > 1 and wo * out.dtype.itemsize % 4:
-        raise df.DesignError(f"output rows of {wo * out.dtype.itemsize} bytes are not whole 32-bit words: the memory "
-                             "plan stores only row-streamed odd-width rows in fp32")
+    packs = lambda c, chunk_bytes: (res is None or chunk_bytes % (  # noqa: E731
+        (1 if per_row else c) * r_width * res.dtype.itemsize) == 0) and (ho * wo % 2 == 0 or c % 2 == 0 or
+                                                                        out.dtype.itemsize == 4)
+    # Output rows that are not whole words (CLIP's 7-wide patch grid in bf16) drain as a block's whole image
+    # [cout_b][ho][wo], which is whole words when cout_b * ho * wo is even
+    y_rows = ho if ho > 1 and wo * out.dtype.itemsize % 4 else 1
+    if y_rows > 1 and res is not None:
+        raise df.DesignError(f"output rows of {wo * out.dtype.itemsize} bytes are not whole 32-bit words, with an "
+                             "epilogue operand")
     bh = min(kh, H)                                                                       # band rows
 
     def n_cores(c):  # cores for blocks of c output channels: the most that divide the blocks
@@ -82,7 +86,7 @@ def build(target: str, step, buffers: dict, params: dict):
     def bias_ok(c, w_elems):
         return not has_bias or math.lcm(cout // n_cores(c), w_elems // 2) // (w_elems // 2) <= 16
     cout_b, chunk_cin, chunk_rows = plan(fits, block_cin, groups, per_out, bh, kh, kw, W, wo, x.dtype.itemsize,
-                                         out.dtype.itemsize, n_cores, edge_free(ho, sh, ph, kh, H), packs, groups == 1,
+                                         out.dtype.itemsize * y_rows, n_cores, edge_free(ho, sh, ph, kh, H), packs, groups == 1,
                                          bias_ok)
     cin_b, groups_b = block_cin(cout_b), max(1, cout_b // og) if groups > 1 else 1
     band = cin_b * bh * W
@@ -95,7 +99,7 @@ def build(target: str, step, buffers: dict, params: dict):
     blocks = cout // cout_b
     cores = n_cores(cout_b)
     mine = blocks // cores
-    in_place = n_chunks > 1 and df.is_f32(out)  # an fp32 output row is its own accumulator
+    in_place = n_chunks > 1 and df.is_f32(out) and y_rows == 1  # an fp32 output row is its own accumulator
     acc = cout_b * wo if n_chunks > 1 and not in_place else 1
     wobj = cout_b * w_chunk                                  # bf16 elements of one weight object
     floats = wobj // 2
@@ -113,7 +117,8 @@ def build(target: str, step, buffers: dict, params: dict):
     for c in range(cores):
         blks = list(range(c, blocks, cores))
         bands = np.stack([band_of(b, j) for j in blks for b in range(B)])
-        x_core.append(bands.reshape(-1, n_chunks, chunk))  # [rows, chunks, chunk]
+        x_core.append(bands.reshape(-1, n_chunks, chunk) if y_rows == 1  # [rows, chunks, chunk]
+                      else bands.reshape(-1, ho, n_chunks, chunk))       # [images, rows, chunks, chunk]
         wparts = []
         if has_bias:
             seq = bias.index.reshape(blocks, cout_b)[c::cores]
@@ -124,7 +129,9 @@ def build(target: str, step, buffers: dict, params: dict):
             chunked = [wi[j * cout_b:(j + 1) * cout_b].reshape(cout_b, n_chunks, w_chunk).transpose(1, 0, 2)
                        for j in blks]
             w_core.append((wparts, np.stack([np.broadcast_to(wr[None], (B * ho,) + wr.shape) for wr in chunked])))
-        y_core.append(np.stack([oi[b, j * cout_b:(j + 1) * cout_b].transpose(1, 0, 2) for j in blks
+        y_core.append(np.stack([oi[b, j * cout_b:(j + 1) * cout_b][None] for j in blks for b in range(B)])
+                      .reshape(-1, cout_b * ho * wo) if y_rows > 1 else
+                      np.stack([oi[b, j * cout_b:(j + 1) * cout_b].transpose(1, 0, 2) for j in blks
                                 for b in range(B)]).reshape(-1, cout_b, wo))
 
     io = df.iron()
@@ -146,7 +153,7 @@ def build(target: str, step, buffers: dict, params: dict):
                             for j in range(c, blocks, cores) for b in range(B)]).reshape(-1, r_repeat, per_item, r_width)
                   for c in range(cores)]
     x_t, w_t = df.tensor(chunk, x.dtype), df.tensor(wobj)
-    y_t, bias_t = df.tensor(cout_b * wo, out.dtype), df.tensor(max(n_bias, 1), np.float32)
+    y_t, bias_t = df.tensor(cout_b * wo * y_rows, out.dtype), df.tensor(max(n_bias, 1), np.float32)
     vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
     oy_t = df.tensor(2, np.int32)
     acc_t = y_t if in_place else df.tensor(acc, np.float32)
@@ -155,7 +162,7 @@ def build(target: str, step, buffers: dict, params: dict):
                                                    i32, i32, i32, i32, i32, i32, oy_t, vec_i, i32, vec_f, x_t, i32,
                                                    i32, i32, i32, acc_t])]
     words, imms = df.encode_chain(step.attrs["chain"], 3)
-    n_chain, x_f32, y_f32 = len(step.attrs["chain"]), df.is_f32(x), df.is_f32(out)
+    n_chain, x_f32, y_f32 = len(step.attrs["chain"]), df.is_f32(x), df.is_f32(out) | (y_rows > 1) << 1
     r_f32 = (df.is_f32(res) | per_channel << 1 | per_row << 2) if res is not None else 0
     state = {"bias": (max(n_bias, 1), np.float32, None), "oy": (2, np.int32, np.zeros(2, np.int32)),
              "chain": (df.MAX_CHAIN, np.int32, words), "imm": (df.MAX_CHAIN, np.float32, imms),
@@ -168,25 +175,31 @@ def build(target: str, step, buffers: dict, params: dict):
             w_in.release(1)
         for blk in range(n_blocks):  # unrolled: each block knows where its biases sit
             wt = w_in.acquire(1) if n_chunks == 1 else None
-            for _ in io.range_(n_images * ho):
+            for _ in io.range_(n_images * ho // y_rows):
                 yt = y_out.acquire(1)
-                def row(xt, wc, rt_obj):
-                    conv(xt, x_f32, wc, bias_buf, int(has_bias), blk * cout_b, yt, y_f32, cin_b, W, cout_b, groups_b,
-                         kh, kw, sw, pw, wo, H, ho, oy, chain, n_chain, imm, rt_obj, r_f32, chunk_cin, chunk_rows,
-                         n_chunks, yt if in_place else acc_buf)
-                if n_chunks > 1:
-                    for _ in io.range_(n_chunks - 1):  # all but the last chunk: into the fp32 accumulator
-                        xt, wc = x_in.acquire(1), w_in.acquire(1)
-                        row(xt, wc, xt)
-                        x_in.release(1)
+                def one_row():
+                    def row(xt, wc, rt_obj):
+                        conv(xt, x_f32, wc, bias_buf, int(has_bias), blk * cout_b, yt, y_f32, cin_b, W, cout_b, groups_b,
+                             kh, kw, sw, pw, wo, H, ho, oy, chain, n_chain, imm, rt_obj, r_f32, chunk_cin, chunk_rows,
+                             n_chunks, yt if in_place else acc_buf)
+                    if n_chunks > 1:
+                        for _ in io.range_(n_chunks - 1):  # all but the last chunk: into the fp32 accumulator
+                            xt, wc = x_in.acquire(1), w_in.acquire(1)
+                            row(xt, wc, xt)
+                            x_in.release(1)
+                            w_in.release(1)
+                    xt = x_in.acquire(1)
+                    wc = w_in.acquire(1) if n_chunks > 1 else wt
+                    rt_obj = x_in.acquire(1) if res is not None else xt  # the residual row follows the last chunk
+                    row(xt, wc, rt_obj)  # the last chunk: bias, epilogue, store
+                    x_in.release(2 if res is not None else 1)
+                    if n_chunks > 1:
                         w_in.release(1)
-                xt = x_in.acquire(1)
-                wc = w_in.acquire(1) if n_chunks > 1 else wt
-                rt_obj = x_in.acquire(1) if res is not None else xt  # the residual row follows the last chunk
-                row(xt, wc, rt_obj)  # the last chunk: bias, epilogue, store
-                x_in.release(2 if res is not None else 1)
-                if n_chunks > 1:
-                    w_in.release(1)
+                if y_rows > 1:  # rows of one image into one output object
+                    for _ in io.range_(y_rows):
+                        one_row()
+                else:
+                    one_row()
                 y_out.release(1)
             if n_chunks == 1:
                 w_in.release(1)
