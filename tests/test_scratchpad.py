@@ -201,20 +201,27 @@ def test_npu1_a_stale_patch_is_a_contract_violation(fake_npu, monkeypatch):
         run_both(prebuilt, words, positions=(0, 3), tokens=(5, 6), target="npu1", sites=sites)
 
 
-def test_npu1_a_manifest_without_patches_is_refused(fake_npu):
+def _refused_npu1_manifest(fake_npu, edit) -> ArtifactMissing:
+    """Write npu1 artifacts, let `edit` change the manifest's one entry, and open a session on them."""
+    import json
+    from sdk.session import Session
     prebuilt = fake_npu("npu1")
     program = compile_graphs([graph()], "npu1")
     _, words, sites = built("npu1", with_sites=True)
     fake_pyxrt.write_artifacts(program, prebuilt, scratchpad=words, sites=sites)
     manifest = prebuilt / "manifest.json"
-    import json
     doc = json.loads(manifest.read_text())
     (entry,) = doc["artifacts"].values()
-    del entry["patches"]
+    edit(entry)
     manifest.write_text(json.dumps(doc))
-    from sdk.session import Session
-    with pytest.raises(ArtifactMissing, match="no instruction patch"):
+    with pytest.raises(ArtifactMissing) as e:
         Session([graph()], weights(), device="npu")
+    return e.value
+
+
+def test_npu1_a_manifest_without_patches_is_refused(fake_npu):
+    error = _refused_npu1_manifest(fake_npu, lambda entry: entry.pop("patches"))
+    assert "no instruction patch" in error.message
 
 
 def test_npu1_a_token_outside_the_table_is_refused_before_the_dispatch(fake_npu):
@@ -327,20 +334,10 @@ def test_patch_table_matches_in_order_and_refuses_ambiguity():
 
 
 def test_npu1_a_manifest_that_disagrees_with_its_stream_is_refused(fake_npu):
-    import json
-    prebuilt = fake_npu("npu1")
-    program = compile_graphs([graph()], "npu1")
-    _, words, sites = built("npu1", with_sites=True)
-    fake_pyxrt.write_artifacts(program, prebuilt, scratchpad=words, sites=sites)
-    manifest = prebuilt / "manifest.json"
-    doc = json.loads(manifest.read_text())
-    (entry,) = doc["artifacts"].values()
-    (table,) = entry["patches"].values()
-    next(iter(table.values()))[0]["at"] += 2       # now points at argidx, not argplus
-    manifest.write_text(json.dumps(doc))
-    from sdk.session import Session
-    with pytest.raises(ArtifactMissing, match="the stream has"):
-        Session([graph()], weights(), device="npu")
+    def point_at_argidx(entry):
+        (table,) = entry["patches"].values()
+        next(iter(table.values()))[0]["at"] += 2       # now points at argidx, not argplus
+    assert "the stream has" in _refused_npu1_manifest(fake_npu, point_at_argidx).message
 
 
 def test_npu1_every_design_places_its_transfers():
