@@ -202,7 +202,8 @@ def test_npu1_a_stale_patch_is_a_contract_violation(fake_npu, monkeypatch):
 
 
 def _refused_npu1_manifest(fake_npu, edit) -> ArtifactMissing:
-    """Write npu1 artifacts, let `edit` change the manifest's one entry, and open a session on them."""
+    """Write npu1 artifacts, let `edit(entry, prebuilt)` change the manifest's one entry (and its files), and
+    open a session on them."""
     import json
     from sdk.session import Session
     prebuilt = fake_npu("npu1")
@@ -212,7 +213,7 @@ def _refused_npu1_manifest(fake_npu, edit) -> ArtifactMissing:
     manifest = prebuilt / "manifest.json"
     doc = json.loads(manifest.read_text())
     (entry,) = doc["artifacts"].values()
-    edit(entry)
+    edit(entry, prebuilt)
     manifest.write_text(json.dumps(doc))
     with pytest.raises(ArtifactMissing) as e:
         Session([graph()], weights(), device="npu")
@@ -220,7 +221,7 @@ def _refused_npu1_manifest(fake_npu, edit) -> ArtifactMissing:
 
 
 def test_npu1_a_manifest_without_patches_is_refused(fake_npu):
-    error = _refused_npu1_manifest(fake_npu, lambda entry: entry.pop("patches"))
+    error = _refused_npu1_manifest(fake_npu, lambda entry, _: entry.pop("patches"))
     assert "no instruction patch" in error.message
 
 
@@ -334,7 +335,7 @@ def test_patch_table_matches_in_order_and_refuses_ambiguity():
 
 
 def test_npu1_a_manifest_that_disagrees_with_its_stream_is_refused(fake_npu):
-    def point_at_argidx(entry):
+    def point_at_argidx(entry, _):
         (table,) = entry["patches"].values()
         next(iter(table.values()))[0]["at"] += 2       # now points at argidx, not argplus
     assert "the stream has" in _refused_npu1_manifest(fake_npu, point_at_argidx).message
@@ -389,20 +390,11 @@ def test_npu1_transfers_follow_a_recorded_sequence_order():
 def test_npu1_a_malformed_stream_is_refused_at_load(fake_npu):
     """A stream that is not a readable transaction (here cut short, its manifest entry re-hashed) never runs."""
     import hashlib
-    import json
-    prebuilt = fake_npu("npu1")
-    program = compile_graphs([graph()], "npu1")
-    _, words, sites = built("npu1", with_sites=True)
-    fake_pyxrt.write_artifacts(program, prebuilt, scratchpad=words, sites=sites)
-    manifest = prebuilt / "manifest.json"
-    doc = json.loads(manifest.read_text())
-    (entry,) = doc["artifacts"].values()
-    role = next(r for r in entry["files"] if r.startswith("insts/"))
-    path = prebuilt / entry["files"][role]["path"]
-    path.write_bytes(path.read_bytes()[:-4])
-    entry["files"][role]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
-    manifest.write_text(json.dumps(doc))
-    from sdk.session import Session
-    with pytest.raises(ArtifactMissing, match="header says"):
-        Session([graph()], weights(), device="npu")
+
+    def cut_short(entry, prebuilt):
+        role = next(r for r in entry["files"] if r.startswith("insts/"))
+        path = prebuilt / entry["files"][role]["path"]
+        path.write_bytes(path.read_bytes()[:-4])
+        entry["files"][role]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert "header says" in _refused_npu1_manifest(fake_npu, cut_short).message
     assert not fake_pyxrt.FAKE.dispatches
