@@ -574,6 +574,17 @@ def test_bmm_slices_off_the_row_tile_go_in_task_groups(target):
     assert problems == []
 
 
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_bmm_row_tile_stays_within_a_slice_off_the_mac_rows(target):
+    """T = 50 rows per head (Parakeet-110M's 400 frames subsampled 8x), not a multiple of the MAC rows: the
+    catalog's row tile is the slice's rows rounded down to the MAC rows (48), the tile the design uses (each head's
+    last tile shifts back to end at row 50), not rounded up past the slice into the next head's rows."""
+    program = compile_graphs([_rel_pos_scores(50, 2, 16)], target)
+    (step,) = [k for k in kernel_steps(program) if k.op == "bmm"]
+    assert step.attrs["tiling"]["batch"] == 2 and step.attrs["tiling"]["m"] == 48
+    problems, params = check_step(step, program, target)
+    assert problems == [] and params["m"] == 48
+
 def _gemm_step(inputs, outputs, tiling, chain=(), stored_width=None):
     from sdk.program import Step
     t = {"precision": "bf16", "cores": 8, **tiling}

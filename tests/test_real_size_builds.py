@@ -63,7 +63,6 @@ REAL_SIZE_GAPS = [
     # conv2d: Whisper's first conv1d (one fp32 channel of 3000 frames, its output row and the accumulator exceed
     # L1: needs chunks along the width too)
     ({"whisper-tiny.en"}, {"npu1", "npu2"}, "conv2d", r"needs channel-chunked accumulation along the width"),
-    ({"parakeet-110m"}, {"npu1", "npu2"}, "gemm", r"^m \d+ != \d+$"),  # a batched bmm's row tile within a slice
 ]
 
 

@@ -139,8 +139,10 @@ def tiling(kernel, shape_of, target: Target, bytes_of=None) -> dict:
                  "a_bytes": size(kernel.inputs[0]), "out_bytes": max(size(Ref(o)) for o in kernel.outputs),
                  "bias": kind == "gemm" and len(kernel.inputs) > 2 and kernel.inputs[2] is not None}
             t |= {"Kp": _up(K, t["k"]), "Np": _up(N, t["n"])}
-            if batch > 1:  # a bmm with one B per batch slice: its row tiles stay within a slice (kernels/gemm)
-                t |= {"batch": batch, "m": min(t["m"], _up(M // batch, mm))}
+            if batch > 1:  # a bmm with one B per batch slice: its row tiles stay within a slice (kernels/gemm), so
+                # a tile is at most the slice's rows rounded down to the MAC rows (the last one shifts back to end
+                # at the slice's end), or the MAC rows when the slice is shorter (its rows repeat through the tile)
+                t |= {"batch": batch, "m": min(t["m"], max(M // batch // mm * mm, mm))}
             if N % 2 and t["Np"] != N:
                 t["out_bytes"] = 4  # an odd width padded to whole tiles is stored fp32 (memory.pad_to_tiles)
             if K % 2:
