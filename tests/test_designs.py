@@ -20,6 +20,7 @@ from kernels import build as kbuild
 from kernels import dataflow as df
 from kernels.fused import design as fused_design
 from sdk import ops
+from sdk.compiler import catalog
 from sdk.compiler import compile as compile_graphs
 from sdk.compiler.hardware import TARGETS
 from sdk.compiler.npu import TOOLCHAIN_PIN
@@ -584,6 +585,38 @@ def test_bmm_row_tile_stays_within_a_slice_off_the_mac_rows(target):
     assert step.attrs["tiling"]["batch"] == 2 and step.attrs["tiling"]["m"] == 48
     problems, params = check_step(step, program, target)
     assert problems == [] and params["m"] == 48
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_conv_rows_wider_than_l1_go_in_windows_of_columns(target):
+    """Whisper's two conv1d at 8000 frames over 2 and 8 channels (tiny.en has 80 fp32 channels of 3000): one
+    channel's row does not fit the L1 budget next to its output row, so the output row goes in windows of columns.
+    Each core reads, per block and window, its band: the window's input columns with the halo (bf16: from an even
+    column, rounded to whole words), the first and last clamped into the row, exactly the [chunk][win] objects
+    test_kernels' test_conv2d_width_chunks_match_emu feeds conv2d.cc; every output element is written once, within
+    the limits and the catalog's footprint."""
+    def convs(w, x):
+        return {"y": ops.conv1d(ops.gelu(ops.conv1d(x, w["w1"], w["b1"], padding=1)), w["w2"], w["b2"], stride=2,
+                                padding=1)}
+    program = compile_graphs([trace(convs, name="convs", weights={"w1": (8, 2, 3), "b1": (8,), "w2": (8, 8, 3),
+                                                                    "b2": (8,)},
+                                    inputs={"x": ((1, 2, 8000), "float32")})], target)
+    hw, W = TARGETS[target], 8000
+    for step, cin, s, a in zip([k for k in kernel_steps(program) if k.op == "conv"], (2, 8), (1, 2), (1, 2)):
+        problems, params = check_step(step, program, target)
+        assert problems == [] and params["windows"] > 1 and params["chunks"] == 1, (problems, params)
+        wc = params["window"]
+        win = -(-((wc - 1) * s + 3 + a - 1) // a) * a
+        first = np.clip((np.arange(params["windows"]) * wc * s - 1) // a * a, 0, W - win)
+        assert first[0] == 0 and first[-1] == W - win
+        rec, _ = build_step(step, program, target)
+        x_data = rec.runtime.data[0]
+        got = np.concatenate([t.tap.addresses() for t in rec.runtime.transfers
+                              if t.kind == "fill" and t.data is x_data and t.placement.col == 0])
+        per_block = np.concatenate([(np.arange(cin)[:, None] * W + f + np.arange(win)).reshape(-1) for f in first])
+        np.testing.assert_array_equal(got, np.tile(per_block, params["blocks_per_core"]))
+        assert max(standin.l1_use(rec).values()) <= catalog.footprint("conv", step.attrs["tiling"], hw).l1 \
+            <= hw.l1_bytes
+
 
 def _gemm_step(inputs, outputs, tiling, chain=(), stored_width=None):
     from sdk.program import Step

@@ -850,7 +850,7 @@ def test_conv2d_rows_match_emu(lib, record_parity, case):
         band = np.ascontiguousarray(x[0][:, rows, :])
         y = np.zeros(cout * wo, BF16)
         call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 0, cin, W, cout, case["groups"], kh, kh,
-             s, p, wo, H, ho, oy, chain, 0, imm, band, 0, cin // case["groups"], kh, 1, np.zeros(1, np.float32))
+             s, p, p, wo, H, ho, oy, chain, 0, imm, band, 0, cin // case["groups"], kh, 1, wo, np.zeros(1, np.float32))
         out[0, :, r] = y.astype(np.float32).reshape(cout, wo)
     assert oy[0] == 0  # the counter wrapped after the last output row
     check(record_parity, f"conv2d {case}", out, ref)
@@ -884,12 +884,68 @@ def test_conv2d_chunked_accumulation_matches_emu(lib, record_parity, chunk):
         y = np.zeros(cout * wo, np.float32 if in_place else BF16)
         for q in range(n_chunks):
             call(k, "conv2d_row", np.ascontiguousarray(chunks[q]), 0, np.ascontiguousarray(w_chunks[q]), b, 1, 0, y,
-                 in_place, cin, W, cout, 1, kh, kh, s, p, wo, H, ho, oy, chain, 0, imm, chunks[q], 0, chunk_cin,
-                 chunk_rows, n_chunks, y if in_place else acc)
+                 in_place, cin, W, cout, 1, kh, kh, s, p, p, wo, H, ho, oy, chain, 0, imm, chunks[q], 0, chunk_cin,
+                 chunk_rows, n_chunks, wo, y if in_place else acc)
             assert oy[1] == (q + 1) % n_chunks
         out[0, :, r] = y.astype(np.float32).reshape(cout, wo)
     assert oy[0] == 0
     check(record_parity, f"conv2d chunked {chunk}", out, ref)
+
+
+@pytest.mark.parametrize("case", [
+    dict(H=1, W=24, k=(1, 3), s=1, p=1, chunk_cin=2, wc=6, x_f32=True, y_f32=False, res=False),
+    dict(H=1, W=24, k=(1, 3), s=1, p=1, chunk_cin=1, wc=8, x_f32=True, y_f32=True, res=False),
+    dict(H=1, W=48, k=(1, 3), s=2, p=1, chunk_cin=2, wc=4, x_f32=False, y_f32=False, res=False),
+    dict(H=12, W=16, k=(3, 3), s=2, p=1, chunk_cin=4, wc=2, x_f32=False, y_f32=True, res=True)],
+    ids=["conv1d-fp32-channel-chunks", "conv1d-fp32-in-place", "conv1d-bf16-stride2", "stride2-residual"])
+def test_conv2d_width_chunks_match_emu(lib, record_parity, case):
+    """An output row in windows of wc columns (Whisper's first conv1d: 80 fp32 channels x 3000 frames fit no
+    whole-row chunk): each window's band holds only its input columns and halo, from its first column clamped into
+    the image, as kernels/conv2d/design.py streams it; the window runs its channel chunks into the fp32 accumulator
+    (or the fp32 output window in place), and a residual row holds the window's columns."""
+    g = rng(15)
+    cin, cout, H, W, (kh, kw), s, p, wc = 4, 6, case["H"], case["W"], case["k"], case["s"], case["p"], case["wc"]
+    one_d = H == 1
+    x = g.normal(size=(1, cin, W) if one_d else (1, cin, H, W)).astype(np.float32)
+    x = x if case["x_f32"] else bf16(x)
+    w = bf16(g.normal(size=(cout, cin, kw) if one_d else (cout, cin, kh, kw)))
+    b = g.normal(size=cout).astype(np.float32)
+    ho, wo = (1 if one_d else (H + 2 * p - kh) // s + 1), (W + 2 * p - kw) // s + 1
+    inputs, chain = {"x": x, "w": w, "b": b}, chain_of(("gelu",))
+    if case["res"]:
+        inputs["res"] = g.normal(size=(1, cout, ho, wo)).astype(np.float32)
+        chain = chain_of(("add", 3, False), ("relu",))
+    attrs = {"stride": s, "padding": p} if one_d else {"stride": s, "padding": p, "groups": 1}
+    ref = golden("conv", "conv1d" if one_d else "conv2d", inputs, attrs=attrs, chain=chain, n_head=3,
+                 out_dtype=np.float32 if case["y_f32"] else BF16).reshape(1, cout, ho, wo)
+    k = lib("conv2d")
+    words, imms = dataflow.encode_chain(chain, 3)
+    x4 = x.reshape(1, cin, H, W)
+    chunk_cin, n_chunks, n_win = case["chunk_cin"], cin // case["chunk_cin"], wo // wc
+    a = 1 if case["x_f32"] else 2  # bf16 bands start on whole words: an even column, one more column rounded up
+    win = -(-((wc - 1) * s + kw + a - 1) // a) * a
+    first = np.clip((np.arange(n_win) * wc * s - p) // a * a, 0, W - win)      # each window's first band column
+    assert first[0] == 0 and first[-1] == W - win                              # both edge windows clamped
+    w_chunks = w.reshape(cout, n_chunks, -1).transpose(1, 0, 2)                 # what the design streams per chunk
+    oy, acc, out = np.zeros(2, np.int32), np.zeros(cout * wc, np.float32), np.zeros((1, cout, ho, wo), np.float32)
+    in_place = case["y_f32"]
+    for r in range(ho):
+        rows = np.clip(r * s - p, 0, H - kh) + np.arange(kh) if not one_d else np.arange(1)
+        for v in range(n_win):
+            band = x4[0][:, rows][:, :, first[v]:first[v] + win]                # [cin][kh][win]
+            chunks = np.ascontiguousarray(band).reshape(n_chunks, -1)
+            y = np.zeros(cout * wc, np.float32 if case["y_f32"] else BF16)
+            row = np.ascontiguousarray(inputs["res"][0, :, r, v * wc:(v + 1) * wc]) if case["res"] else chunks[0]
+            for q in range(n_chunks):
+                call(k, "conv2d_row", np.ascontiguousarray(chunks[q]), int(case["x_f32"]),
+                     np.ascontiguousarray(w_chunks[q]), b, 1, 0, y, int(case["y_f32"]), cin, W, cout, 1, kh, kw, s, p,
+                     0 if one_d else p, wo, H, ho, oy, words, len(chain), imms, row, int(case["res"]), chunk_cin,
+                     kh, n_chunks, wc,
+                     y if in_place else acc)
+            assert oy[1] == (0 if v + 1 == n_win else (v + 1) * n_chunks)      # the chunks of the row's windows
+            out[0, :, r, v * wc:(v + 1) * wc] = y.astype(np.float32).reshape(cout, wc)
+    assert oy[0] == 0 and oy[1] == 0
+    check(record_parity, f"conv2d width chunks {case}", out, ref)
 
 
 def test_conv2d_whole_image_output_matches_emu(lib, record_parity):
@@ -907,8 +963,8 @@ def test_conv2d_whole_image_output_matches_emu(lib, record_parity):
     y = np.zeros(cout * ho * wo, BF16)
     for r in range(ho):
         band = np.ascontiguousarray(x[0][:, r * kh:(r + 1) * kh, :])
-        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 2, cin, W, cout, 1, kh, kh, kh, 0, wo, H,
-             ho, oy, chain, 0, imm, band, 0, cin, kh, 1, np.zeros(1, np.float32))
+        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 2, cin, W, cout, 1, kh, kh, kh, 0, 0, wo, H,
+             ho, oy, chain, 0, imm, band, 0, cin, kh, 1, wo, np.zeros(1, np.float32))
     check(record_parity, "conv2d whole-image output", y.astype(np.float32).reshape(1, cout, ho, wo), ref)
 
 
@@ -929,8 +985,8 @@ def test_conv2d_residual_epilogue_matches_emu(lib, record_parity):
         band = np.ascontiguousarray(x[0][:, np.clip(r - 1, 0, H - 3) + np.arange(3), :])
         row = np.ascontiguousarray(res[0, :, r, :])                        # [cout][wo], the residual row
         y = np.zeros(cout * W, np.float32)
-        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 1, cin, W, cout, 1, 3, 3, 1, 1, W, H, H,
-             oy, words, len(chain), imms, row, 1, cin, 3, 1, np.zeros(1, np.float32))
+        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 1, cin, W, cout, 1, 3, 3, 1, 1, 1, W, H, H,
+             oy, words, len(chain), imms, row, 1, cin, 3, 1, W, np.zeros(1, np.float32))
         out[0, :, r] = y.reshape(cout, W)
     check(record_parity, "conv2d + residual + relu", out, ref)
 
@@ -957,8 +1013,8 @@ def test_conv2d_factor_epilogue_matches_emu(lib, record_parity, mode):
         band = np.ascontiguousarray(x[0][:, np.clip(r - 1, 0, H - 3) + np.arange(3), :])
         obj = np.ascontiguousarray(factor[0, 0, r, :1] if mode == "per_row" else factor[0, :, 0, 0])
         y = np.zeros(cout * W, BF16)
-        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 0, cin, W, cout, cout, 3, 3, 1, 1, W, H, H,
-             oy, words, len(chain), imms, obj, 1 | (4 if mode == "per_row" else 2), 1, 3, 1,
+        call(k, "conv2d_row", band, 0, np.ascontiguousarray(w), b, 1, 0, y, 0, cin, W, cout, cout, 3, 3, 1, 1, 1, W, H, H,
+             oy, words, len(chain), imms, obj, 1 | (4 if mode == "per_row" else 2), 1, 3, 1, W,
              np.zeros(1, np.float32))
         out[0, :, r] = y.astype(np.float32).reshape(cout, W)
     check(record_parity, f"conv2d depthwise x {mode} factor + relu", out, ref)
