@@ -9,6 +9,8 @@ load). The pieces cut rows or output columns only, so every number is computed a
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Mapping
 
@@ -25,6 +27,7 @@ GEMV_ROWS = 8  # a linear over at most this many rows is bound by reading its we
 # Below these a piece costs more than it saves: handing a piece to a worker costs tens of microseconds, and
 # a Whisper decoder step is ~100 small steps (splitting its 384 x 384 GEMVs doubled the step's time).
 MIN_PIECE = 1 << 16      # output elements per piece
+MIN_GEMM_PIECE = 1 << 20  # multiply-adds per piece of a GEMM (~15 us on one core)
 MIN_GEMV_PIECE = 1 << 20  # weight elements per piece of a decoder-step GEMV (the vocabulary projection)
 
 
@@ -71,19 +74,26 @@ def _by_rows(op, width: Callable[..., int] = lambda x, *_: x.shape[-1]):
 
 
 def _linear(parts, x, w, b=None) -> Pieces | None:
+    """ops.linear cut into row blocks (or, for a decoder step, the weight's output rows), each block's GEMM
+    written straight into its part of the output and its bias added there."""
     rows = int(np.prod(x.shape[:-1]))
     if rows > GEMV_ROWS:
-        return _by_rows(OPS["linear"].ref, lambda x, w, *_: w.shape[0])(parts, x, w, b)
-    if w.size < 2 * MIN_GEMV_PIECE:
-        return None
-    out = np.empty((rows, w.shape[0]), np.float32)  # a decoder step: cut the weight's output rows instead
-    x2 = x.reshape(rows, -1)
+        if rows < parts or rows * w.shape[0] * w.shape[1] < 2 * MIN_GEMM_PIECE:
+            return None
+        blocks = [(slice(a, c), slice(None)) for a, c in _bounds(rows, parts)]
+    else:
+        if w.size < 2 * MIN_GEMV_PIECE:
+            return None
+        blocks = [(slice(None), slice(c0, c1)) for c0, c1 in _bounds(w.shape[0], parts)]
+    x2, out = x.reshape(rows, -1), np.empty((rows, w.shape[0]), np.float32)
 
-    def piece(c0, c1):
+    def piece(r, c):
         def run():
-            out[:, c0:c1] = OPS["linear"].ref(x2, w[c0:c1], None if b is None else b[c0:c1])
+            np.matmul(x2[r], w[c].T, out=out[r, c])
+            if b is not None:
+                out[r, c] += b[c]
         return run
-    return out.reshape(*x.shape[:-1], w.shape[0]), [piece(c0, c1) for c0, c1 in _bounds(w.shape[0], parts)]
+    return out.reshape(*x.shape[:-1], w.shape[0]), [piece(r, c) for r, c in blocks]
 
 
 def _attention(parts, q, k, v, mask=None, *, scale) -> Pieces | None:
@@ -228,8 +238,9 @@ class CpuExecutable:
             with self.workers.one_blas_thread():
                 self._steps(program_entry, env, self.workers.run)
         self.counters.runs += 1
-        return {name: np.array(env[buf]) if self.program.buffers[buf].usage is Usage.STATE else env[buf]
-                for name, buf in program_entry.outputs.items()}
+        # outputs are the caller's own arrays: never a view of state, weights or another output
+        return {name: np.array(env[buf]) if self.program.buffers[buf].usage is Usage.STATE
+                or not env[buf].flags.owndata else env[buf] for name, buf in program_entry.outputs.items()}
 
     def _steps(self, program_entry, env: dict, run_step: Callable):
         for step in program_entry.steps:
@@ -248,6 +259,24 @@ class CpuExecutable:
         self.workers.close()
 
 
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, <malloc.h>
+
+
+def keep_freed_memory() -> None:
+    """Have glibc keep freed blocks for the next step instead of handing them back to the kernel.
+
+    Each step returns fresh arrays of 0.1-10 MB; by default glibc maps such blocks anew and unmaps them when
+    freed, so every step first takes a page fault per 4 KiB it writes (slow in a VM): MiniLM's forward pass
+    spent ~20 % of its time there. Process-wide and idempotent; without glibc it does nothing."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is None or not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)   # blocks below 32 MiB come from the heap and are reused
+    libc.mallopt(M_TRIM_THRESHOLD, 256 << 20)  # the heap keeps up to 256 MiB of freed memory
+
+
+
 class CpuBackend:
     name = "cpu"
     target = "cpu"
@@ -256,4 +285,5 @@ class CpuBackend:
         self.threads = threads or load_settings().threads
 
     def load(self, program: Program, weights: Mapping[str, np.ndarray]) -> CpuExecutable:
+        keep_freed_memory()
         return CpuExecutable(program, weights, self.threads)
