@@ -84,3 +84,60 @@ def test_decoder_steps_stream_weights_and_forwards_split():
             ours = session.run(f"rows_{n}", x=x)["y"]
             ref = ops.gelu(ops.linear(x, weights["w"], weights["b"]))
             assert np.abs(ours - ref).max() <= 1e-6 * np.abs(ref).max()
+
+
+def block(w, x):
+    """A post-LN transformer block outside its attention, then the head split the attention would read."""
+    h = ops.layer_norm(ops.add(ops.linear(x, w["o"], w["ob"]), x), w["g1"], w["b1"], eps=1e-5)
+    f = ops.linear(ops.gelu(ops.linear(h, w["up"], w["upb"])), w["down"], w["downb"])
+    h = ops.layer_norm(ops.add(f, h), w["g2"], w["b2"], eps=1e-5)
+    q = ops.transpose(ops.reshape(ops.linear(h, w["q"], w["qb"]), shape=(1, 300, 4, 24)), perm=(0, 2, 1, 3))
+    k = ops.linear(h, w["k"], w["kb"])
+    return {"h": h, "q": q, "k": ops.softmax(k, axis=1)}  # a softmax over rows: not row-local
+
+
+BLOCK_WEIGHTS = {"o": f32(96, 96), "ob": f32(96), "g1": f32(96), "b1": f32(96), "up": f32(384, 96), "upb": f32(384),
+                 "down": f32(96, 384), "downb": f32(96), "g2": f32(96), "b2": f32(96), "q": f32(96, 96), "qb": f32(96),
+                 "k": f32(96, 96), "kb": f32(96)}
+
+
+def test_row_local_runs_become_one_chain_that_equals_the_steps(record_parity):
+    """From the O projection to the next layer's projections every step is row-local: one Chain (the view
+    steps in between run after it); the softmax over rows is not row-local and runs on its own."""
+    from sdk.compiler import compile
+    from sdk.graph import trace
+    from sdk.runtime.cpu import Chain, CpuBackend, plan
+
+    graph = trace(block, name="block", weights={k: v.shape for k, v in BLOCK_WEIGHTS.items()},
+                  inputs={"x": ((1, 300, 96), "float32")})
+    program = compile([graph], "cpu")
+    items = plan(program, program.entry("block"))
+    chains = [item for item in items if isinstance(item, Chain)]
+    assert [[s.op for s in c.steps] for c in chains] == [
+        ["linear", "add", "layer_norm", "linear", "gelu", "linear", "add", "layer_norm", "linear", "linear"]]
+    assert [s.op for s in chains[0].views] == ["reshape", "transpose"]
+    assert [getattr(item, "op", None) for item in items[-2:]] == [None, "softmax"]
+
+    x = f32(1, 300, 96)
+    ref = block(BLOCK_WEIGHTS, x)
+    exe = CpuBackend(threads=3).load(program, BLOCK_WEIGHTS)
+    try:
+        ours = exe.run("block", {"x": x})
+    finally:
+        exe.close()
+    for name in ref:  # a GEMM over a block of rows may round differently from the whole (OpenBLAS kernels)
+        record_parity(f"cpu chain {name}", ours[name], ref[name])
+        assert np.linalg.norm(ours[name] - ref[name]) <= 1e-5 * np.linalg.norm(ref[name])
+
+
+def test_bert_layers_run_as_chains():
+    """BERT-base at seq 128: between two attentions, one chain of the 11 row-local steps of a layer."""
+    from sdk.compiler import compile
+    from sdk.models import bert
+    from sdk.runtime.cpu import Chain, plan
+
+    program = compile([bert.graph(bert.Config(), 1, 128)], "cpu")
+    items = plan(program, next(iter(program.entries.values())))
+    chains = [[s.op for s in item.steps] for item in items if isinstance(item, Chain)]
+    assert chains.count(["linear", "add", "layer_norm", "linear", "gelu", "linear", "add", "layer_norm",
+                         "linear", "linear", "linear"]) == bert.Config().num_hidden_layers - 1

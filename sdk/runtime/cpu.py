@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
@@ -184,6 +186,81 @@ def _weight_streaming(program: Program, entry) -> bool:
     return bool(gemms) and all(int(np.prod(program.buffers[s.inputs[0]].shape[:-1])) <= GEMV_ROWS for s in gemms)
 
 
+# ---- row chains: consecutive row-local steps run per block of rows, one hand-off for the lot ------------
+# A transformer layer outside its attention is a run of steps where output row i reads row i of its inputs
+# only (the O projection, residual add, norm, FFN, the next Q/K/V). Running such a run as one piece per
+# worker costs one hand-off instead of one per step, and each worker's rows stay in its own cache from one
+# step to the next (a GELU reads its GEMM's output rows where that GEMM wrote them).
+
+ROW_LOCAL = {"linear", "add", "sub", "mul", "div", "scale", "gelu", "gelu_tanh", "silu", "sigmoid", "relu",
+             "tanh", "exp", "layer_norm", "rms_norm"}
+VIEWS = {"reshape", "transpose", "slice_axis"}  # no arithmetic: may run after the chain that they sit in
+
+
+def _rows(shape) -> int:
+    return int(np.prod(shape[:-1])) if len(shape) else 1
+
+
+def _row_role(in_shape, out_shape) -> str | None:
+    """'rows' if input row i is output row i (same shape up to leading 1s), 'vector' if every output row reads
+    all of it (a vector or scalar), None otherwise. (A linear's weight and bias are 'whole'.)"""
+    if _rows(in_shape) == 1:
+        return "vector"
+    strip = lambda s: tuple(s)[next((i for i, n in enumerate(s) if n != 1), len(s)):]  # noqa: E731
+    if strip(in_shape[:-1]) == strip(out_shape[:-1]):
+        return "rows"
+    return None
+
+
+@dataclass(frozen=True)
+class Chain:
+    steps: tuple           # the row-local steps, in program order
+    roles: tuple           # per step, per input: "rows" | "vector" | "whole" | None (absent optional input)
+    shapes: tuple          # per step, its output's shape
+    views: tuple           # view steps met on the way, run after the chain
+    rows: int
+
+
+def plan(program: Program, entry) -> list:
+    """The entry's steps, with every run of >= 2 row-local steps over the same rows (big enough to split)
+    replaced by a Chain."""
+    items, chain, roles, views = [], [], [], []
+    buffers = program.buffers
+
+    def close():
+        work = sum(_rows(buffers[s.outputs[0]].shape) * buffers[s.outputs[0]].shape[-1]
+                   * (buffers[s.inputs[0]].shape[-1] if s.op == "linear" else 1) for s in chain)
+        if len(chain) >= 2 and work >= 2 * MIN_GEMM_PIECE:
+            items.append(Chain(tuple(chain), tuple(roles), tuple(buffers[s.outputs[0]].shape for s in chain),
+                               tuple(views), _rows(buffers[chain[0].outputs[0]].shape)))
+        else:
+            items.extend(sorted(chain + views, key=entry.steps.index))
+        chain.clear(), roles.clear(), views.clear()
+
+    made_by_view: set[str] = set()
+    for step in entry.steps:
+        out_shape = buffers[step.outputs[0]].shape
+        step_roles = [None if i is None else "whole" if step.op == "linear" and k > 0
+                      else _row_role(buffers[i].shape, out_shape) for k, i in enumerate(step.inputs)]
+        joins = (step.op in ROW_LOCAL and len(out_shape) >= 2 and _rows(out_shape) > GEMV_ROWS
+                 and buffers[step.outputs[0]].dtype == "float32"
+                 and all(r is not None for r, i in zip(step_roles, step.inputs) if i is not None)
+                 and not made_by_view & set(step.inputs)
+                 and (not chain or _rows(out_shape) == _rows(buffers[chain[0].outputs[0]].shape)))
+        if joins:
+            chain.append(step), roles.append(tuple(step_roles))
+        elif chain and step.op in VIEWS:
+            views.append(step), made_by_view.add(step.outputs[0])
+        else:
+            if chain:
+                close()
+            made_by_view.clear()
+            items.append(step)
+    if chain:
+        close()
+    return items
+
+
 class Workers:
     """`n` threads, the caller being one of them; BLAS single-threaded while a program runs."""
 
@@ -191,6 +268,11 @@ class Workers:
         self.n = max(1, n)
         self.pool = ThreadPoolExecutor(self.n - 1, thread_name_prefix="aie-cpu") if self.n > 1 else None
         self.blas = ThreadpoolController()
+        # Elementwise numpy code is many short calls, each taking the GIL: two workers doing it at once pass
+        # the GIL back and forth and each runs 2-3x slower (GELU 64 x 1536: 0.5-0.8 ms alone, 1.7 ms beside
+        # another). One worker at a time does it; the other meanwhile runs its GEMM, which holds no GIL, and
+        # after the first wait the workers stay staggered that way.
+        self.numpy_turn = threading.Lock()
 
     def one_blas_thread(self):
         return self.blas.limit(limits=1, user_api="blas")
@@ -206,6 +288,38 @@ class Workers:
         for f in futures:
             f.result()
         return out
+
+    def run_chain(self, chain: Chain, env: dict) -> None:
+        """Every step of `chain` over one block of rows per worker; outputs are whole arrays in env."""
+        as_rows = lambda x: x.reshape(chain.rows, x.shape[-1])  # noqa: E731  (a copy only for a strided view)
+        flat = lambda x: x.reshape(x.shape[-1:])  # noqa: E731  (a vector every row reads)
+        shaped = {"rows": as_rows, "vector": flat, "whole": lambda x: x}
+        inputs = [[None if role is None else shaped[role](env[name]) if name in env else name
+                   for name, role in zip(step.inputs, roles)] for step, roles in zip(chain.steps, chain.roles)]
+        outs = {step.outputs[0]: np.empty((chain.rows, shape[-1]), np.float32)
+                for step, shape in zip(chain.steps, chain.shapes)}
+
+        def piece(a, b):
+            def run():
+                for step, args, roles in zip(chain.steps, inputs, chain.roles):
+                    args = [outs[x][a:b] if isinstance(x, str) else x[a:b] if role == "rows" else x
+                            for x, role in zip(args, roles)]
+                    out = outs[step.outputs[0]][a:b]
+                    if step.op == "linear":
+                        np.matmul(args[0], args[1].T, out=out)
+                        if len(args) > 2 and args[2] is not None:
+                            out += args[2]
+                    else:
+                        with self.numpy_turn:
+                            out[...] = OPS[step.op].ref(*args, **step.attrs)
+            return run
+        work = [piece(a, b) for a, b in _bounds(chain.rows, self.n)]
+        futures = [self.pool.submit(w) for w in work[1:]] if self.pool is not None else []
+        work[0]()
+        for f in futures:
+            f.result()
+        for step, shape in zip(chain.steps, chain.shapes):
+            env[step.outputs[0]] = outs[step.outputs[0]].reshape(shape)
 
     def close(self):
         if self.pool is not None:
@@ -223,6 +337,8 @@ class CpuExecutable:
         self.counters = Counters()
         self.workers = Workers(threads)
         self.weight_streaming = {name for name, e in program.entries.items() if _weight_streaming(program, e)}
+        self.plans = {name: e.steps if name in self.weight_streaming or self.workers.pool is None
+                      else plan(program, e) for name, e in program.entries.items()}
 
     def new_state(self) -> State:
         return State({n: np.zeros(b.shape, b.dtype) for n, b in self.program.buffers_of(Usage.STATE).items()})
@@ -233,17 +349,22 @@ class CpuExecutable:
         if state is not None:
             env.update(state.buffers)
         if program_entry.name in self.weight_streaming:
-            self._steps(program_entry, env, lambda op, args, attrs: OPS[op].ref(*args, **attrs))
+            self._steps(self.plans[program_entry.name], env, lambda op, args, attrs: OPS[op].ref(*args, **attrs))
         else:
             with self.workers.one_blas_thread():
-                self._steps(program_entry, env, self.workers.run)
+                self._steps(self.plans[program_entry.name], env, self.workers.run)
         self.counters.runs += 1
         # outputs are the caller's own arrays: never a view of state, weights or another output
         return {name: np.array(env[buf]) if self.program.buffers[buf].usage is Usage.STATE
                 or not env[buf].flags.owndata else env[buf] for name, buf in program_entry.outputs.items()}
 
-    def _steps(self, program_entry, env: dict, run_step: Callable):
-        for step in program_entry.steps:
+    def _steps(self, items: list, env: dict, run_step: Callable):
+        for step in items:
+            if isinstance(step, Chain):
+                self.workers.run_chain(step, env)
+                self.counters.host_ops += len(step.steps)
+                self._steps(step.views, env, run_step)
+                continue
             args = [env[i] if i is not None else None for i in step.inputs]
             if OPS[step.op].variadic:
                 args = [args]
