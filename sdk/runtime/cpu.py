@@ -6,6 +6,8 @@ numpy reference on a slice. On a 2-core machine that is as fast as BLAS's own th
 idle and several times faster when anything else runs: a BLAS thread pool spins at every small GEMM and
 collapses when it does not own every core (Whisper's encoder attention: 0.1 s vs 1.5 s per layer under
 load). The pieces cut rows or output columns only, so every number is computed as the reference computes it.
+Runs of row-local steps (a transformer layer from its O projection to the next Q/K/V) go to the workers as
+one chain per block of rows, so a layer costs two hand-offs (chain, attention) rather than one per step.
 """
 from __future__ import annotations
 
