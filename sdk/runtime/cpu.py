@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -270,11 +269,6 @@ class Workers:
         self.n = max(1, n)
         self.pool = ThreadPoolExecutor(self.n - 1, thread_name_prefix="aie-cpu") if self.n > 1 else None
         self.blas = ThreadpoolController()
-        # Elementwise numpy code is many short calls, each taking the GIL: two workers doing it at once pass
-        # the GIL back and forth and each runs 2-3x slower (GELU 64 x 1536: 0.5-0.8 ms alone, 1.7 ms beside
-        # another). One worker at a time does it; the other meanwhile runs its GEMM, which holds no GIL, and
-        # after the first wait the workers stay staggered that way.
-        self.numpy_turn = threading.Lock()
 
     def one_blas_thread(self):
         return self.blas.limit(limits=1, user_api="blas")
@@ -312,8 +306,7 @@ class Workers:
                         if len(args) > 2 and args[2] is not None:
                             out += args[2]
                     else:
-                        with self.numpy_turn:
-                            out[...] = OPS[step.op].ref(*args, **step.attrs)
+                        out[...] = OPS[step.op].ref(*args, **step.attrs)
             return run
         work = [piece(a, b) for a, b in _bounds(chain.rows, self.n)]
         futures = [self.pool.submit(w) for w in work[1:]] if self.pool is not None else []
