@@ -56,8 +56,6 @@ def build(target: str, step, buffers: dict, params: dict):
         raise df.DesignError(f"tile {m}x{k}x{n} is not a multiple of the {R}x{S}x{T} MAC shape")
     batch = t.get("batch", 1)  # a bmm with one B per batch slice: each slice's Mb rows of A with its own B
     Mb = M // batch
-    if Mb < m:  # fewer rows than the catalog's tile: a smaller tile (the last one shifted), at least the MAC rows
-        m = max((Mb // R) * R, R)
     n_operands = sum(1 for c in step.attrs["chain"] if c["operand"] is not None)
     if n_operands > 1:
         raise df.DesignError("a GEMM epilogue that reads an operand tile more than once (two residuals): "
@@ -287,8 +285,6 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
     t = step.attrs["tiling"]
     M, K, N, m, k, n = t["M"], t["K"], t["N"], t["m"], t["k"], t["n"]
     R, S, T = hw.mac_shape
-    if M < m:
-        m = max((M // R) * R, R)
     Mt, Kt, Nt = math.ceil(M / m), t["Kp"] // k, t["Np"] // n
     out = outs[0]
     slot = next((c["operand"] for c in step.attrs["chain"] if c["operand"] is not None), None)

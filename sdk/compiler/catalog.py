@@ -134,7 +134,10 @@ def tiling(kernel, shape_of, target: Target, bytes_of=None) -> dict:
         from .fuse import Ref  # noqa: PLC0415 - outputs are value names, operands Refs
         run = _contiguous_run(kernel.inputs[0], shape_of, K)
         for m, k, n in GEMM_TILES:
-            t = {"M": M, "K": K, "N": N, "m": min(m, _up(M, mm)), "k": _depth(K, k, mk, run), "n": min(n, _up(N, mn)),
+            # fewer rows than the tile: the MAC rows times whole MAC blocks of M (the last tile shifts back to
+            # end at M), at least the MAC rows (M < mm repeats its rows through the tile), as kernels/gemm does
+            t = {"M": M, "K": K, "N": N, "m": m if M >= m else max(M // mm * mm, mm), "k": _depth(K, k, mk, run),
+                 "n": min(n, _up(N, mn)),
                  "epilogue_operands": extra, "precision": MATMUL_PRECISION[target.name],
                  "a_bytes": size(kernel.inputs[0]), "out_bytes": max(size(Ref(o)) for o in kernel.outputs),
                  "bias": kind == "gemm" and len(kernel.inputs) > 2 and kernel.inputs[2] is not None}
