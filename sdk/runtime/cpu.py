@@ -91,12 +91,15 @@ def _linear(parts, x, w, b=None) -> Pieces | None:
     x2, out = x.reshape(rows, -1), np.empty((rows, w.shape[0]), np.float32)
 
     def piece(r, c):
-        def run():
-            np.matmul(x2[r], w[c].T, out=out[r, c])
-            if b is not None:
-                out[r, c] += b[c]
-        return run
+        return lambda: _linear_into(out[r, c], x2[r], w[c], None if b is None else b[c])
     return out.reshape(*x.shape[:-1], w.shape[0]), [piece(r, c) for r, c in blocks]
+
+
+def _linear_into(out, x, w, b=None):
+    """ops.linear(x, w, b) for 2-D x, written into `out` (no temporary, no copy)."""
+    np.matmul(x, w.T, out=out)
+    if b is not None:
+        out += b
 
 
 def _attention(parts, q, k, v, mask=None, *, scale) -> Pieces | None:
@@ -302,9 +305,7 @@ class Workers:
                             for x, role in zip(args, roles)]
                     out = outs[step.outputs[0]][a:b]
                     if step.op == "linear":
-                        np.matmul(args[0], args[1].T, out=out)
-                        if len(args) > 2 and args[2] is not None:
-                            out += args[2]
+                        _linear_into(out, *args)
                     else:
                         out[...] = OPS[step.op].ref(*args, **step.attrs)
             return run
@@ -355,18 +356,16 @@ class CpuExecutable:
 
     def _steps(self, items: list, env: dict, run_step: Callable):
         for step in items:
-            if isinstance(step, Chain):
-                self.workers.run_chain(step, env)
-                self.counters.host_ops += len(step.steps)
-                self._steps(step.views, env, run_step)
-                continue
-            args = [env[i] if i is not None else None for i in step.inputs]
-            if OPS[step.op].variadic:
-                args = [args]
             try:
-                env[step.outputs[0]] = run_step(step.op, args, step.attrs)
+                if isinstance(step, Chain):
+                    self.workers.run_chain(step, env)
+                    self.counters.host_ops += len(step.steps)
+                    self._steps(step.views, env, run_step)
+                    continue
+                args = [env[i] if i is not None else None for i in step.inputs]
+                env[step.outputs[0]] = run_step(step.op, [args] if OPS[step.op].variadic else args, step.attrs)
             except KeyError as e:
-                raise ValueError(f"step {step.op} reads {e}, which nothing wrote: "
+                raise ValueError(f"step {getattr(step, 'op', 'chain')} reads {e}, which nothing wrote: "
                                  f"a state buffer needs a State (session.new_state())") from None
             self.counters.host_ops += 1
 
@@ -390,7 +389,6 @@ def keep_freed_memory() -> None:
         return
     libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)   # blocks below 32 MiB come from the heap and are reused
     libc.mallopt(M_TRIM_THRESHOLD, 256 << 20)  # the heap keeps up to 256 MiB of freed memory
-
 
 
 class CpuBackend:
