@@ -228,7 +228,7 @@ class Chain:
 def plan(program: Program, entry) -> list:
     """The entry's steps, with every run of >= 2 row-local steps over the same rows (big enough to split)
     replaced by a Chain."""
-    items, chain, roles, views = [], [], [], []
+    items, chain, roles, views, met = [], [], [], [], []  # met: the run's steps and views in program order
     buffers = program.buffers
 
     def close():
@@ -238,8 +238,9 @@ def plan(program: Program, entry) -> list:
             items.append(Chain(tuple(chain), tuple(roles), tuple(buffers[s.outputs[0]].shape for s in chain),
                                tuple(views), _rows(buffers[chain[0].outputs[0]].shape)))
         else:
-            items.extend(sorted(chain + views, key=entry.steps.index))
-        chain.clear(), roles.clear(), views.clear()
+            items.extend(met)
+        for pending in (chain, roles, views, met):
+            pending.clear()
 
     made_by_view: set[str] = set()
     for step in entry.steps:
@@ -252,9 +253,9 @@ def plan(program: Program, entry) -> list:
                  and not made_by_view & set(step.inputs)
                  and (not chain or _rows(out_shape) == _rows(buffers[chain[0].outputs[0]].shape)))
         if joins:
-            chain.append(step), roles.append(tuple(step_roles))
+            chain.append(step), roles.append(tuple(step_roles)), met.append(step)
         elif chain and step.op in VIEWS:
-            views.append(step), made_by_view.add(step.outputs[0])
+            views.append(step), made_by_view.add(step.outputs[0]), met.append(step)
         else:
             if chain:
                 close()
