@@ -3,13 +3,14 @@
 This file is the living definition of each op. Model files call these functions; on numpy arrays they
 compute eagerly, on `graph.Tensor`s they record a node (see graph.py). Every backend is judged against
 these references: the cpu backend runs them as they are, the emulator runs the NPU numerics of the same
-op and is compared with them.
+op and is compared with them. They are numpy, except that float32 exp is OpenCV's (see exp_into).
 
 Conventions: float tensors are float32; `linear` weights are stored [out, in] as in PyTorch; tensor
 arguments are positional (None for an absent optional tensor), everything else is a keyword attribute.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -92,7 +93,8 @@ def scale(x, *, factor: float):
 # |error| <= 1.5e-7. The kernels and the emulator use the same fit, so every backend computes one GELU.
 ERFC_P = 0.3275911
 ERFC_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
-CHUNK = 1 << 16  # elements per piece for multi-pass elementwise ops: the piece's passes stay in L1/L2
+CHUNK = 1 << 18  # elements per piece of a multi-pass elementwise op: its passes stay in L2/L3, and its calls are
+# few, which matters when two cpu workers run them at once (each call takes the GIL back)
 
 
 @_op(_same)
@@ -120,10 +122,10 @@ def _gelu(x, out, a, t, g):
         out *= t
     np.square(x, out=g)
     g *= np.float32(-0.5)
-    np.exp(g, out=g)
+    exp_into(g, g)
     out *= g  # erfc(|x| / sqrt 2) / 2
     out *= a
-    np.maximum(x, np.float32(0), out=g)
+    np.clip(x, 0.0, np.inf, out=g)  # max(x, 0): clip is a SIMD pass, np.maximum here is 2-3x slower
     np.subtract(g, out, out=out)
 
 
@@ -137,7 +139,7 @@ def _one_plus_exp_neg(x):
     """1 + exp(-x) in one new array; exp overflows to inf for x < -88, which gives the right limits below."""
     e = np.negative(x)
     with np.errstate(over="ignore"):
-        np.exp(e, out=e)
+        exp_into(e, e)
     e += np.float32(1.0)
     return e
 
@@ -171,7 +173,26 @@ def tanh(x):
 @_op(_same)
 def exp(x):
     """e^x."""
-    return np.exp(x)
+    return exp_into(x, np.empty_like(x)) if x.dtype == np.float32 else np.exp(x)
+
+
+@functools.cache
+def _opencv():
+    import cv2  # a runtime dependency already (the camera); imported when first needed: it takes ~0.2 s
+    return cv2
+
+
+def exp_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = e^x. float32 goes through OpenCV's vectorised exp: on the AVX2 machines we measured it is 6-8x
+    numpy's float32 exp (0.3-0.4 vs 1.4-2.7 ns per element) at the same accuracy (max relative error 2.2e-7
+    against 2.0e-7, the same inf, nan and underflow), and it runs without the GIL, so cpu workers doing
+    softmax or GELU side by side do not wait for each other. Anything else goes to numpy."""
+    if (x.dtype == out.dtype == np.float32 and x.shape == out.shape and 0 < x.size < 2 ** 31
+            and x.flags.c_contiguous and out.flags.c_contiguous):
+        _opencv().exp(x.reshape(-1), out.reshape(-1))  # as 1-D, an N x 1 matrix whatever x's rank
+    else:
+        np.exp(x, out=out)
+    return out
 
 
 def _halved(x, *, axis):
@@ -195,7 +216,7 @@ def glu(x, *, axis: int):
 def softmax(x, *, axis: int = -1):
     """exp(x - max) / sum, along `axis`."""
     e = x - x.max(axis=axis, keepdims=True)
-    np.exp(e, out=e)
+    exp_into(e, e)
     e /= e.sum(axis=axis, keepdims=True)
     return e
 
@@ -302,7 +323,7 @@ def _attend(q, k_t, v, mask):
     if mask is not None and mask.any():
         s += mask
     s -= s.max(axis=-1, keepdims=True)
-    np.exp(s, out=s)
+    exp_into(s, s)
     out = s @ v
     out /= s @ np.ones((s.shape[-1], 1), np.float32)
     return out
