@@ -293,6 +293,7 @@ def matmul(a, b, *, transpose_b: bool = False):
 
 
 SCORE_BLOCK = 1 << 18  # score elements per piece of attention (1 MiB): the softmax passes then run in cache
+SAFE_SCORE = 60.0  # |scores| below this need no max subtracted: e^-60..e^60 are normal float32 numbers
 
 
 @_op(lambda q, k, v, mask=None, **_: tuple(q[:-1]) + (v[-1],))
@@ -301,8 +302,11 @@ def attention(q, k, v, mask=None, *, scale: float):
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     T, S = q.shape[-2], k.shape[-2]
     q = q * np.float32(scale)  # scaling q [T, D] rather than the scores [T, S]: the same numbers, a smaller pass
+    if mask is not None and not mask.any():
+        mask = None  # no padding: adding zeros is a pass over the scores for nothing
+    shift = mask is not None or not _scores_bounded(q, k, v)
     if int(np.prod(lead)) * T * S <= SCORE_BLOCK:
-        return _attend(q, np.swapaxes(k, -1, -2), v, mask)
+        return _attend(q, np.swapaxes(k, -1, -2), v, mask, shift)
     # Long sequences (Whisper's 1500 frames): per head, in blocks of query rows, so that the scores never
     # leave the cache between the softmax passes.
     out = np.empty(lead + (T, v.shape[-1]), np.float32)
@@ -312,17 +316,28 @@ def attention(q, k, v, mask=None, *, scale: float):
     for i in np.ndindex(*lead):
         k_t = k[i].T
         for r in range(0, T, rows):
-            out[i][r:r + rows] = _attend(q[i][r:r + rows], k_t, v[i], None if mask is None else mask[i][r:r + rows])
+            out[i][r:r + rows] = _attend(q[i][r:r + rows], k_t, v[i], None if mask is None else mask[i][r:r + rows],
+                                         shift)
     return out
 
 
-def _attend(q, k_t, v, mask):
+def _scores_bounded(q, k, v) -> bool:
+    """Whether softmax may skip subtracting each row's max (two passes over the scores): every score is
+    within +-SAFE_SCORE, as |q_i . k_j| <= |q_i| |k_j| says from the longest q and k rows, and |v| is small
+    enough that sum_j e^60 |v_j| stays far from float32's overflow. Subtracting the max changes no
+    probability, only where float32 would overflow or underflow; here neither can happen."""
+    longest = np.einsum("...i,...i->...", q, q).max() * np.einsum("...i,...i->...", k, k).max()
+    return bool(longest <= SAFE_SCORE ** 2) and float(np.abs(v).max()) * k.shape[-2] < 1e12
+
+
+def _attend(q, k_t, v, mask, shift: bool):
     """softmax(q k_t + mask) v, normalising the [T, Dv] output rather than the [T, S] probabilities, with
-    the row sums as a GEMV (2x faster than a reduction) and an all-zero mask (no padding) not added."""
+    the row sums as a GEMV (2x faster than a reduction); the row max subtracted only when `shift`."""
     s = q @ k_t
-    if mask is not None and mask.any():
+    if mask is not None:
         s += mask
-    s -= s.max(axis=-1, keepdims=True)
+    if shift:
+        s -= s.max(axis=-1, keepdims=True)
     exp_into(s, s)
     out = s @ v
     out /= s @ np.ones((s.shape[-1], 1), np.float32)

@@ -68,6 +68,25 @@ def test_attention_with_mask_equals_attention_on_visible_keys():
     assert np.abs(full - cut).max() < 1e-6
 
 
+def attention_float64(q, k, v, scale):
+    s = (q.astype(np.float64) * scale) @ np.swapaxes(k.astype(np.float64), -1, -2)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return (p / p.sum(axis=-1, keepdims=True)) @ v.astype(np.float64)
+
+
+@pytest.mark.parametrize("size, bounded, tol", [(1.0, True, 2e-6), (6.0, False, 2e-5)])
+def test_attention_skips_the_row_max_only_while_no_score_can_overflow(size, bounded, tol):
+    """Scores within +-60 (by |q||k|) go straight to exp; bigger ones (here up to ~200) have each row's max
+    subtracted first. Both give softmax's numbers (to float32's rounding of scores that size); without the
+    shift the big ones would overflow."""
+    q, k, v = (rng.normal(size=(1, 4, 64, 32)).astype(np.float32) * size for _ in range(3))
+    assert ops._scores_bounded(q * np.float32(0.2), k, v) is bounded
+    ours, ref = ops.attention(q, k, v, None, scale=0.2), attention_float64(q, k, v, 0.2)
+    assert np.isfinite(ours).all()
+    assert np.abs(ours - ref).max() <= tol * np.abs(ref).max()
+    assert not ops._scores_bounded(q * np.float32(0.2) / size, k / size, v * np.float32(1e10))  # |v| too large
+
+
 def conv2d_direct(x, w, b, stride, pad, groups):
     B, C, H, W = x.shape
     O, Cg, KH, KW = w.shape
