@@ -52,7 +52,7 @@ Pieces = tuple[np.ndarray, list[Callable[[], None]]]
 
 
 def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
-    edges = np.linspace(0, n, parts + 1).astype(int)
+    edges = [i * n // parts for i in range(parts + 1)]
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
