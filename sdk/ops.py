@@ -326,8 +326,8 @@ def _scores_bounded(q, k, v) -> bool:
     within +-SAFE_SCORE, as |q_i . k_j| <= |q_i| |k_j| says from the longest q and k rows, and |v| is small
     enough that sum_j e^60 |v_j| stays far from float32's overflow. Subtracting the max changes no
     probability, only where float32 would overflow or underflow; here neither can happen."""
-    longest = np.einsum("...i,...i->...", q, q).max() * np.einsum("...i,...i->...", k, k).max()
-    return bool(longest <= SAFE_SCORE ** 2) and float(np.abs(v).max()) * k.shape[-2] < 1e12
+    longest = np.einsum("...i,...i->...", q, q).max(initial=0) * np.einsum("...i,...i->...", k, k).max(initial=0)
+    return bool(longest <= SAFE_SCORE ** 2) and float(np.abs(v).max(initial=0)) * k.shape[-2] < 1e12
 
 
 def _attend(q, k_t, v, mask, shift: bool):
