@@ -268,7 +268,10 @@ def test_cli_ctrl_c_in_a_real_process_then_resume(tmp_path):
     cmd = [sys.executable, "-m", "apps.main", "embed", str(fasta), "-o", str(out), "--model", str(MODEL),
            "--device", "cpu", "--toks-per-batch", "200"]  # one sequence per batch: 140 batches
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as at a terminal: a runner started in the background by a non-interactive shell (`... &`) ignores
+    # SIGINT, and a child inherits that, so the signal would do nothing
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     parts = tmp_path / "many.npz.parts"
     deadline = time.time() + 60
     while len(list(parts.glob("part-*.npz"))) < 3 and proc.poll() is None and time.time() < deadline:
