@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -56,23 +57,23 @@ def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
-def _by_rows(op, width: Callable[..., int] = lambda x, *_: x.shape[-1]):
+def _by_rows(op):
     """Ops whose output row i depends on input row i only (elementwise ops, norms, softmax over the last
-    axis, linear): cut the rows of the first argument."""
+    axis): cut the rows of the first argument."""
     def split(parts, x, *rest, **attrs) -> Pieces | None:
         if x.ndim < 2 or x.dtype != np.float32:
             return None
         rows = x.reshape(-1, x.shape[-1])
         n = rows.shape[0]
-        if n < parts or n * width(x, *rest) < 2 * MIN_PIECE:
+        if n < parts or rows.size < 2 * MIN_PIECE:
             return None
-        out = np.empty((n, width(x, *rest)), np.float32)
+        out = np.empty(rows.shape, np.float32)
 
         def piece(a, b):
             def run():
                 out[a:b] = op(rows[a:b], *rest, **attrs)
             return run
-        return out.reshape(*x.shape[:-1], out.shape[1]), [piece(a, b) for a, b in _bounds(n, parts)]
+        return out.reshape(x.shape), [piece(a, b) for a, b in _bounds(n, parts)]
     return split
 
 
@@ -283,10 +284,7 @@ class Workers:
         if pieces is None:
             return OPS[op].ref(*args, **attrs)
         out, work = pieces
-        futures = [self.pool.submit(w) for w in work[1:]]
-        work[0]()
-        for f in futures:
-            f.result()
+        self._spread(work)
         return out
 
     def run_chain(self, chain: Chain, env: dict) -> None:
@@ -310,13 +308,16 @@ class Workers:
                     else:
                         out[...] = OPS[step.op].ref(*args, **step.attrs)
             return run
-        work = [piece(a, b) for a, b in _bounds(chain.rows, self.n)]
+        self._spread([piece(a, b) for a, b in _bounds(chain.rows, self.n)])
+        for step, shape in zip(chain.steps, chain.shapes):
+            env[step.outputs[0]] = outs[step.outputs[0]].reshape(shape)
+
+    def _spread(self, work: list[Callable[[], None]]) -> None:
+        """The first piece here, the others on the pool, back when all are done."""
         futures = [self.pool.submit(w) for w in work[1:]] if self.pool is not None else []
         work[0]()
         for f in futures:
             f.result()
-        for step, shape in zip(chain.steps, chain.shapes):
-            env[step.outputs[0]] = outs[step.outputs[0]].reshape(shape)
 
     def close(self):
         if self.pool is not None:
@@ -378,12 +379,13 @@ class CpuExecutable:
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, <malloc.h>
 
 
+@functools.cache
 def keep_freed_memory() -> None:
     """Have glibc keep freed blocks for the next step instead of handing them back to the kernel.
 
     Each step returns fresh arrays of 0.1-10 MB; by default glibc maps such blocks anew and unmaps them when
     freed, so every step first takes a page fault per 4 KiB it writes (slow in a VM): MiniLM's forward pass
-    spent ~20 % of its time there. Process-wide and idempotent; without glibc it does nothing."""
+    spent ~20 % of its time there. Process-wide, so done once per process; without glibc it does nothing."""
     name = ctypes.util.find_library("c")
     libc = ctypes.CDLL(name) if name else None
     if libc is None or not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
