@@ -11,6 +11,7 @@ arguments are positional (None for an absent optional tensor), everything else i
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -293,7 +294,9 @@ def matmul(a, b, *, transpose_b: bool = False):
 
 
 SCORE_BLOCK = 1 << 18  # score elements per piece of attention (1 MiB): the softmax passes then run in cache
-SAFE_SCORE = 60.0  # |scores| below this need no max subtracted: e^-60..e^60 are normal float32 numbers
+# Row sums of e^s within these bounds mean softmax without the row max lost nothing: no e^s overflowed, and
+# any that underflowed weighed < 2^-126 / 2^-64 of its row.
+ROW_SUM_MIN, ROW_SUM_MAX = np.float32(2.0 ** -64), np.float32(2.0 ** 64)
 
 
 @_op(lambda q, k, v, mask=None, **_: tuple(q[:-1]) + (v[-1],))
@@ -304,9 +307,8 @@ def attention(q, k, v, mask=None, *, scale: float):
     q = q * np.float32(scale)  # scaling q [T, D] rather than the scores [T, S]: the same numbers, a smaller pass
     if mask is not None and not mask.any():
         mask = None  # no padding: adding zeros is a pass over the scores for nothing
-    shift = mask is not None or not _scores_bounded(q, k, v)
-    if int(np.prod(lead)) * T * S <= SCORE_BLOCK:
-        return _attend(q, np.swapaxes(k, -1, -2), v, mask, shift)
+    if math.prod(lead) * T * S <= SCORE_BLOCK:
+        return _attend(q, np.swapaxes(k, -1, -2), v, mask)
     # Long sequences (Whisper's 1500 frames): per head, in blocks of query rows, so that the scores never
     # leave the cache between the softmax passes.
     out = np.empty(lead + (T, v.shape[-1]), np.float32)
@@ -316,32 +318,35 @@ def attention(q, k, v, mask=None, *, scale: float):
     for i in np.ndindex(*lead):
         k_t = k[i].T
         for r in range(0, T, rows):
-            out[i][r:r + rows] = _attend(q[i][r:r + rows], k_t, v[i], None if mask is None else mask[i][r:r + rows],
-                                         shift)
+            out[i][r:r + rows] = _attend(q[i][r:r + rows], k_t, v[i], None if mask is None else mask[i][r:r + rows])
     return out
 
 
-def _scores_bounded(q, k, v) -> bool:
-    """Whether softmax may skip subtracting each row's max (two passes over the scores): every score is
-    within +-SAFE_SCORE, as |q_i . k_j| <= |q_i| |k_j| says from the longest q and k rows, and |v| is small
-    enough that sum_j e^60 |v_j| stays far from float32's overflow. Subtracting the max changes no
-    probability, only where float32 would overflow or underflow; here neither can happen."""
-    longest = np.einsum("...i,...i->...", q, q).max(initial=0) * np.einsum("...i,...i->...", k, k).max(initial=0)
-    return bool(longest <= SAFE_SCORE ** 2) and float(np.abs(v).max(initial=0)) * k.shape[-2] < 1e12
+def _attend(q, k_t, v, mask):
+    """softmax(q k_t + mask) v. First without subtracting each row's max, which saves two of the passes over
+    the scores: subtracting it changes no probability, it only keeps e^s from overflowing or underflowing.
+    Whether that happened shows in the row sums and the output, checked afterwards; only then (a score
+    above ~88, a row of very negative scores, a fully masked row, nan) is the row max subtracted."""
+    with np.errstate(all="ignore"):  # an overflow here is caught below and the work redone
+        out = _weigh(q @ k_t, v, mask, shift=False)
+    return out if out is not None else _weigh(q @ k_t, v, mask, shift=True)
 
 
-def _attend(q, k_t, v, mask, shift: bool):
-    """softmax(q k_t + mask) v, normalising the [T, Dv] output rather than the [T, S] probabilities, with
-    the row sums as a GEMV (2x faster than a reduction); the row max subtracted only when `shift`."""
-    s = q @ k_t
+def _weigh(s, v, mask, *, shift: bool):
+    """e^(s + mask) v normalised by the row sums, in place in s: the [T, Dv] output is divided rather than
+    the [T, S] probabilities, and the row sums are a GEMV (2x faster than a reduction). Without `shift`,
+    None when the row sums or the output show that float32 over- or underflowed."""
     if mask is not None:
         s += mask
     if shift:
-        s -= s.max(axis=-1, keepdims=True)
+        s -= s.max(axis=-1, keepdims=True, initial=-np.inf)  # initial: no keys at all stays 0 / 0
     exp_into(s, s)
+    total = s @ np.ones((s.shape[-1], 1), np.float32)
     out = s @ v
-    out /= s @ np.ones((s.shape[-1], 1), np.float32)
-    return out
+    out /= total
+    lost = not (ROW_SUM_MIN <= total.min(initial=1) and total.max(initial=1) <= ROW_SUM_MAX
+                and np.isfinite(np.add.reduce(out, axis=None)))
+    return None if lost and not shift else out
 
 
 # ---- shape and data movement ---------------------------------------------------------------------

@@ -68,23 +68,38 @@ def test_attention_with_mask_equals_attention_on_visible_keys():
     assert np.abs(full - cut).max() < 1e-6
 
 
-def attention_float64(q, k, v, scale):
-    s = (q.astype(np.float64) * scale) @ np.swapaxes(k.astype(np.float64), -1, -2)
+def attention_float64(q, k, v, mask, scale):
+    s = (q.astype(np.float64) * scale) @ np.swapaxes(k.astype(np.float64), -1, -2) + (0 if mask is None else mask)
     p = np.exp(s - s.max(axis=-1, keepdims=True))
     return (p / p.sum(axis=-1, keepdims=True)) @ v.astype(np.float64)
 
 
-@pytest.mark.parametrize("size, bounded, tol", [(1.0, True, 2e-6), (6.0, False, 2e-5)])
-def test_attention_skips_the_row_max_only_while_no_score_can_overflow(size, bounded, tol):
-    """Scores within +-60 (by |q||k|) go straight to exp; bigger ones (here up to ~200) have each row's max
-    subtracted first. Both give softmax's numbers (to float32's rounding of scores that size); without the
-    shift the big ones would overflow."""
-    q, k, v = (rng.normal(size=(1, 4, 64, 32)).astype(np.float32) * size for _ in range(3))
-    assert ops._scores_bounded(q * np.float32(0.2), k, v) is bounded
-    ours, ref = ops.attention(q, k, v, None, scale=0.2), attention_float64(q, k, v, 0.2)
+@pytest.mark.parametrize("case, shifted, tol", [
+    ("moderate scores", [False], 2e-6),
+    ("scores up to ~200: e^s overflows", [False, True], 2e-5),
+    ("every score below -100: e^s underflows", [False, True], 2e-5),
+    ("a fully masked row", [False, True], 2e-6),
+])
+def test_attention_subtracts_the_row_max_only_when_float32_needs_it(case, shifted, tol, monkeypatch):
+    """Softmax first goes without each row's max; where e^s over- or underflowed (seen in the row sums and
+    the output) it is redone with the max subtracted. Either way: softmax's numbers, to float32's rounding
+    of scores that size."""
+    q, k, v = (rng.normal(size=(1, 4, 64, 32)).astype(np.float32) for _ in range(3))
+    mask = None
+    if case.startswith("scores up to"):
+        q, k = q * 6, k * 6
+    elif case.startswith("every score"):
+        q, k = np.abs(q) * 3 + 3, -np.abs(k) * 3 - 3  # q . k <= -9 * 32 * 0.2 per term pair
+    elif case.startswith("a fully masked"):
+        mask = np.zeros((64, 64), np.float32)
+        mask[5] = ops.NEG_INF
+    calls = []
+    weigh = ops._weigh
+    monkeypatch.setattr(ops, "_weigh", lambda *a, shift: calls.append(shift) or weigh(*a, shift=shift))
+    ours, ref = ops.attention(q, k, v, mask, scale=0.2), attention_float64(q, k, v, mask, 0.2)
+    assert calls == shifted
     assert np.isfinite(ours).all()
     assert np.abs(ours - ref).max() <= tol * np.abs(ref).max()
-    assert not ops._scores_bounded(q * np.float32(0.2) / size, k / size, v * np.float32(1e10))  # |v| too large
 
 
 def conv2d_direct(x, w, b, stride, pad, groups):
