@@ -30,6 +30,8 @@ class Op:
     dtype: Callable[..., str] = field(default=lambda *dtypes, **_: dtypes[0])
     inplace: int | None = None  # index of the input this op writes into (state updates)
     variadic: bool = False      # takes a list of tensors as its only positional argument
+    fills_out: bool = False     # ref also takes out=: a float32 array of the output's shape to write into (the
+    # cpu backend's row chains write each step straight into its block of the chain's arrays)
 
     def __call__(self, *args, **attrs):
         tensors = args[0] if self.variadic else args
@@ -42,10 +44,10 @@ class Op:
 OPS: dict[str, Op] = {}
 
 
-def _op(shape, dtype=None, inplace=None, variadic=False):
+def _op(shape, dtype=None, inplace=None, variadic=False, fills_out=False):
     def register(fn):
         kw = {"dtype": dtype} if dtype else {}
-        OPS[fn.__name__] = Op(fn.__name__, fn, shape, inplace=inplace, variadic=variadic, **kw)
+        OPS[fn.__name__] = Op(fn.__name__, fn, shape, inplace=inplace, variadic=variadic, fills_out=fills_out, **kw)
         return OPS[fn.__name__]
     return register
 
@@ -60,22 +62,22 @@ def _broadcast(a, b, **_):
 
 # ---- elementwise -------------------------------------------------------------------------------
 
-@_op(_broadcast)
-def add(a, b):
+@_op(_broadcast, fills_out=True)
+def add(a, b, *, out=None):
     """a + b with numpy broadcasting."""
-    return np.add(a, b, dtype=np.result_type(a, b))
+    return np.add(a, b, out=out, dtype=None if out is not None else np.result_type(a, b))
 
 
-@_op(_broadcast)
-def sub(a, b):
+@_op(_broadcast, fills_out=True)
+def sub(a, b, *, out=None):
     """a - b with numpy broadcasting."""
-    return np.subtract(a, b)
+    return np.subtract(a, b, out=out)
 
 
-@_op(_broadcast)
-def mul(a, b):
+@_op(_broadcast, fills_out=True)
+def mul(a, b, *, out=None):
     """a * b with numpy broadcasting."""
-    return np.multiply(a, b)
+    return np.multiply(a, b, out=out)
 
 
 @_op(_broadcast)
@@ -98,16 +100,19 @@ CHUNK = 1 << 18  # elements per piece of a multi-pass elementwise op: its passes
 # few, which matters when two cpu workers run them at once (each call takes the GIL back)
 
 
-@_op(_same)
-def gelu(x):
+@_op(_same, fills_out=True)
+def gelu(x, *, out=None):
     """Exact GELU: x * Phi(x) = 0.5 x (1 + erf(x / sqrt 2)), erf by Abramowitz & Stegun 7.1.26."""
-    flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-    out = np.empty_like(flat)
+    if out is not None and not out.flags.c_contiguous:  # the passes below need flat views
+        out[...] = gelu(x)
+        return out
+    out = np.empty(x.shape, np.float32) if out is None else out
+    flat, flat_out = np.ascontiguousarray(x, dtype=np.float32).reshape(-1), out.reshape(-1)
     scratch = np.empty((3, min(CHUNK, flat.size)), np.float32)
     for i in range(0, flat.size, CHUNK):  # in pieces: the 20 passes below then run in cache
         piece = flat[i:i + CHUNK]
-        _gelu(piece, out[i:i + CHUNK], *scratch[:, :piece.size])
-    return out.reshape(x.shape)
+        _gelu(piece, flat_out[i:i + CHUNK], *scratch[:, :piece.size])
+    return out
 
 
 def _gelu(x, out, a, t, g):
@@ -152,11 +157,11 @@ def sigmoid(x):
     return np.reciprocal(e, out=e)
 
 
-@_op(_same)
-def silu(x):
+@_op(_same, fills_out=True)
+def silu(x, *, out=None):
     """x * sigmoid(x) (a.k.a. swish), as x / (1 + exp(-x)): one array instead of six temporaries."""
     e = _one_plus_exp_neg(x)
-    return np.divide(x, e, out=e)
+    return np.divide(x, e, out=e if out is None else out)
 
 
 @_op(_same)
@@ -229,8 +234,8 @@ def log_softmax(x, *, axis: int = -1):
     return x - m - np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
 
 
-@_op(_same)
-def layer_norm(x, w, b, *, eps: float):
+@_op(_same, fills_out=True)
+def layer_norm(x, w, b, *, eps: float, out=None):
     """(x - mean) / sqrt(var + eps) * w + b over the last axis (biased variance)."""
     xc = x - np.add.reduce(x, axis=-1, keepdims=True) * np.float32(1 / x.shape[-1])  # np.mean, minus its overhead
     inv_std = np.einsum("...i,...i->...", xc, xc)[..., None]  # sum of squares in one pass, no xc * xc array
@@ -238,11 +243,11 @@ def layer_norm(x, w, b, *, eps: float):
     inv_std += np.float32(eps)
     np.sqrt(inv_std, out=inv_std)
     np.reciprocal(inv_std, out=inv_std)
-    xc *= inv_std  # then in place: the only x-sized temporary is xc
-    xc *= w
+    out = np.multiply(xc, inv_std, out=xc if out is None else out)  # then in place: the only temporary is xc
+    out *= w
     if b is not None:
-        xc += b
-    return xc
+        out += b
+    return out
 
 
 @_op(_same)

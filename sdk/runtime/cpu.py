@@ -59,7 +59,7 @@ def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
 
 def _by_rows(op):
     """Ops whose output row i depends on input row i only (elementwise ops, norms, softmax over the last
-    axis): cut the rows of the first argument."""
+    axis): cut the rows of the first argument; each piece written straight into its rows where op can."""
     def split(parts, x, *rest, **attrs) -> Pieces | None:
         if x.ndim < 2 or x.dtype != np.float32:
             return None
@@ -71,10 +71,18 @@ def _by_rows(op):
 
         def piece(a, b):
             def run():
-                out[a:b] = op(rows[a:b], *rest, **attrs)
+                _fill(out[a:b], op, rows[a:b], *rest, **attrs)
             return run
         return out.reshape(x.shape), [piece(a, b) for a, b in _bounds(n, parts)]
     return split
+
+
+def _fill(out, op, *args, **attrs):
+    """op's result written into `out`: straight there where op can, else copied from op's own array."""
+    if op.fills_out:
+        op.ref(*args, **attrs, out=out)
+    else:
+        out[...] = op.ref(*args, **attrs)
 
 
 def _linear(parts, x, w, b=None) -> Pieces | None:
@@ -177,9 +185,9 @@ SPLITTERS: dict[str, Callable[..., Pieces | None]] = {
     "attention": _attention,
     "conv2d": _conv2d,
     "conv1d": _conv1d,
-    **{name: _by_rows(OPS[name].ref) for name in ("gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp")},
-    **{name: _by_rows(OPS[name].ref) for name in ("layer_norm", "rms_norm")},
-    **{name: _row_softmax(OPS[name].ref) for name in ("softmax", "log_softmax")},
+    **{name: _by_rows(OPS[name]) for name in ("gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "exp")},
+    **{name: _by_rows(OPS[name]) for name in ("layer_norm", "rms_norm")},
+    **{name: _row_softmax(OPS[name]) for name in ("softmax", "log_softmax")},
 }
 
 
@@ -306,7 +314,7 @@ class Workers:
                     if step.op == "linear":
                         _linear_into(out, *args)
                     else:
-                        out[...] = OPS[step.op].ref(*args, **step.attrs)
+                        _fill(out, OPS[step.op], *args, **step.attrs)
             return run
         self._spread([piece(a, b) for a, b in _bounds(chain.rows, self.n)])
         for step, shape in zip(chain.steps, chain.shapes):
