@@ -308,8 +308,8 @@ SCORE_BLOCK = 1 << 18  # score elements per piece of attention (1 MiB): the soft
 ROW_SUM_MIN, ROW_SUM_MAX = np.float32(2.0 ** -64), np.float32(2.0 ** 64)
 
 
-@_op(lambda q, k, v, mask=None, **_: tuple(q[:-1]) + (v[-1],))
-def attention(q, k, v, mask=None, *, scale: float):
+@_op(lambda q, k, v, mask=None, **_: tuple(q[:-1]) + (v[-1],), fills_out=True)
+def attention(q, k, v, mask=None, *, scale: float, out=None):
     """softmax(q k^T * scale + mask) v over the last two axes; mask is additive and broadcasts."""
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     T, S = q.shape[-2], k.shape[-2]
@@ -317,41 +317,41 @@ def attention(q, k, v, mask=None, *, scale: float):
     if mask is not None and not mask.any():
         mask = None  # no padding: adding zeros is a pass over the scores for nothing
     if math.prod(lead) * T * S <= SCORE_BLOCK:
-        return _attend(q, np.swapaxes(k, -1, -2), v, mask)
+        return _attend(q, np.swapaxes(k, -1, -2), v, mask, out)
     # Long sequences (Whisper's 1500 frames): per head, in blocks of query rows, so that the scores never
     # leave the cache between the softmax passes.
-    out = np.empty(lead + (T, v.shape[-1]), np.float32)
+    out = np.empty(lead + (T, v.shape[-1]), np.float32) if out is None else out
     q, k, v = (np.broadcast_to(a, lead + a.shape[-2:]) for a in (q, k, v))
     mask = None if mask is None else np.broadcast_to(mask, lead + (T, S))
     rows = max(1, SCORE_BLOCK // S)
     for i in np.ndindex(*lead):
         k_t = k[i].T
         for r in range(0, T, rows):
-            out[i][r:r + rows] = _attend(q[i][r:r + rows], k_t, v[i], None if mask is None else mask[i][r:r + rows])
+            _attend(q[i][r:r + rows], k_t, v[i], None if mask is None else mask[i][r:r + rows], out[i][r:r + rows])
     return out
 
 
-def _attend(q, k_t, v, mask):
+def _attend(q, k_t, v, mask, out=None):
     """softmax(q k_t + mask) v. First without subtracting each row's max, which saves two of the passes over
     the scores: subtracting it changes no probability, it only keeps e^s from overflowing or underflowing.
     Whether that happened shows in the row sums and the output, checked afterwards; only then (a score
     above ~88, a row of very negative scores, a fully masked row, nan) is the row max subtracted."""
     with np.errstate(all="ignore"):  # an overflow here is caught below and the work redone
-        out = _weigh(q @ k_t, v, mask, shift=False)
-    return out if out is not None else _weigh(q @ k_t, v, mask, shift=True)
+        result = _weigh(q @ k_t, v, mask, out, shift=False)
+    return result if result is not None else _weigh(q @ k_t, v, mask, out, shift=True)
 
 
-def _weigh(s, v, mask, *, shift: bool):
+def _weigh(s, v, mask, out, *, shift: bool):
     """e^(s + mask) v normalised by the row sums, in place in s: the [T, Dv] output is divided rather than
-    the [T, S] probabilities, and the row sums are a GEMV (2x faster than a reduction). Without `shift`,
-    None when the row sums or the output show that float32 over- or underflowed."""
+    the [T, S] probabilities, and the row sums are a GEMV (2x faster than a reduction). Written into `out`
+    when given. Without `shift`, None when the row sums or the output show that float32 over- or underflowed."""
     if mask is not None:
         s += mask
     if shift:
         s -= s.max(axis=-1, keepdims=True, initial=-np.inf)  # initial: no keys at all stays 0 / 0
     exp_into(s, s)
     total = s @ np.ones((s.shape[-1], 1), np.float32)
-    out = s @ v
+    out = np.matmul(s, v, out=out)
     out /= total
     lost = not (ROW_SUM_MIN <= total.min(initial=1) and total.max(initial=1) <= ROW_SUM_MAX
                 and np.isfinite(np.add.reduce(out, axis=None)))

@@ -19,21 +19,27 @@ def test_gelu_matches_erf_definition():
     assert np.abs(ops.gelu(x) - exact).max() < 2e-6
 
 
-FILLS_OUT = {"add": (2, (40, 33)), "sub": (2, (40, 33)), "mul": (2, (40, 33)), "gelu": (1, (40, 33)),
-             "silu": (1, (40, 33)), "layer_norm": (3, (40, 33))}
+def _fills_out_cases():
+    r = np.random.default_rng(1)
+    x, row = r.standard_normal((40, 33)).astype(np.float32), r.standard_normal(33).astype(np.float32)
+    qkv = [r.standard_normal((2, 40, 33)).astype(np.float32) for _ in range(3)]
+    return {"add": ([x, row], {}), "sub": ([x, row], {}), "mul": ([x, row], {}), "gelu": ([x], {}),
+            "silu": ([x], {}), "layer_norm": ([x, row, row * 0.1], {"eps": 1e-5}),
+            "attention": (qkv, {"scale": 0.2})}
+
+
+FILLS_OUT = _fills_out_cases()
 
 
 @pytest.mark.parametrize("name", FILLS_OUT)
 def test_ops_that_fill_out_write_the_same_numbers_into_the_given_array(name):
-    """The cpu backend's chains pass out= (a block of rows of a bigger array, or a strided column slice)."""
-    op, (n_args, shape) = ops.OPS[name], FILLS_OUT[name]
+    """The cpu backend's chains and splits pass out= (a block of a bigger array, or a strided slice)."""
+    op, (args, attrs) = ops.OPS[name], FILLS_OUT[name]
     assert op.fills_out and set(FILLS_OUT) == {n for n, o in ops.OPS.items() if o.fills_out}
-    r = np.random.default_rng(1)
-    args = [r.standard_normal(shape).astype(np.float32)] + [r.standard_normal(shape[-1:]).astype(np.float32)
-                                                             for _ in range(n_args - 1)]
-    attrs = {"eps": 1e-5} if name == "layer_norm" else {}
     want = op.ref(*args, **attrs)
-    for out in (np.full((3,) + shape, np.nan, np.float32)[1], np.full(shape[:1] + (50,), np.nan, np.float32)[:, 7:40]):
+    inside = np.full((3,) + want.shape, np.nan, np.float32)[1]
+    strided = np.full(want.shape[:-1] + (want.shape[-1] + 17,), np.nan, np.float32)[..., 7:7 + want.shape[-1]]
+    for out in (inside, strided):
         assert op.ref(*args, **attrs, out=out) is out
         assert np.array_equal(out, want)
 

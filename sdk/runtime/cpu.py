@@ -137,8 +137,7 @@ def _attention(parts, q, k, v, mask=None, *, scale) -> Pieces | None:
 
     def piece(a, b):
         def run():
-            sliced = [cut(t, a, b) for t in args]
-            out[index(a, b)] = OPS["attention"].ref(*sliced[:3], *sliced[3:], scale=scale)
+            _fill(out[index(a, b)], OPS["attention"], *[cut(t, a, b) for t in args], scale=scale)
         return run
     return out, [piece(a, b) for a, b in _bounds(n, parts)]
 
