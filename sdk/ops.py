@@ -342,8 +342,9 @@ def attention(q, k, v, mask=None, *, scale: float, out=None):
 def _attend(q, k_t, v, mask, out=None):
     """softmax(q k_t + mask) v. First without subtracting each row's max, which saves two of the passes over
     the scores: subtracting it changes no probability, it only keeps e^s from overflowing or underflowing.
-    Whether that happened shows in the row sums and the output, checked afterwards; only then (a score
-    above ~88, a row of very negative scores, a fully masked row, nan) is the row max subtracted."""
+    Whether that happened shows in the row sums and the output, checked afterwards; only then (a row sum
+    beyond 2^+-64, i.e. a score above ~44 or a row all below ~-44; a fully masked row; nan) is the max
+    subtracted and the block's work redone."""
     with np.errstate(all="ignore"):  # an overflow here is caught below and the work redone
         result = _weigh(q @ k_t, v, mask, out, shift=False)
     return result if result is not None else _weigh(q @ k_t, v, mask, out, shift=True)
@@ -361,9 +362,10 @@ def _weigh(s, v, mask, out, *, shift: bool):
     total = s @ np.ones((s.shape[-1], 1), np.float32)
     out = np.matmul(s, v, out=out)
     out /= total
-    lost = not (ROW_SUM_MIN <= total.min(initial=1) and total.max(initial=1) <= ROW_SUM_MAX
-                and np.isfinite(np.add.reduce(out, axis=None)))
-    return None if lost and not shift else out
+    if shift or (ROW_SUM_MIN <= total.min(initial=1) and total.max(initial=1) <= ROW_SUM_MAX
+                 and np.isfinite(np.add.reduce(out, axis=None))):
+        return out
+    return None
 
 
 # ---- shape and data movement ---------------------------------------------------------------------
