@@ -59,6 +59,36 @@ def test_small_and_non_row_steps_run_whole():
     assert SPLITTERS["softmax"](2, f32(700, 200), axis=0) is None  # rows are not independent along axis 0
 
 
+def test_a_failing_piece_raises_in_the_caller_after_every_piece_is_done_and_the_workers_go_on():
+    import gc
+    import threading
+    import time
+
+    workers = Workers(3)
+    finished = []
+
+    def slow():
+        time.sleep(0.05)
+        finished.append("slow")
+
+    def bad():
+        raise ValueError("piece failed")
+    with pytest.raises(ValueError, match="piece failed"):
+        workers._spread([lambda: None, bad, slow])
+    assert finished == ["slow"]  # not left running behind the error
+    ran = []
+    workers._spread([lambda i=i: ran.append(i) for i in range(5)])  # more pieces than workers: none dropped
+    assert sorted(ran) == [0, 1, 2, 3, 4]
+    threads = [h.thread for h in workers.helpers]
+    workers.close()
+    assert not any(t.is_alive() for t in threads)
+    abandoned = [h.thread for h in Workers(2).helpers]  # never closed: its threads end when it is collected
+    gc.collect()
+    for thread in abandoned:
+        thread.join(timeout=5)
+    assert not any(t.is_alive() for t in abandoned) and threading.active_count() < 50
+
+
 def test_threads_setting():
     assert settings.load({"AIE_APPS_THREADS": "3"}).threads == 3
     assert settings.load({"AIE_APPS_THREADS": "zero"}).threads >= 1
