@@ -79,6 +79,13 @@ def test_a_failing_piece_raises_in_the_caller_after_every_piece_is_done_and_the_
     ran = []
     workers._spread([lambda i=i: ran.append(i) for i in range(5)])  # more pieces than workers: none dropped
     assert sorted(ran) == [0, 1, 2, 3, 4]
+    pieces = [[lambda i=i: ran.append(i) for i in range(3)] for _ in range(40)]
+    callers = [threading.Thread(target=lambda: [workers._spread(p) for p in pieces], daemon=True) for _ in range(3)]
+    for caller in callers:  # one Workers shared by several threads (one session, several callers)
+        caller.start()
+    for caller in callers:
+        caller.join(timeout=30)
+    assert len(ran) == 5 + 3 * 40 * 3
     threads = [h.thread for h in workers.helpers]
     workers.close()
     assert not any(t.is_alive() for t in threads)

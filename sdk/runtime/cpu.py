@@ -327,6 +327,7 @@ class Workers:
     def __init__(self, n: int):
         self.n = max(1, n)
         self.helpers = [_Helper() for _ in range(self.n - 1)]
+        self.lock = threading.Lock()  # one hand-off at a time: two threads running one session take turns
         self._stop = weakref.finalize(self, _stop, self.helpers)  # threads end with their Workers
         self.blas = ThreadpoolController()
 
@@ -372,15 +373,16 @@ class Workers:
         done: every piece has finished before this returns or raises, so none still writes into a run's
         arrays."""
         sent: list[_Helper] = []
-        try:
-            for helper, piece in zip(self.helpers, work[1:]):
-                helper.sent += 1
-                helper.todo.put((helper.sent, piece))
-                sent.append(helper)
-            for piece in [work[0], *work[len(self.helpers) + 1:]]:
-                piece()
-        finally:
-            errors = _collect(sent)
+        with self.lock:
+            try:
+                for helper, piece in zip(self.helpers, work[1:]):
+                    helper.sent += 1
+                    helper.todo.put((helper.sent, piece))
+                    sent.append(helper)
+                for piece in [work[0], *work[len(self.helpers) + 1:]]:
+                    piece()
+            finally:
+                errors = _collect(sent)
         error = next((e for e in errors if e is not None), None)
         if error is not None:
             raise error
