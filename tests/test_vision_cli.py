@@ -361,8 +361,15 @@ def test_overlay_window_renders_under_xvfb(tmp_path):
                 if on_screen < 12:
                     break
         # then press q in the window: the run ends early and cleanly
-        wid = subprocess.run(["xdotool", "search", "--sync", "--name", "aie-apps classify"], env=env,
-                             capture_output=True, text=True, timeout=10).stdout.split()
+        try:
+            wid = subprocess.run(["xdotool", "search", "--sync", "--name", "aie-apps classify"], env=env,
+                                 capture_output=True, text=True, timeout=10).stdout.split()
+        except subprocess.TimeoutExpired:  # say why: the CLI's own account is in its stderr
+            running = cli.poll() is None
+            cli.kill()
+            _, errs = cli.communicate(timeout=10)
+            pytest.fail(f"no 'aie-apps classify' window after ~22 s (classify {'still running' if running else 'exited'}"
+                        f", code {cli.returncode}; screen difference {on_screen:.1f}); its stderr:\n{errs[-3000:]}")
         for command in (["windowfocus", "--sync", wid[0]], ["key", "q"]):
             subprocess.run(["xdotool", *command], env=env, capture_output=True, timeout=10)
         out, errs = cli.communicate(timeout=60)
