@@ -96,6 +96,24 @@ def test_a_failing_piece_raises_in_the_caller_after_every_piece_is_done_and_the_
     assert not any(t.is_alive() for t in abandoned) and threading.active_count() < 50
 
 
+def test_a_closed_session_refuses_to_run_instead_of_waiting_for_its_stopped_workers():
+    from sdk.errors import UsageError
+    from sdk.graph import trace
+    from sdk.session import Session
+
+    def mlp(w, x):
+        return {"y": ops.gelu(ops.linear(x, w["w"], w["b"]))}
+    weights = {"w": f32(512, 256), "b": f32(512)}
+    graph = trace(mlp, name="mlp", weights={k: v.shape for k, v in weights.items()},
+                  inputs={"x": ((1, 600, 256), "float32")})
+    session = Session([graph], weights, device="cpu")
+    x = f32(1, 600, 256)
+    session.run("mlp", x=x)
+    session.close()
+    with pytest.raises(UsageError, match="closed"):
+        session.run("mlp", x=x)
+
+
 def test_threads_setting():
     assert settings.load({"AIE_APPS_THREADS": "3"}).threads == 3
     assert settings.load({"AIE_APPS_THREADS": "zero"}).threads >= 1

@@ -23,6 +23,7 @@ from typing import Callable, Mapping
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
+from ..errors import UsageError
 from ..ops import OPS, pair
 from ..program import Program, Usage
 from ..settings import load as load_settings
@@ -402,6 +403,7 @@ class CpuExecutable:
         self.program = program
         self.weights = gemv_layout(program, check_weights(program, weights))
         self.counters = Counters()
+        self.closed = False
         self.workers = Workers(threads)
         self.weight_streaming = {name for name, e in program.entries.items() if _weight_streaming(program, e)}
         self.plans = {name: e.steps if name in self.weight_streaming or not self.workers.helpers
@@ -411,6 +413,8 @@ class CpuExecutable:
         return State({n: np.zeros(b.shape, b.dtype) for n, b in self.program.buffers_of(Usage.STATE).items()})
 
     def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None) -> dict:
+        if self.closed:  # its worker threads are gone: a run would wait for them forever
+            raise UsageError("this cpu session is closed", fix="open a new Session")
         program_entry = self.program.entry(entry)
         env: dict[str, np.ndarray] = {**self.weights, **check_inputs(self.program, entry, inputs)}
         if state is not None:
@@ -441,6 +445,7 @@ class CpuExecutable:
             self.counters.host_ops += 1
 
     def close(self):
+        self.closed = True
         self.weights = {}
         self.workers.close()
 
