@@ -96,6 +96,7 @@ def scale(x, *, factor: float):
 # |error| <= 1.5e-7. The kernels and the emulator use the same fit, so every backend computes one GELU.
 ERFC_P = 0.3275911
 ERFC_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+_GELU_P, _GELU_C = ERFC_P / math.sqrt(2), tuple(a / 2 for a in ERFC_A)  # the fit at z = |x| / sqrt 2, halved
 CHUNK = 1 << 18  # elements per piece of a multi-pass elementwise op: its passes stay in L2/L3, and its calls are
 # few, which matters when two cpu workers run them at once (each call takes the GIL back)
 
@@ -121,9 +122,9 @@ def _gelu(x, out, a, t, g, h):
     Each call is one pass, and each takes the GIL back when it ends, which costs the most when two cpu workers
     run GELU at once; so the affine steps are OpenCV's a x + b y + c in one pass, and the polynomial is
     evaluated as (c1 + c2 t) + t^2 (c3 + c4 t + c5 t^2): 6 passes instead of Horner's 9."""
-    cv2, c = _opencv(), [coef / 2 for coef in ERFC_A]
+    cv2, c = _opencv(), _GELU_C
     np.abs(x, out=a)
-    cv2.addWeighted(a, ERFC_P / np.sqrt(2), a, 0.0, 1.0, dst=t)
+    cv2.addWeighted(a, _GELU_P, a, 0.0, 1.0, dst=t)
     np.reciprocal(t, out=t)
     np.square(t, out=g)
     cv2.addWeighted(t, c[1], t, 0.0, c[0], dst=out)

@@ -368,8 +368,9 @@ def test_overlay_window_renders_under_xvfb(tmp_path):
             running = cli.poll() is None
             cli.kill()
             _, errs = cli.communicate(timeout=10)
-            pytest.fail(f"no 'aie-apps classify' window after ~22 s (classify {'still running' if running else 'exited'}"
-                        f", code {cli.returncode}; screen difference {on_screen:.1f}); its stderr:\n{errs[-3000:]}")
+            state = "still running" if running else "exited"
+            pytest.fail(f"no 'aie-apps classify' window after ~22 s (classify {state}, code {cli.returncode}; "
+                        f"screen difference {on_screen:.1f}); its stderr:\n{errs[-3000:]}")
         for command in (["windowfocus", "--sync", wid[0]], ["key", "q"]):
             subprocess.run(["xdotool", *command], env=env, capture_output=True, timeout=10)
         out, errs = cli.communicate(timeout=60)
