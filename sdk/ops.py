@@ -98,7 +98,7 @@ ERFC_P = 0.3275911
 ERFC_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 _GELU_P, _GELU_C = ERFC_P / math.sqrt(2), tuple(a / 2 for a in ERFC_A)  # the fit at z = |x| / sqrt 2, halved
 CHUNK = 1 << 18  # elements per piece of a multi-pass elementwise op: its passes stay in L2/L3, and its calls are
-# few, which matters when two cpu workers run them at once (each call takes the GIL back)
+# few (each numpy call has a fixed cost, and takes the GIL back when it ends)
 
 
 @_op(_same, fills_out=True)
@@ -119,9 +119,9 @@ def gelu(x, *, out=None):
 def _gelu(x, out, a, t, g, h):
     """out = x Phi(x) = max(x, 0) - |x| erfc(|x| / sqrt 2) / 2 (Phi(-|x|) = erfc(|x| / sqrt 2) / 2), in float32
     and in place in the scratch arrays a, t, g, h: one fresh array per pass would cost several times the time.
-    Each call is one pass, and each takes the GIL back when it ends, which costs the most when two cpu workers
-    run GELU at once; so the affine steps are OpenCV's a x + b y + c in one pass, and the polynomial is
-    evaluated as (c1 + c2 t) + t^2 (c3 + c4 t + c5 t^2): 6 passes instead of Horner's 9."""
+    Each call is one pass with a fixed cost of its own (and the GIL taken back when it ends, which threads
+    running GELU side by side pay for); so the affine steps are OpenCV's a x + b y + c in one pass, and the
+    polynomial is evaluated as (c1 + c2 t) + t^2 (c3 + c4 t + c5 t^2): 6 passes instead of Horner's 9."""
     cv2, c = _opencv(), _GELU_C
     np.abs(x, out=a)
     cv2.addWeighted(a, _GELU_P, a, 0.0, 1.0, dst=t)
@@ -196,8 +196,8 @@ def _opencv():
 def exp_into(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out = e^x. float32 goes through OpenCV's vectorised exp: on the AVX2 machines we measured it is 6-8x
     numpy's float32 exp (0.3-0.4 vs 1.4-2.7 ns per element) at the same accuracy (max relative error 2.2e-7
-    against 2.0e-7, the same inf, nan and underflow), and it runs without the GIL, so cpu workers doing
-    softmax or GELU side by side do not wait for each other. Anything else goes to numpy."""
+    against 2.0e-7, the same inf, nan and underflow), and it runs without the GIL, so threads doing softmax
+    or GELU side by side do not wait for each other. Anything else goes to numpy."""
     if (x.dtype == out.dtype == np.float32 and x.shape == out.shape and 0 < x.size < 2 ** 31
             and x.flags.c_contiguous and out.flags.c_contiguous):
         _opencv().exp(x.reshape(-1), out.reshape(-1))  # as 1-D, an N x 1 matrix whatever x's rank

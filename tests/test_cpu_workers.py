@@ -1,10 +1,18 @@
 """The cpu backend's own parallelism: every split step equals its numpy reference run whole."""
+import contextlib
+import gc
+import mmap
+import os
+import signal
+import threading
+import time
+
 import numpy as np
 import pytest
 
 from sdk import ops, settings
 from sdk.ops import OPS
-from sdk.runtime.cpu import SPLITTERS, Workers
+from sdk.runtime.cpu import SPLITTERS, Split, Workers
 
 rng = np.random.default_rng(0)
 
@@ -40,78 +48,169 @@ CASES = {
 @pytest.mark.parametrize("case", CASES)
 def test_split_step_equals_reference(case, record_parity):
     op, args, attrs = CASES[case]
-    workers = Workers(3)
-    try:
-        assert SPLITTERS[op](workers.n, *args, **attrs) is not None, "the case is too small to be split"
-        ours = workers.run(op, args, attrs)
-    finally:
-        workers.close()
     ref = OPS[op].ref(*args, **attrs)
-    assert ours.shape == ref.shape and ours.dtype == ref.dtype
+    ours = np.full(ref.shape, np.nan, ref.dtype)
+    pieces = SPLITTERS[op](3, ours, *args, **attrs)
+    assert pieces is not None and len(pieces) == 3, "the case is too small to be split"
+    for piece in reversed(pieces):  # each fills its own part, whatever the order
+        piece()
     record_parity(f"cpu split {case}", ours, ref)
     # GEMM pieces may take another BLAS kernel than the whole (OpenBLAS picks by size): float32 rounding only
     assert np.abs(ours - ref).max() <= 1e-6 * np.abs(ref).max()
 
 
 def test_small_and_non_row_steps_run_whole():
-    assert SPLITTERS["linear"](2, f32(1, 1, 384), np.asfortranarray(f32(384, 384))) is None  # a decoder GEMV
-    assert SPLITTERS["gelu"](2, f32(4, 8)) is None
-    assert SPLITTERS["softmax"](2, f32(700, 200), axis=0) is None  # rows are not independent along axis 0
+    def split(op, *args, **attrs):
+        shape = OPS[op].shape(*[a.shape for a in args], **attrs)
+        return SPLITTERS[op](2, np.empty(shape, np.float32), *args, **attrs)
+    assert split("linear", f32(1, 1, 384), np.asfortranarray(f32(384, 384))) is None  # a decoder GEMV
+    assert split("gelu", f32(4, 8)) is None
+    assert split("softmax", f32(700, 200), axis=0) is None  # rows are not independent along axis 0
+    x = f32(600, 4, 100).transpose(1, 0, 2)  # its rows are not one strided view: a copy would go stale
+    assert split("gelu", x) is None
+
+
+def shared(n):
+    """n int64s in a shared mapping: what a worker process writes there, the caller sees."""
+    return np.frombuffer(mmap.mmap(-1, 8 * n), np.int64)
 
 
 def test_a_failing_piece_raises_in_the_caller_after_every_piece_is_done_and_the_workers_go_on():
-    import gc
-    import threading
-    import time
-
-    workers = Workers(3)
-    finished = []
+    seen = shared(4)
 
     def slow():
         time.sleep(0.05)
-        finished.append("slow")
+        seen[2] += 1
 
     def bad():
         raise ValueError("piece failed")
+    splits = [Split(0, (lambda: None, bad, slow), (), (), 1),
+              Split(1, tuple(lambda i=i: seen.__setitem__(i, seen[i] + 1) for i in range(3)), (), (), 1)]
+    workers = Workers(splits, 3)
+    pids = [worker.pid for worker in workers.procs]
+    assert len(set(pids)) == 2 and os.getpid() not in pids
     with pytest.raises(ValueError, match="piece failed"):
-        workers._spread([lambda: None, bad, slow])
-    assert finished == ["slow"]  # not left running behind the error
-    ran = []
-    workers._spread([lambda i=i: ran.append(i) for i in range(5)])  # more pieces than workers: none dropped
-    assert sorted(ran) == [0, 1, 2, 3, 4]
-    pieces = [[lambda i=i: ran.append(i) for i in range(3)] for _ in range(40)]
-    callers = [threading.Thread(target=lambda: [workers._spread(p) for p in pieces], daemon=True) for _ in range(3)]
-    for caller in callers:  # one Workers shared by several threads (one session, several callers)
-        caller.start()
-    for caller in callers:
-        caller.join(timeout=30)
-    assert len(ran) == 5 + 3 * 40 * 3
-    threads = [h.thread for h in workers.helpers]
+        workers.spread(splits[0])
+    assert seen[2] == 1  # not left running behind the error
+    for _ in range(50):
+        workers.spread(splits[1])
+    assert list(seen[:3]) == [50, 50, 51]
     workers.close()
-    assert not any(t.is_alive() for t in threads)
-    abandoned = [h.thread for h in Workers(2).helpers]  # never closed: its threads end when it is collected
+    assert all(gone(pid) for pid in pids)
+    abandoned = [worker.pid for worker in Workers(splits, 2).procs]  # never closed: ends when collected
     gc.collect()
-    for thread in abandoned:
-        thread.join(timeout=5)
-    assert not any(t.is_alive() for t in abandoned) and threading.active_count() < 50
+    assert all(gone(pid) for pid in abandoned)
+
+
+def gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def mlp(w, x):
+    return {"y": ops.gelu(ops.linear(x, w["w"], w["b"]))}
+
+
+MLP_WEIGHTS = {"w": f32(512, 256), "b": f32(512)}
+
+
+@contextlib.contextmanager
+def mlp_executable(threads=2):
+    from sdk.compiler import compile
+    from sdk.graph import trace
+    from sdk.runtime.cpu import CpuBackend
+
+    graph = trace(mlp, name="mlp", weights={k: v.shape for k, v in MLP_WEIGHTS.items()},
+                  inputs={"x": ((1, 600, 256), "float32")})
+    exe = CpuBackend(threads).load(compile([graph], "cpu"), MLP_WEIGHTS)
+    try:
+        yield exe
+    finally:
+        exe.close()
+
+
+def test_threads_sharing_a_session_take_turns_and_each_gets_its_own_result():
+    xs = [f32(1, 600, 256) for _ in range(3)]
+    refs = [mlp(MLP_WEIGHTS, x)["y"] for x in xs]
+    wrong = []
+    with mlp_executable(3) as exe:
+        def caller(x, ref):
+            for _ in range(20):
+                y = exe.run("mlp", {"x": x})["y"]
+                if np.abs(y - ref).max() > 1e-5 * np.abs(ref).max():
+                    wrong.append(np.abs(y - ref).max())
+        callers = [threading.Thread(target=caller, args=pair, daemon=True) for pair in zip(xs, refs)]
+        for thread in callers:
+            thread.start()
+        for thread in callers:
+            thread.join(timeout=60)
+        assert not any(thread.is_alive() for thread in callers) and not wrong
 
 
 def test_a_closed_session_refuses_to_run_instead_of_waiting_for_its_stopped_workers():
     from sdk.errors import UsageError
-    from sdk.graph import trace
-    from sdk.session import Session
 
-    def mlp(w, x):
-        return {"y": ops.gelu(ops.linear(x, w["w"], w["b"]))}
-    weights = {"w": f32(512, 256), "b": f32(512)}
-    graph = trace(mlp, name="mlp", weights={k: v.shape for k, v in weights.items()},
-                  inputs={"x": ((1, 600, 256), "float32")})
-    session = Session([graph], weights, device="cpu")
     x = f32(1, 600, 256)
-    session.run("mlp", x=x)
-    session.close()
+    with mlp_executable() as exe:
+        exe.run("mlp", {"x": x})
     with pytest.raises(UsageError, match="closed"):
-        session.run("mlp", x=x)
+        exe.run("mlp", {"x": x})
+
+
+def test_a_worker_killed_mid_session_is_a_clear_error_not_a_hang():
+    from sdk.errors import SdkError
+
+    with mlp_executable() as exe:
+        (worker,) = exe.workers.procs
+        os.kill(worker.pid, signal.SIGKILL)
+        os.waitpid(worker.pid, 0)
+        with pytest.raises(SdkError, match="ended during a run") as error:
+            exe.run("mlp", {"x": f32(1, 600, 256)})
+        assert "AIE_APPS_THREADS=1" in error.value.fix
+
+
+def test_a_session_refuses_to_run_in_a_process_forked_from_its_own():
+    with mlp_executable() as exe:
+        x = f32(1, 600, 256)
+        expected = exe.run("mlp", {"x": x})["y"]
+        pid = os.fork()
+        if pid == 0:  # the copy: must not talk to its parent's worker processes
+            code = 3
+            try:
+                exe.run("mlp", {"x": x})
+            except Exception as e:
+                code = 0 if "another process" in str(e) else 2
+            finally:
+                os._exit(code)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+        assert np.array_equal(exe.run("mlp", {"x": x})["y"], expected)  # the owner's workers are untouched
+
+
+def test_arena_slots_share_bytes_only_when_their_lives_do_not_overlap():
+    """MiniLM's shape: the worker-visible buffers fit in a fraction of their sum, and any two slots that
+    overlap in the arena are never live in the same item."""
+    from sdk.compiler import compile
+    from sdk.models import bert
+    from sdk.runtime.cpu import _layout
+
+    cfg = bert.Config(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+    program = compile([bert.graph(cfg, 1, 128)], "cpu")
+    entry = next(iter(program.entries.values()))
+    weights = {n: np.empty(b.shape, b.dtype) for n, b in program.buffers.items() if b.usage.value == "weights"}
+    layout = _layout(program, entry, weights, 2)
+    assert sum(splits for _, splits in layout.items) == 13  # 6 attentions, 6 layer chains, the embeddings' norm
+    total = sum(program.buffers[b].nbytes for b in layout.offsets)
+    assert layout.size < total / 4
+    spans = layout.spans
+    slots = sorted(layout.offsets, key=layout.offsets.get)
+    for i, a in enumerate(slots):
+        for b in slots[i + 1:]:
+            a0, b0 = layout.offsets[a], layout.offsets[b]
+            if a0 < b0 + program.buffers[b].nbytes and b0 < a0 + program.buffers[a].nbytes:
+                assert spans[a][1] < spans[b][0] or spans[b][1] < spans[a][0], (a, b)
 
 
 def test_threads_setting():
@@ -126,9 +225,7 @@ def test_decoder_steps_stream_weights_and_forwards_split():
     from sdk.graph import trace
     from sdk.session import Session
 
-    def mlp(w, x):
-        return {"y": ops.gelu(ops.linear(x, w["w"], w["b"]))}
-    weights = {"w": f32(512, 256), "b": f32(512)}
+    weights = MLP_WEIGHTS
     shapes = {k: v.shape for k, v in weights.items()}
     graphs = [trace(mlp, name=f"rows_{n}", weights=shapes, inputs={"x": ((1, n, 256), "float32")}) for n in (1, 600)]
     with Session(graphs, weights, device="cpu") as session:

@@ -8,13 +8,19 @@ collapses when it does not own every core (Whisper's encoder attention: 0.1 s vs
 load). The pieces cut rows or output columns only, so every number is computed as the reference computes it.
 Runs of row-local steps (a transformer layer from its O projection to the next Q/K/V) go to the workers as
 one chain per block of rows, so a layer costs two hand-offs (chain, attention) rather than one per step.
+The other workers are processes forked when a program loads, once every piece is bound to arrays with
+fixed places (see "the static plan" below).
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import functools
-import queue
+import gc
+import mmap
+import os
+import pickle
+import signal
 import threading
 import weakref
 from dataclasses import dataclass
@@ -23,7 +29,7 @@ from typing import Callable, Mapping
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from ..errors import UsageError
+from ..errors import SdkError, UsageError
 from ..ops import OPS, pair
 from ..program import Program, Usage
 from ..settings import load as load_settings
@@ -49,10 +55,12 @@ def gemv_layout(program: Program, weights: dict[str, np.ndarray]) -> dict[str, n
 
 
 # ---- how a step is cut into pieces ---------------------------------------------------------------
-# A splitter gets the step's arguments and the number of workers and returns the output array plus a list
-# of thunks, each filling its own part of that array; or None when the step is too small to be worth it.
+# A splitter gets the number of workers, the step's output array and its arguments, and returns a list of
+# thunks, each filling its own part of the output; or None when the step is too small to be worth it. The
+# thunks are made once, when a program loads, over arrays with fixed places (see `bind`), and read their
+# arguments when called: so every view a splitter takes must be a view, never a copy made at that time.
 
-Pieces = tuple[np.ndarray, list[Callable[[], None]]]
+Pieces = list[Callable[[], None]]
 
 
 def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
@@ -60,23 +68,30 @@ def _bounds(n: int, parts: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(edges[:-1], edges[1:]) if b > a]
 
 
+def _viewed(array: np.ndarray, shape) -> np.ndarray | None:
+    """array.reshape(shape) if that is a view of array (None if numpy would have to copy)."""
+    view = array.reshape(shape)
+    return view if view.size == 0 or np.may_share_memory(view, array) else None
+
+
 def _by_rows(op):
     """Ops whose output row i depends on input row i only (elementwise ops, norms, softmax over the last
     axis): cut the rows of the first argument; each piece written straight into its rows where op can."""
-    def split(parts, x, *rest, **attrs) -> Pieces | None:
+    def split(parts, out, x, *rest, **attrs) -> Pieces | None:
         if x.ndim < 2 or x.dtype != np.float32:
             return None
-        rows = x.reshape(-1, x.shape[-1])
+        rows, out_rows = _viewed(x, (-1, x.shape[-1])), _viewed(out, (-1, out.shape[-1]))
+        if rows is None or out_rows is None:
+            return None
         n = rows.shape[0]
         if n < parts or rows.size < 2 * MIN_PIECE:
             return None
-        out = np.empty(rows.shape, np.float32)
 
         def piece(a, b):
             def run():
-                _fill(out[a:b], op, rows[a:b], *rest, **attrs)
+                _fill(out_rows[a:b], op, rows[a:b], *rest, **attrs)
             return run
-        return out.reshape(x.shape), [piece(a, b) for a, b in _bounds(n, parts)]
+        return [piece(a, b) for a, b in _bounds(n, parts)]
     return split
 
 
@@ -88,7 +103,7 @@ def _fill(out, op, *args, **attrs):
         out[...] = op.ref(*args, **attrs)
 
 
-def _linear(parts, x, w, b=None) -> Pieces | None:
+def _linear(parts, out, x, w, b=None) -> Pieces | None:
     """ops.linear cut into row blocks (or, for a decoder step, the weight's output rows), each block's GEMM
     written straight into its part of the output and its bias added there."""
     rows = int(np.prod(x.shape[:-1]))
@@ -100,11 +115,13 @@ def _linear(parts, x, w, b=None) -> Pieces | None:
         if w.size < 2 * MIN_GEMV_PIECE:
             return None
         blocks = [(slice(None), slice(c0, c1)) for c0, c1 in _bounds(w.shape[0], parts)]
-    x2, out = x.reshape(rows, -1), np.empty((rows, w.shape[0]), np.float32)
+    x2, out2 = _viewed(x, (rows, x.shape[-1])), _viewed(out, (rows, w.shape[0]))
+    if x2 is None or out2 is None:
+        return None
 
     def piece(r, c):
-        return lambda: _linear_into(out[r, c], x2[r], w[c], None if b is None else b[c])
-    return out.reshape(*x.shape[:-1], w.shape[0]), [piece(r, c) for r, c in blocks]
+        return lambda: _linear_into(out2[r, c], x2[r], w[c], None if b is None else b[c])
+    return [piece(r, c) for r, c in blocks]
 
 
 def _linear_into(out, x, w, b=None):
@@ -114,10 +131,9 @@ def _linear_into(out, x, w, b=None):
         out += b
 
 
-def _attention(parts, q, k, v, mask=None, *, scale) -> Pieces | None:
-    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+def _attention(parts, out, q, k, v, mask=None, *, scale) -> Pieces | None:
+    lead = out.shape[:-2]
     T, S = q.shape[-2], k.shape[-2]
-    out = np.empty(lead + (T, v.shape[-1]), np.float32)
     if out.size < 2 * MIN_PIECE and T * S * int(np.prod(lead)) < 2 * MIN_PIECE:
         return None
     axis = next((i for i, n in enumerate(lead) if n >= parts), None)
@@ -142,43 +158,42 @@ def _attention(parts, q, k, v, mask=None, *, scale) -> Pieces | None:
         def run():
             _fill(out[index(a, b)], OPS["attention"], *[cut(t, a, b) for t in args], scale=scale)
         return run
-    return out, [piece(a, b) for a, b in _bounds(n, parts)]
+    return [piece(a, b) for a, b in _bounds(n, parts)]
 
 
-def _conv2d(parts, x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1) -> Pieces | None:
-    """Cut the output rows (or, for a single row, as in conv1d, the output columns): each piece convolves
-    the window of the zero-padded input its outputs read, with no padding of its own."""
+def _conv2d(parts, out, x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1) -> Pieces | None:
+    """Cut the output rows (or, for a single row, as in conv1d, the output columns): each piece zero-pads
+    the window of the input its outputs read and convolves that, with no padding of its own."""
     (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
-    B, O, Ho, Wo = OPS["conv2d"].shape(x.shape, w.shape, stride=stride, padding=padding, groups=groups,
-                                       dilation=dilation)
+    Ho, Wo = out.shape[2:]
     axis, n, s, d, k = (2, Ho, sh, dh, w.shape[2]) if Ho >= parts else (3, Wo, sw, dw, w.shape[3])
-    if B * O * Ho * Wo < 2 * MIN_PIECE or n < parts:
+    if out.size < 2 * MIN_PIECE or n < parts:
         return None
-    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)))
-    out = np.empty((B, O, Ho, Wo), np.float32)
+    pads = [(0, 0), (0, 0), (ph, ph), (pw, pw)]
+    p, size = pads[axis][0], x.shape[axis]
 
     def piece(a, c):
         def run():
-            window = [slice(None)] * 4
-            window[axis] = slice(a * s, (c - 1) * s + d * (k - 1) + 1)
-            y = OPS["conv2d"].ref(xp[tuple(window)], w, b, stride=stride, padding=0, groups=groups,
+            lo, hi = a * s - p, (c - 1) * s + d * (k - 1) + 1 - p  # the window, in unpadded coordinates
+            window, edge = [slice(None)] * 4, list(pads)
+            window[axis], edge[axis] = slice(max(lo, 0), min(hi, size)), (max(-lo, 0), max(hi - size, 0))
+            y = OPS["conv2d"].ref(np.pad(x[tuple(window)], edge), w, b, stride=stride, padding=0, groups=groups,
                                   dilation=dilation)
             out[(slice(None),) * axis + (slice(a, c),)] = y
         return run
-    return out, [piece(a, c) for a, c in _bounds(n, parts)]
+    return [piece(a, c) for a, c in _bounds(n, parts)]
 
 
-def _conv1d(parts, x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1) -> Pieces | None:
-    pieces = _conv2d(parts, x[:, :, None, :], w[:, :, None, :], b, stride=(1, stride), padding=(0, padding),
-                     groups=groups, dilation=(1, dilation))
-    return None if pieces is None else (pieces[0][:, :, 0, :], pieces[1])
+def _conv1d(parts, out, x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1) -> Pieces | None:
+    return _conv2d(parts, out[:, :, None, :], x[:, :, None, :], w[:, :, None, :], b, stride=(1, stride),
+                   padding=(0, padding), groups=groups, dilation=(1, dilation))
 
 
 def _row_softmax(op):
     rows = _by_rows(op)
 
-    def split(parts, x, *, axis=-1):
-        return rows(parts, x, axis=-1) if axis in (-1, x.ndim - 1) else None
+    def split(parts, out, x, *, axis=-1):
+        return rows(parts, out, x, axis=-1) if axis in (-1, x.ndim - 1) else None
     return split
 
 
@@ -231,7 +246,6 @@ def _row_role(in_shape, out_shape) -> str | None:
 class Chain:
     steps: tuple           # the row-local steps, in program order
     roles: tuple           # per step, per input: "rows" | "vector" | "whole" | None (absent optional input)
-    shapes: tuple          # per step, its output's shape
     views: tuple           # view steps met on the way, run after the chain
     rows: int
 
@@ -246,8 +260,7 @@ def plan(program: Program, entry) -> list:
         work = sum(_rows(buffers[s.outputs[0]].shape) * buffers[s.outputs[0]].shape[-1]
                    * (buffers[s.inputs[0]].shape[-1] if s.op == "linear" else 1) for s in chain)
         if len(chain) >= 2 and work >= 2 * MIN_GEMM_PIECE:
-            items.append(Chain(tuple(chain), tuple(roles), tuple(buffers[s.outputs[0]].shape for s in chain),
-                               tuple(views), _rows(buffers[chain[0].outputs[0]].shape)))
+            items.append(Chain(tuple(chain), tuple(roles), tuple(views), _rows(buffers[chain[0].outputs[0]].shape)))
         else:
             items.extend(met)
         for pending in (chain, roles, views, met):
@@ -277,121 +290,318 @@ def plan(program: Program, entry) -> list:
     return items
 
 
-class _Helper:
-    """A worker thread fed through C-level queues. A MiniLM forward pass hands work over 13 times, and each
-    hand-off is Python code that runs while the other worker waits for the GIL: ~40 us a round trip this
-    way against ~95 us through ThreadPoolExecutor's Future and Condition objects. Pieces are numbered and
-    the helper records the number of the last one it finished, so a Ctrl-C that lands anywhere in the
-    hand-off cannot leave the caller waiting for a wake-up that was already taken."""
+def _chain_pieces(chain: Chain, array: Callable[[str], np.ndarray], parts: int) -> Pieces | None:
+    """One piece per block of rows, each running every step of `chain` over its rows; None if some argument
+    or output cannot be taken as a [rows, width] view."""
+    def shaped(name, role):
+        x = array(name)
+        return x if role == "whole" else _viewed(x, (chain.rows, x.shape[-1]) if role == "rows" else x.shape[-1:])
+    args, outs = [], []
+    for step, roles in zip(chain.steps, chain.roles):
+        step_args = [None if name is None else shaped(name, role) for name, role in zip(step.inputs, roles)]
+        out = _viewed(array(step.outputs[0]), (chain.rows, -1))
+        if out is None or any(x is None for x, name in zip(step_args, step.inputs) if name is not None):
+            return None
+        args.append(step_args), outs.append(out)
 
-    def __init__(self):
-        self.todo, self.woken = queue.SimpleQueue(), queue.SimpleQueue()
-        self.sent, self.outcome = 0, (0, None)  # outcome: (number of the last piece finished, its error)
-        self.thread = threading.Thread(target=_serve, args=(self,), name="aie-cpu", daemon=True)
-        self.thread.start()
-
-
-def _serve(helper: _Helper) -> None:
-    while (item := helper.todo.get()) is not None:  # None: stop
-        number, piece = item
-        try:
-            piece()
-            error = None
-        except BaseException as e:  # handed to the caller, who raises it
-            error = e
-        helper.outcome = (number, error)
-        helper.woken.put(None)
-
-
-def _stop(helpers: list[_Helper]) -> None:
-    for helper in helpers:
-        helper.todo.put(None)
+    def piece(lo, hi):
+        def run():
+            for step, step_args, roles, out in zip(chain.steps, args, chain.roles, outs):
+                step_args = [x[lo:hi] if role == "rows" else x for x, role in zip(step_args, roles)]
+                if step.op == "linear":
+                    _linear_into(out[lo:hi], *step_args)
+                else:
+                    _fill(out[lo:hi], OPS[step.op], *step_args, **step.attrs)
+        return run
+    return [piece(a, b) for a, b in _bounds(chain.rows, parts)]
 
 
-def _collect(helpers: list[_Helper]) -> list[BaseException | None]:
-    """Wait until each helper has finished the last piece sent to it; Ctrl-C is raised once they have."""
-    interrupted = False
-    for helper in helpers:
-        while helper.outcome[0] != helper.sent:
+# ---- the static plan: every array a worker touches has a fixed place -------------------------------------
+# The workers are processes, not threads: two threads each making ~50 short numpy calls per layer fight for
+# the GIL (a 64 x 1536 GELU: 0.49 ms alone, 0.8 ms beside a thread doing the same, 0.47 ms beside a process;
+# MiniLM's forward pass takes 0.89-0.91 of its time with threads). So that a hand-off stays two integers,
+# every piece is bound once, when the program loads, to arrays with fixed addresses: the weights (shared
+# copy-on-write by the fork) and slots of one shared mapping (the arena), laid out by liveness so that a
+# run's working set stays as small as with fresh arrays. Then the workers are forked. A run copies its
+# inputs into their slots and its outputs out, and holds the session's lock throughout.
+
+@dataclass(frozen=True)
+class Split:
+    """An item whose pieces run one per worker, piece 0 in the caller."""
+    index: int
+    pieces: tuple[Callable[[], None], ...]
+    outputs: tuple[tuple[str, np.ndarray], ...]  # (buffer, its slot): what the run sees once the pieces ran
+    then: tuple  # steps the caller runs right after (the views met inside a chain)
+    steps: int   # program steps it stands for
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One entry, ready to run: its items (Split or Step) and the arrays with fixed places."""
+    items: tuple
+    arena: dict          # buffer -> weight, slot, or a view of either
+    copied: frozenset    # slots the caller fills with its own steps' outputs, for the workers to read
+    inputs: tuple = ()   # entry inputs a worker reads: copied into their slots first
+
+
+@dataclass
+class _Layout:
+    items: list          # (item, splits)
+    alias: dict          # buffer -> the buffer it views (view steps, in-place ops)
+    producer: dict       # buffer -> the step that makes it
+    offsets: dict        # slot buffer -> byte offset in the arena
+    spans: dict          # slot buffer -> (first, last) item that touches it or a view of it
+    viewed: list         # buffers workers read that are views of slots or weights, in program order
+    copied: set
+    size: int
+
+
+ALIGN = 64  # slot offsets: one cache line
+
+
+def _layout(program: Program, entry, weights: dict, parts: int) -> _Layout:
+    """Which items split, judged on stand-ins (np.empty, no memory touched) with the arena's strides; which
+    buffers the workers need in the arena; and their offsets, two slots sharing bytes only when no item
+    between the first write of one and the last read of the other touches both."""
+    buffers = program.buffers
+    per_run = set(program.buffers_of(Usage.STATE))  # the caller's State arrays: bound at run time, not here
+    standin = dict(weights)
+
+    def get(name):
+        if name not in standin:
+            standin[name] = np.empty(buffers[name].shape, buffers[name].dtype)
+        return standin[name]
+    alias, producer, items = {}, {}, []
+    for item in plan(program, entry):
+        steps = (*item.steps, *item.views) if isinstance(item, Chain) else (item,)
+        reads = {i for s in steps for i in s.inputs if i is not None}
+        splits = False
+        if not reads & per_run:
+            if isinstance(item, Chain):
+                splits = _chain_pieces(item, get, parts) is not None
+            elif item.op in SPLITTERS:
+                splits = SPLITTERS[item.op](parts, get(item.outputs[0]), *[None if i is None else get(i)
+                                                                        for i in item.inputs], **item.attrs) is not None
+        items.append((item, splits))
+        for s in steps:
+            out, op = s.outputs[0], OPS[s.op]
+            producer[out] = s
+            source = s.inputs[op.inplace] if op.inplace is not None else s.inputs[0] if s.op in VIEWS else None
+            if source is None:
+                continue
+            if source in per_run:
+                per_run.add(out)
+            elif op.inplace is not None:
+                alias[out], standin[out] = source, get(source)
+            elif np.may_share_memory(view := op.ref(get(source), **s.attrs), get(source)):
+                alias[out], standin[out] = source, view
+
+    root = lambda b: root(alias[b]) if b in alias else b  # noqa: E731
+    slots, viewed, written = set(), set(), set()
+
+    def need(b):
+        if b in weights:
+            return
+        if b in alias:
+            viewed.add(b)
+            need(alias[b])
+        else:
+            slots.add(b)
+    for item, splits in items:
+        if splits:
+            steps = item.steps if isinstance(item, Chain) else (item,)
+            for s in steps:
+                for b in (*s.inputs, *s.outputs):
+                    if b is not None:
+                        need(b)
+                written.update(s.outputs)
+    first, last = {}, {}
+    for i, (item, splits) in enumerate(items):
+        steps = (*item.steps, *item.views) if isinstance(item, Chain) else (item,)
+        for s in steps:
+            for b in (*s.inputs, *s.outputs):
+                r = None if b is None else root(b)
+                if r in slots:
+                    first[r], last[r] = min(first.get(r, i), i), max(last.get(r, i), i)
+    for b in entry.inputs.values():
+        first[b] = -1
+    for b in entry.outputs.values():
+        if root(b) in slots:
+            last[root(b)] = len(items)
+    offsets, placed, size = {}, [], 0
+    for b in sorted(slots, key=lambda b: -buffers[b].nbytes):  # biggest first: they leave the fewest gaps
+        span, nbytes, offset = (first[b], last[b]), buffers[b].nbytes, 0
+        for start, end in sorted((o, e) for o, e, (f, t) in placed if f <= span[1] and span[0] <= t):
+            if offset + nbytes <= start:
+                break
+            offset = max(offset, -(-end // ALIGN) * ALIGN)
+        offsets[b] = offset
+        placed.append((offset, offset + nbytes, span))
+        size = max(size, offset + nbytes)
+    order = {b: i for i, b in enumerate(producer)}
+    spans = {b: (first[b], last[b]) for b in slots}
+    return _Layout(items, alias, producer, offsets, spans, sorted(viewed, key=order.__getitem__), slots - written,
+                   size)
+
+
+def bind(program: Program, entry, layout: _Layout, memory: np.ndarray, weights: dict, parts: int,
+         splits: list) -> Bound:
+    """The entry's items over `memory` (the arena): each split item's pieces made once and appended to
+    `splits` (a worker asked for split i runs its piece of splits[i])."""
+    arena, inputs = dict(weights), set(entry.inputs.values())
+    for b, offset in layout.offsets.items():
+        buf = program.buffers[b]
+        arena[b] = memory[offset:offset + buf.nbytes].view(buf.dtype).reshape(buf.shape)
+    for b in layout.viewed:
+        step = layout.producer[b]
+        arena[b] = (arena[layout.alias[b]] if OPS[step.op].inplace is not None
+                    else OPS[step.op].ref(arena[step.inputs[0]], **step.attrs))
+    items = []
+    for item, splits_here in layout.items:
+        if not splits_here:
+            items.extend((*item.steps, *item.views) if isinstance(item, Chain) else (item,))
+            continue
+        if isinstance(item, Chain):
+            pieces, then, steps = _chain_pieces(item, arena.__getitem__, parts), item.views, item.steps
+        else:
+            pieces = SPLITTERS[item.op](parts, arena[item.outputs[0]],
+                                        *[None if i is None else arena[i] for i in item.inputs], **item.attrs)
+            then, steps = (), (item,)
+        split = Split(len(splits), tuple(pieces), tuple((s.outputs[0], arena[s.outputs[0]]) for s in steps),
+                      then, len(steps))
+        splits.append(split)
+        items.append(split)
+    return Bound(tuple(items), arena, frozenset(layout.copied), tuple(b for b in layout.copied if b in inputs))
+
+
+class _Worker:
+    """A forked process that runs its piece of a split item when asked.
+
+    The request (its number and the split's index), the number of the last piece finished and that piece's
+    error live in a small shared mapping; the pipes only wake the other side. A Ctrl-C that lands anywhere
+    in the hand-off therefore cannot lose a wake-up: the caller re-reads the numbers, and rings again."""
+
+    REQUEST, INDEX, FINISHED, ERROR = range(4)  # int64 fields of the shared header; the pickled error after
+
+    def __init__(self, splits: list[Split], k: int):
+        self.control = mmap.mmap(-1, 1 << 16)
+        self.header = np.frombuffer(self.control, np.int64, 4)
+        doorbell, self.bell = os.pipe()
+        self.woken, wake = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the worker: never returns
+            status = 1
             try:
-                helper.woken.get()
+                _serve(splits, k, self, doorbell, wake)
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(doorbell), os.close(wake)
+
+    def ask(self, index: int) -> None:
+        self.header[self.INDEX] = index
+        self.header[self.REQUEST] += 1  # the request is made once this store is
+        self.ring()
+
+    def ring(self) -> None:
+        try:
+            os.write(self.bell, b"\0")
+        except BrokenPipeError:
+            raise self.ended() from None
+
+    def ended(self) -> SdkError:
+        return SdkError(f"a cpu worker process (pid {self.pid}) ended during a run",
+                        fix="open a new Session; if it happens again, set AIE_APPS_THREADS=1")
+
+    def wait(self, ring: bool) -> BaseException | None:
+        """Until the last request is done (ring: the request may not have rung yet); its error, if any."""
+        interrupted = False
+        if ring and self.header[self.FINISHED] != self.header[self.REQUEST]:
+            self.ring()
+        while self.header[self.FINISHED] != self.header[self.REQUEST]:
+            try:
+                if not os.read(self.woken, 1):
+                    raise self.ended()
             except KeyboardInterrupt:
                 interrupted = True
-    if interrupted:
-        raise KeyboardInterrupt
-    return [helper.outcome[1] for helper in helpers]
+        if interrupted:
+            raise KeyboardInterrupt
+        n = int(self.header[self.ERROR])
+        return pickle.loads(self.control[32:32 + n]) if n else None
+
+
+def _serve(splits: list[Split], k: int, worker: _Worker, doorbell: int, wake: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's: it waits for this piece, then raises
+    gc.disable()  # a collection would touch, and so copy, every object inherited from the parent
+    for low, high in ((3, min(doorbell, wake)), (min(doorbell, wake) + 1, max(doorbell, wake)),
+                      (max(doorbell, wake) + 1, os.sysconf("SC_OPEN_MAX"))):
+        os.closerange(low, high)  # others' pipes, files, a camera: this process must not hold them open
+    ThreadpoolController().limit(limits=1, user_api="blas")
+    header = worker.header
+    while os.read(doorbell, 1):  # end of file: the session closed, or its process ended
+        number = header[worker.REQUEST]
+        if number == header[worker.FINISHED]:
+            continue  # rung again for a request already done
+        try:
+            splits[int(header[worker.INDEX])].pieces[k]()
+            report = b""
+        except BaseException as e:  # raised in the caller
+            report = _pickled(e, len(worker.control) - 32)
+        worker.control[32:32 + len(report)] = report
+        header[worker.ERROR] = len(report)
+        header[worker.FINISHED] = number
+        os.write(wake, b"\0")
+
+
+def _pickled(error: BaseException, limit: int) -> bytes:
+    try:
+        report = pickle.dumps(error)
+    except Exception:
+        report = b""
+    if not report or len(report) > limit:
+        report = pickle.dumps(RuntimeError(f"{type(error).__name__} in a cpu worker: {str(error)[:2000]}"))
+    return report
+
+
+def _stop(owner: int, workers: list[_Worker]) -> None:
+    if os.getpid() != owner:  # a copy of this object in a process forked from its owner: not ours to stop
+        return
+    for worker in workers:
+        os.close(worker.bell)  # the worker reads end of file and exits
+    for worker in workers:
+        os.close(worker.woken)
+        try:
+            os.waitpid(worker.pid, 0)
+        except ChildProcessError:  # already reaped by someone else
+            pass
 
 
 class Workers:
-    """`n` threads, the caller being one of them; BLAS single-threaded while a program runs."""
+    """The caller and `n - 1` worker processes, forked once every split item of the program is bound."""
 
-    def __init__(self, n: int):
-        self.n = max(1, n)
-        self.helpers = [_Helper() for _ in range(self.n - 1)]
-        self.lock = threading.Lock()  # one hand-off at a time: two threads running one session take turns
-        self._stop = weakref.finalize(self, _stop, self.helpers)  # threads end with their Workers
-        self.blas = ThreadpoolController()
+    def __init__(self, splits: list[Split], n: int):
+        self.owner = os.getpid()
+        self.procs = [_Worker(splits, k) for k in range(1, n)] if splits else []
+        self._stop = weakref.finalize(self, _stop, self.owner, self.procs)
 
-    def one_blas_thread(self):
-        return self.blas.limit(limits=1, user_api="blas")
-
-    def run(self, op: str, args: list, attrs: dict):
-        split = SPLITTERS.get(op) if self.helpers else None
-        pieces = split(self.n, *args, **attrs) if split is not None else None
-        if pieces is None:
-            return OPS[op].ref(*args, **attrs)
-        out, work = pieces
-        self._spread(work)
-        return out
-
-    def run_chain(self, chain: Chain, env: dict) -> None:
-        """Every step of `chain` over one block of rows per worker; outputs are whole arrays in env."""
-        as_rows = lambda x: x.reshape(chain.rows, x.shape[-1])  # noqa: E731  (a copy only for a strided view)
-        flat = lambda x: x.reshape(x.shape[-1:])  # noqa: E731  (a vector every row reads)
-        shaped = {"rows": as_rows, "vector": flat, "whole": lambda x: x}
-        inputs = [[None if role is None else shaped[role](env[name]) if name in env else name
-                   for name, role in zip(step.inputs, roles)] for step, roles in zip(chain.steps, chain.roles)]
-        outs = {step.outputs[0]: np.empty((chain.rows, shape[-1]), np.float32)
-                for step, shape in zip(chain.steps, chain.shapes)}
-
-        def piece(a, b):
-            def run():
-                for step, args, roles in zip(chain.steps, inputs, chain.roles):
-                    args = [outs[x][a:b] if isinstance(x, str) else x[a:b] if role == "rows" else x
-                            for x, role in zip(args, roles)]
-                    out = outs[step.outputs[0]][a:b]
-                    if step.op == "linear":
-                        _linear_into(out, *args)
-                    else:
-                        _fill(out, OPS[step.op], *args, **step.attrs)
-            return run
-        self._spread([piece(a, b) for a, b in _bounds(chain.rows, self.n)])
-        for step, shape in zip(chain.steps, chain.shapes):
-            env[step.outputs[0]] = outs[step.outputs[0]].reshape(shape)
-
-    def _spread(self, work: list[Callable[[], None]]) -> None:
-        """The first piece here, the others on the helpers (any beyond them here too), back when all are
-        done: every piece has finished before this returns or raises, so none still writes into a run's
-        arrays."""
-        sent: list[_Helper] = []
-        with self.lock:
-            try:
-                for helper, piece in zip(self.helpers, work[1:]):
-                    helper.sent += 1
-                    helper.todo.put((helper.sent, piece))
-                    sent.append(helper)
-                for piece in [work[0], *work[len(self.helpers) + 1:]]:
-                    piece()
-            finally:
-                errors = _collect(sent)
+    def spread(self, split: Split) -> None:
+        """Every piece of `split` run (the first here) before this returns or raises, so that no piece still
+        writes into the arena when the next step, or the next run, reads it."""
+        asked = self.procs[:len(split.pieces) - 1]
+        in_flight = True
+        try:
+            for worker in asked:
+                worker.ask(split.index)
+            split.pieces[0]()
+            in_flight = False
+        finally:
+            errors = [worker.wait(ring=in_flight) for worker in self.procs]
         error = next((e for e in errors if e is not None), None)
         if error is not None:
             raise error
 
     def close(self):
         self._stop()
-        for helper in self.helpers:
-            helper.thread.join()
 
 
 class CpuExecutable:
@@ -404,49 +614,77 @@ class CpuExecutable:
         self.weights = gemv_layout(program, check_weights(program, weights))
         self.counters = Counters()
         self.closed = False
-        self.workers = Workers(threads)
+        self.threads = max(1, threads)
         self.weight_streaming = {name for name, e in program.entries.items() if _weight_streaming(program, e)}
-        self.plans = {name: e.steps if name in self.weight_streaming or not self.workers.helpers
-                      else plan(program, e) for name, e in program.entries.items()}
+        self.lock = threading.Lock()  # a run fills the arena: threads running one session take turns
+        self.blas = ThreadpoolController()
+        layouts = {name: _layout(program, e, self.weights, self.threads) for name, e in program.entries.items()
+                   if self.threads > 1 and name not in self.weight_streaming}
+        self.memory = mmap.mmap(-1, max([ALIGN] + [layout.size for layout in layouts.values()]))
+        splits: list[Split] = []
+        self.bound = {name: bind(program, e, layouts[name], np.frombuffer(self.memory, np.uint8), self.weights,
+                                 self.threads, splits) if name in layouts
+                      else Bound(e.steps, {}, frozenset()) for name, e in program.entries.items()}
+        self.workers = Workers(splits, self.threads)  # forked last: every piece exists by now
 
     def new_state(self) -> State:
         return State({n: np.zeros(b.shape, b.dtype) for n, b in self.program.buffers_of(Usage.STATE).items()})
 
     def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None) -> dict:
-        if self.closed:  # its worker threads are gone: a run would wait for them forever
+        if self.closed:  # its worker processes are gone: a run would wait for them forever
             raise UsageError("this cpu session is closed", fix="open a new Session")
+        if os.getpid() != self.workers.owner:
+            raise UsageError("this cpu session was opened in another process (this one was forked from it)",
+                             fix="open a new Session in this process")
         program_entry = self.program.entry(entry)
         env: dict[str, np.ndarray] = {**self.weights, **check_inputs(self.program, entry, inputs)}
         if state is not None:
             env.update(state.buffers)
+        bound = self.bound[program_entry.name]
         if program_entry.name in self.weight_streaming:
-            self._steps(self.plans[program_entry.name], env, lambda op, args, attrs: OPS[op].ref(*args, **attrs))
+            outputs = self._steps(bound, env, program_entry)
         else:
-            with self.workers.one_blas_thread():
-                self._steps(self.plans[program_entry.name], env, self.workers.run)
+            with self.lock, self.blas.limit(limits=1, user_api="blas"):
+                outputs = self._steps(bound, env, program_entry)
         self.counters.runs += 1
-        # outputs are the caller's own arrays: never a view of state, weights or another output
-        return {name: np.array(env[buf]) if self.program.buffers[buf].usage is Usage.STATE
-                or not env[buf].flags.owndata else env[buf] for name, buf in program_entry.outputs.items()}
+        return outputs
 
-    def _steps(self, items: list, env: dict, run_step: Callable):
-        for step in items:
-            try:
-                if isinstance(step, Chain):
-                    self.workers.run_chain(step, env)
-                    self.counters.host_ops += len(step.steps)
-                    self._steps(step.views, env, run_step)
-                    continue
-                args = [env[i] if i is not None else None for i in step.inputs]
-                env[step.outputs[0]] = run_step(step.op, [args] if OPS[step.op].variadic else args, step.attrs)
-            except KeyError as e:
-                raise ValueError(f"step {getattr(step, 'op', 'chain')} reads {e}, which nothing wrote: "
-                                 f"a state buffer needs a State (session.new_state())") from None
-            self.counters.host_ops += 1
+    def _steps(self, bound: Bound, env: dict, entry) -> dict:
+        for name in bound.inputs:  # entry inputs a worker reads
+            np.copyto(bound.arena[name], env[name])
+            env[name] = bound.arena[name]
+        for item in bound.items:
+            if isinstance(item, Split):
+                self.workers.spread(item)
+                env.update(item.outputs)
+                self.counters.host_ops += item.steps
+                for step in item.then:
+                    self._step(step, bound, env)
+            else:
+                self._step(item, bound, env)
+        # the caller's own arrays, never a view of state, weights, another output or the arena (which the next
+        # run overwrites: so copied before the lock is let go)
+        return {name: np.array(env[buf]) if self.program.buffers[buf].usage is Usage.STATE
+                or not env[buf].flags.owndata else env[buf] for name, buf in entry.outputs.items()}
+
+    def _step(self, step, bound: Bound, env: dict):
+        try:
+            args = [env[i] if i is not None else None for i in step.inputs]
+        except KeyError as e:
+            raise ValueError(f"step {step.op} reads {e}, which nothing wrote: a state buffer needs a State "
+                             f"(session.new_state())") from None
+        op, out = OPS[step.op], step.outputs[0]
+        args = [args] if op.variadic else args
+        if out in bound.copied:  # a worker reads it: made in its slot
+            _fill(bound.arena[out], op, *args, **step.attrs)
+            env[out] = bound.arena[out]
+        else:
+            env[out] = op.ref(*args, **step.attrs)
+        self.counters.host_ops += 1
 
     def close(self):
         self.closed = True
-        self.weights = {}
+        self.weights, self.bound = {}, {}
         self.workers.close()
 
 
