@@ -313,7 +313,10 @@ class ProteinEmbedder:
         if self.session is not None:
             self.session.close()
         graphs = [esm.graph(self.cfg, batch, length, self.layers) for batch, length in sorted(self._shapes)]
-        self.session = Session(graphs, self._weights, device=self._device)
+        # the first session takes the weights checked at construction; a rebuild reads them again rather than
+        # keep them beside the session's own copy (the cpu backend lays out its linear weights anew)
+        weights, self._weights = self._weights or esm.load(self.source.path)[1], None
+        self.session = Session(graphs, weights, device=self._device)
 
     def _run(self, batch: Batch, tokens: list[np.ndarray]) -> list[np.ndarray]:
         ids = np.full((batch.batch, batch.length), self.tokenizer.pad, np.int32)

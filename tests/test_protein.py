@@ -152,7 +152,7 @@ def test_padding_never_changes_an_embedding(embedder):
     for row, seq in enumerate((short, others[2])):
         t = embedder.tokenizer.encode(seq)
         ids[row, :len(t)], mask[row, :len(t)] = t, 1
-    with Session([esm.graph(embedder.cfg, 2, 192)], embedder._weights, device="cpu") as s:
+    with Session([esm.graph(embedder.cfg, 2, 192)], esm.load(embedder.source.path)[1], device="cpu") as s:
         hidden = s.run(ids=ids, mask=mask)[f"layer_{embedder.cfg.num_hidden_layers}"]
     np.testing.assert_allclose(hidden[0, 1:13].mean(0), alone, atol=1e-5, rtol=0)
 
