@@ -102,6 +102,17 @@ def test_a_failing_piece_raises_in_the_caller_after_every_piece_is_done_and_the_
     assert all(gone(pid) for pid in abandoned)
 
 
+def test_no_worker_processes_to_be_had_is_a_clear_error(monkeypatch):
+    from sdk.errors import SdkError
+
+    def fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+    monkeypatch.setattr(os, "fork", fork)
+    with pytest.raises(SdkError, match="worker processes") as error:
+        Workers([Split(0, (lambda: None, lambda: None), (), (), 1)], 2)
+    assert "AIE_APPS_THREADS=1" in error.value.fix
+
+
 def gone(pid):
     try:
         os.kill(pid, 0)

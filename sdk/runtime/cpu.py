@@ -491,7 +491,12 @@ class _Worker:
         self.header = np.frombuffer(self.control, np.int64, 4)
         doorbell, self.bell = os.pipe()
         self.woken, wake = os.pipe()
-        self.pid = os.fork()
+        try:
+            self.pid = os.fork()
+        except OSError:
+            for fd in (doorbell, self.bell, self.woken, wake):
+                os.close(fd)
+            raise
         if self.pid == 0:  # the worker: never returns
             status = 1
             try:
@@ -517,18 +522,13 @@ class _Worker:
                         fix="open a new Session; if it happens again, set AIE_APPS_THREADS=1")
 
     def wait(self, ring: bool) -> BaseException | None:
-        """Until the last request is done (ring: the request may not have rung yet); its error, if any."""
-        interrupted = False
+        """Until the last request is done (ring: the request may not have rung yet); its error, if any. Safe
+        to call again after a Ctrl-C cut it short."""
         if ring and self.header[self.FINISHED] != self.header[self.REQUEST]:
             self.ring()
         while self.header[self.FINISHED] != self.header[self.REQUEST]:
-            try:
-                if not os.read(self.woken, 1):
-                    raise self.ended()
-            except KeyboardInterrupt:
-                interrupted = True
-        if interrupted:
-            raise KeyboardInterrupt
+            if not os.read(self.woken, 1):
+                raise self.ended()
         n = int(self.header[self.ERROR])
         return pickle.loads(self.control[32:32 + n]) if n else None
 
@@ -583,22 +583,35 @@ class Workers:
     """The caller and `n - 1` worker processes, forked once every split item of the program is bound."""
 
     def __init__(self, splits: list[Split], n: int):
-        self.owner = os.getpid()
-        self.procs = [_Worker(splits, k) for k in range(1, n)] if splits else []
+        self.owner, self.procs = os.getpid(), []
         self._stop = weakref.finalize(self, _stop, self.owner, self.procs)
+        try:
+            for k in range(1, n if splits else 1):
+                self.procs.append(_Worker(splits, k))
+        except OSError as e:
+            self.close()
+            raise SdkError(f"cannot start the cpu backend's worker processes: {e}",
+                           fix="set AIE_APPS_THREADS=1 to run on one core without them") from None
 
     def spread(self, split: Split) -> None:
         """Every piece of `split` run (the first here) before this returns or raises, so that no piece still
         writes into the arena when the next step, or the next run, reads it."""
-        asked = self.procs[:len(split.pieces) - 1]
         in_flight = True
         try:
-            for worker in asked:
+            for worker in self.procs[:len(split.pieces) - 1]:
                 worker.ask(split.index)
             split.pieces[0]()
             in_flight = False
         finally:
-            errors = [worker.wait(ring=in_flight) for worker in self.procs]
+            interrupted = False
+            while True:  # every worker waited for, whatever Ctrl-C cuts short; raised once they all are
+                try:
+                    errors = [worker.wait(ring=in_flight) for worker in self.procs]
+                    break
+                except KeyboardInterrupt:
+                    interrupted = True
+        if interrupted:
+            raise KeyboardInterrupt
         error = next((e for e in errors if e is not None), None)
         if error is not None:
             raise error
