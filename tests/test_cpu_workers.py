@@ -113,6 +113,16 @@ def test_no_worker_processes_to_be_had_is_a_clear_error(monkeypatch):
     assert "AIE_APPS_THREADS=1" in error.value.fix
 
 
+def test_without_fork_everything_runs_in_the_caller(monkeypatch):
+    monkeypatch.delattr(os, "fork")  # not on Linux, but where there is no fork the pieces must not be lost
+    x = f32(1, 600, 256)
+    with mlp_executable(2) as exe:
+        assert exe.workers.procs == [] and exe.threads == 1
+        ours = exe.run("mlp", {"x": x})["y"]
+    ref = mlp(MLP_WEIGHTS, x)["y"]
+    assert np.abs(ours - ref).max() <= 1e-6 * np.abs(ref).max()
+
+
 def gone(pid):
     try:
         os.kill(pid, 0)

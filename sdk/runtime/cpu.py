@@ -630,7 +630,7 @@ class CpuExecutable:
         self.weights = linear_layout(program, check_weights(program, weights))
         self.counters = Counters()
         self.closed = False
-        self.threads = max(1, threads)
+        self.threads = max(1, threads) if hasattr(os, "fork") else 1  # the other workers are forked processes
         self.weight_streaming = {name for name, e in program.entries.items() if _weight_streaming(program, e)}
         self.lock = threading.Lock()  # a run fills the arena: threads running one session take turns
         self.blas = ThreadpoolController()
