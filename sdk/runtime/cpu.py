@@ -355,8 +355,8 @@ class _Layout:
     offsets: dict        # slot buffer -> byte offset in the arena
     spans: dict          # slot buffer -> (first, last) item that touches it or a view of it
     viewed: list         # buffers workers read that are views of slots or weights, in program order
-    copied: set
-    size: int
+    copied: set          # slots no split item writes: the caller fills them (entry inputs, its own steps)
+    size: int            # the arena's bytes
 
 
 ALIGN = 64  # slot offsets: one cache line
@@ -364,8 +364,8 @@ ALIGN = 64  # slot offsets: one cache line
 
 def _layout(program: Program, entry, weights: dict, parts: int) -> _Layout:
     """Which items split, judged on stand-ins (np.empty, no memory touched) with the arena's strides; which
-    buffers the workers need in the arena; and their offsets, two slots sharing bytes only when no item
-    between the first write of one and the last read of the other touches both."""
+    buffers the workers need in the arena (a slot each, or a view of a slot or weight); and where the slots
+    go, two sharing bytes only if their lives, from the first item that touches one to the last, are apart."""
     buffers = program.buffers
     per_run = set(program.buffers_of(Usage.STATE))  # the caller's State arrays: bound at run time, not here
     standin = dict(weights)
@@ -431,20 +431,28 @@ def _layout(program: Program, entry, weights: dict, parts: int) -> _Layout:
     for b in entry.outputs.values():
         if root(b) in slots:
             last[root(b)] = len(items)
+    spans = {b: (first[b], last[b]) for b in slots}
+    offsets, size = _place(spans, {b: buffers[b].nbytes for b in slots})
+    order = {b: i for i, b in enumerate(producer)}
+    return _Layout(items, alias, producer, offsets, spans, sorted(viewed, key=order.__getitem__), slots - written,
+                   size)
+
+
+def _place(spans: dict, nbytes: dict) -> tuple[dict, int]:
+    """Byte offsets for slots living over `spans` (first, last item): each at the lowest aligned offset
+    clear of every slot placed before it whose span overlaps its own; the biggest first, as they leave the
+    fewest gaps. Returns the offsets and the arena's size."""
     offsets, placed, size = {}, [], 0
-    for b in sorted(slots, key=lambda b: -buffers[b].nbytes):  # biggest first: they leave the fewest gaps
-        span, nbytes, offset = (first[b], last[b]), buffers[b].nbytes, 0
-        for start, end in sorted((o, e) for o, e, (f, t) in placed if f <= span[1] and span[0] <= t):
-            if offset + nbytes <= start:
+    for b in sorted(spans, key=lambda b: -nbytes[b]):
+        (first, last), offset = spans[b], 0
+        for start, end in sorted((o, e) for o, e, (f, t) in placed if f <= last and first <= t):
+            if offset + nbytes[b] <= start:
                 break
             offset = max(offset, -(-end // ALIGN) * ALIGN)
         offsets[b] = offset
-        placed.append((offset, offset + nbytes, span))
-        size = max(size, offset + nbytes)
-    order = {b: i for i, b in enumerate(producer)}
-    spans = {b: (first[b], last[b]) for b in slots}
-    return _Layout(items, alias, producer, offsets, spans, sorted(viewed, key=order.__getitem__), slots - written,
-                   size)
+        placed.append((offset, offset + nbytes[b], spans[b]))
+        size = max(size, offset + nbytes[b])
+    return offsets, size
 
 
 def bind(program: Program, entry, layout: _Layout, memory: np.ndarray, weights: dict, parts: int,
