@@ -708,7 +708,7 @@ class CpuExecutable:
 
     def close(self):
         self.closed = True
-        self.weights, self.bound = {}, {}
+        self.weights, self.bound, self.memory = {}, {}, None  # the arena is unmapped with its last view
         self.workers.close()
 
 
