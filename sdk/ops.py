@@ -475,10 +475,11 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, groups: int = 1, dilation=1):
     win = np.lib.stride_tricks.sliding_window_view(xp, (dh * (KH - 1) + 1, dw * (KW - 1) + 1), axis=(2, 3))
     win = win[:, :, ::sh, ::sw, ::dh, ::dw]  # [B, C, Ho, Wo, KH, KW]
     Ho, Wo = win.shape[2:4]
-    win = win.reshape(B, groups, Cg, Ho, Wo, KH, KW).transpose(0, 1, 3, 4, 2, 5, 6)
-    cols = win.reshape(B, groups, Ho * Wo, Cg * KH * KW)
-    wg = w.reshape(groups, O // groups, Cg * KH * KW).transpose(0, 2, 1)
-    y = (cols @ wg).transpose(0, 1, 3, 2).reshape(B, O, Ho, Wo)  # [B, G, Og, Ho*Wo]
+    # columns [Cg*KH*KW, Ho*Wo]: each (c, kh, kw) row is a shifted [Ho, Wo] window of the image, so the copy
+    # runs along image rows, and the product is [Og, Ho*Wo], the output's own layout (no transpose after)
+    win = win.reshape(B, groups, Cg, Ho, Wo, KH, KW).transpose(0, 1, 2, 5, 6, 3, 4)
+    cols = win.reshape(B, groups, Cg * KH * KW, Ho * Wo)
+    y = (w.reshape(groups, O // groups, Cg * KH * KW) @ cols).reshape(B, O, Ho, Wo)  # [B, G, Og, Ho*Wo]
     if b is not None:
         y += b[None, :, None, None]  # y is a fresh array: the bias goes in place
     return y
