@@ -32,7 +32,7 @@ CASES = {
                                                       np.triu(np.full((400, 400), NEG, np.float32), 1)], {"scale": 0.17}),
     "conv2d rows, stride 2, padded": ("conv2d", [f32(1, 8, 100, 101), f32(64, 8, 3, 3), f32(64)],
                                       {"stride": 2, "padding": 1}),
-    "conv2d depthwise, dilated": ("conv2d", [f32(2, 16, 70, 70), f32(16, 1, 3, 3), None],
+    "conv2d depthwise, dilated": ("conv2d", [f32(2, 16, 100, 100), f32(16, 1, 3, 3), None],
                                   {"padding": 2, "groups": 16, "dilation": 2}),
     "conv1d columns (Whisper's conv2)": ("conv1d", [f32(1, 96, 3000), f32(96, 96, 3), f32(96)],
                                          {"stride": 2, "padding": 1}),

@@ -170,7 +170,7 @@ def _conv2d(parts, out, x, w, b=None, *, stride=1, padding=0, groups=1, dilation
     (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
     Ho, Wo = out.shape[2:]
     axis, n, s, d, k = (2, Ho, sh, dh, w.shape[2]) if Ho >= parts else (3, Wo, sw, dw, w.shape[3])
-    if out.size < 2 * MIN_PIECE or n < parts:
+    if out.size * w[0].size < 2 * MIN_GEMM_PIECE or n < parts:  # multiply-adds, as for a GEMM
         return None
     pads = [(0, 0), (0, 0), (ph, ph), (pw, pw)]
     p, size = pads[axis][0], x.shape[axis]
