@@ -164,6 +164,11 @@ def test_conv1d_matches_direct_sum():
 def test_max_pool_and_glu():
     x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
     assert ops.max_pool2d(x, kernel=2, stride=2).ravel().tolist() == [5, 7, 13, 15]
+    x = rng.normal(size=(2, 3, 11, 8)).astype(np.float32)  # ResNet's 3 x 3, stride 2, padding 1; odd sizes
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    ref = np.array([[[[xp[b, c, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max() for j in range(4)] for i in range(6)]
+                     for c in range(3)] for b in range(2)])
+    assert np.array_equal(ops.max_pool2d(x, kernel=3, stride=2, padding=1), ref)
     a = rng.normal(size=(2, 6)).astype(np.float32)
     assert np.allclose(ops.glu(a, axis=-1), a[:, :3] / (1 + np.exp(-a[:, 3:])), atol=1e-6)
 
