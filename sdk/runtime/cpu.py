@@ -293,6 +293,11 @@ def plan(program: Program, entry) -> list:
     return items
 
 
+def _steps_of(item) -> tuple:
+    """A plan item's program steps in the order the caller runs them: a chain's steps, then its views."""
+    return (*item.steps, *item.views) if isinstance(item, Chain) else (item,)
+
+
 def _chain_pieces(chain: Chain, array: Callable[[str], np.ndarray], parts: int) -> Pieces | None:
     """One piece per block of rows, each running every step of `chain` over its rows; None if some argument
     or output cannot be taken as a [rows, width] view."""
@@ -376,7 +381,7 @@ def _layout(program: Program, entry, weights: dict, parts: int) -> _Layout:
         return standin[name]
     alias, producer, items = {}, {}, []
     for item in plan(program, entry):
-        steps = (*item.steps, *item.views) if isinstance(item, Chain) else (item,)
+        steps = _steps_of(item)
         reads = {i for s in steps for i in s.inputs if i is not None}
         splits = False
         if not reads & per_run:
@@ -420,7 +425,7 @@ def _layout(program: Program, entry, weights: dict, parts: int) -> _Layout:
                 written.update(s.outputs)
     first, last = {}, {}
     for i, (item, splits) in enumerate(items):
-        steps = (*item.steps, *item.views) if isinstance(item, Chain) else (item,)
+        steps = _steps_of(item)
         for s in steps:
             for b in (*s.inputs, *s.outputs):
                 r = None if b is None else root(b)
@@ -470,7 +475,7 @@ def bind(program: Program, entry, layout: _Layout, memory: np.ndarray, weights: 
     items = []
     for item, splits_here in layout.items:
         if not splits_here:
-            items.extend((*item.steps, *item.views) if isinstance(item, Chain) else (item,))
+            items.extend(_steps_of(item))
             continue
         if isinstance(item, Chain):
             pieces, then, steps = _chain_pieces(item, arena.__getitem__, parts), item.views, item.steps
