@@ -344,18 +344,26 @@ def attention(q, k, v, mask=None, *, scale: float, out=None):
 def _attend(q, k_t, v, mask, out=None):
     """softmax(q k_t + mask) v. First without subtracting each row's max, which saves two of the passes over
     the scores: subtracting it changes no probability, it only keeps e^s from overflowing or underflowing.
-    Whether that happened shows in the row sums and the output, checked afterwards; only then (a row sum
-    beyond 2^+-64, i.e. a score above ~44 or a row all below ~-44; a fully masked row; nan) is the max
-    subtracted and the block's work redone."""
-    with np.errstate(all="ignore"):  # an overflow here is caught below and the work redone
-        result = _weigh(q @ k_t, v, mask, out, shift=False)
-    return result if result is not None else _weigh(q @ k_t, v, mask, out, shift=True)
+    Whether that happened shows in the row sums and the output, checked afterwards for each head (each
+    leading index); only the heads where it did (a row sum beyond 2^+-64, i.e. a score above ~44 or a row all
+    below ~-44; a fully masked row; nan) are redone with the max subtracted. One head in a layer can need it
+    (MiniLM's first layer has a head with scores up to ~57): redoing only that head keeps the others' saving."""
+    with np.errstate(all="ignore"):  # an overflow here is caught below and the head redone
+        out, bad = _weigh(q @ k_t, v, mask, out, shift=False)
+    if bad.any():
+        lead, (T, S) = bad.shape, (q.shape[-2], k_t.shape[-1])
+        q, k_t, v = (np.broadcast_to(a, lead + a.shape[-2:]) for a in (q, k_t, v))
+        mask = None if mask is None else np.broadcast_to(mask, lead + (T, S))
+        for i in map(tuple, np.argwhere(bad)):
+            _weigh(q[i] @ k_t[i], v[i], None if mask is None else mask[i], out[i], shift=True)
+    return out
 
 
 def _weigh(s, v, mask, out, *, shift: bool):
     """e^(s + mask) v normalised by the row sums, in place in s: the [T, Dv] output is divided rather than
     the [T, S] probabilities, and the row sums are a GEMV (2x faster than a reduction). Written into `out`
-    when given. Without `shift`, None when the row sums or the output show that float32 over- or underflowed."""
+    when given. Returns the output and, without `shift`, a boolean per head (leading index): float32 over- or
+    underflowed there, as the row sums or the output show."""
     if mask is not None:
         s += mask
     if shift:
@@ -364,10 +372,10 @@ def _weigh(s, v, mask, out, *, shift: bool):
     total = s @ _column(s.shape[-1], 1.0)
     out = np.matmul(s, v, out=out)
     out /= total
-    if shift or (ROW_SUM_MIN <= total.min(initial=1) and total.max(initial=1) <= ROW_SUM_MAX
-                 and np.isfinite(np.add.reduce(out, axis=None))):
-        return out
-    return None
+    if shift:
+        return out, None
+    in_range = (ROW_SUM_MIN <= total) & (total <= ROW_SUM_MAX)  # nan is in no range
+    return out, ~(in_range.all(axis=(-2, -1)) & np.isfinite(np.add.reduce(out, axis=(-2, -1))))
 
 
 # ---- shape and data movement ---------------------------------------------------------------------

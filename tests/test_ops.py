@@ -101,22 +101,25 @@ def attention_float64(q, k, v, mask, scale):
 
 @pytest.mark.parametrize("case, shifted, tol", [
     ("moderate scores", [False], 2e-6),
-    ("scores up to ~200: e^s overflows", [False, True], 2e-5),
-    ("every score below -57: row sums under 2^-64", [False, True], 2e-5),
-    ("a fully masked row", [False, True], 2e-6),
+    ("scores up to ~200: e^s overflows", [False, True, True, True, True], 2e-5),
+    ("one head's scores up to ~200", [False, True], 2e-5),
+    ("every score below -57: row sums under 2^-64", [False, True, True, True, True], 2e-5),
+    ("a fully masked row", [False, True, True, True, True], 2e-6),
 ])
-def test_attention_subtracts_the_row_max_only_when_float32_needs_it(case, shifted, tol, monkeypatch):
-    """Softmax first goes without each row's max; where e^s over- or underflowed (seen in the row sums and
-    the output) it is redone with the max subtracted. Either way: softmax's numbers, to float32's rounding
-    of scores that size."""
+def test_attention_subtracts_the_row_max_only_where_float32_needs_it(case, shifted, tol, monkeypatch):
+    """Softmax first goes without each row's max; in each head where e^s over- or underflowed (seen in the
+    row sums and the output) it is redone with the max subtracted, and only there. Either way: softmax's
+    numbers, to float32's rounding of scores that size."""
     q, k, v = (rng.normal(size=(1, 4, 64, 32)).astype(np.float32) for _ in range(3))
     mask = None
     if case.startswith("scores up to"):
         q, k = q * 6, k * 6
+    elif case.startswith("one head's"):
+        q[:, 2], k[:, 2] = q[:, 2] * 6, k[:, 2] * 6
     elif case.startswith("every score"):
         q, k = np.abs(q) * 3 + 3, -np.abs(k) * 3 - 3  # each of q . k's 32 terms <= -9: scores <= -57.6
     elif case.startswith("a fully masked"):
-        mask = np.zeros((64, 64), np.float32)
+        mask = np.zeros((64, 64), np.float32)  # broadcast over the 4 heads: each has the masked row
         mask[5] = ops.NEG_INF
     calls = []
     weigh = ops._weigh
@@ -125,6 +128,9 @@ def test_attention_subtracts_the_row_max_only_when_float32_needs_it(case, shifte
     assert calls == shifted
     assert np.isfinite(ours).all()
     assert np.abs(ours - ref).max() <= tol * np.abs(ref).max()
+    if case.startswith("one head's"):  # the heads not redone are exactly what they were
+        calm = [0, 1, 3]
+        assert np.array_equal(ours[:, calm], ops.attention(q[:, calm], k[:, calm], v[:, calm], None, scale=0.2))
 
 
 def conv2d_direct(x, w, b, stride, pad, groups):
