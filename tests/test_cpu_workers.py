@@ -153,6 +153,33 @@ def mlp_executable(threads=2):
         exe.close()
 
 
+def mapping_of(address: int) -> dict:
+    """The /proc/self/smaps fields of the mapping that holds `address`."""
+    fields, inside = {}, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(a, 16) for a in head.split("-"))
+                inside = lo <= address < hi
+            elif inside:
+                fields[head.rstrip(":")] = line.split()[1:]
+    return fields
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_linear_weights_are_the_sessions_own_fortran_copies_in_huge_page_memory():
+    with mlp_executable() as exe:
+        w = exe.weights["w"]
+        assert np.array_equal(w, MLP_WEIGHTS["w"]) and not np.may_share_memory(w, MLP_WEIGHTS["w"])
+        assert w.flags.f_contiguous and w.ctypes.data % 64 == 0
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as thp:
+            if "[never]" in thp.read():
+                pytest.skip("transparent huge pages are off on this machine")
+        assert "hg" in mapping_of(w.ctypes.data)["VmFlags"]  # advised for huge pages
+        assert exe.weights["b"] is MLP_WEIGHTS["b"]  # not a linear's weight: as given
+
+
 def test_threads_sharing_a_session_take_turns_and_each_gets_its_own_result():
     xs = [f32(1, 600, 256) for _ in range(3)]
     refs = [mlp(MLP_WEIGHTS, x)["y"] for x in xs]
