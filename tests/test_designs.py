@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -417,6 +421,19 @@ def test_aie_apps_build_exits_nonzero_without_toolchain(monkeypatch):
     result = CliRunner().invoke(app, ["build", str(FIXTURES / "bert"), "--target", "npu1"])
     assert result.exit_code == 1
     assert "pip install mlir_aie" in result.output
+
+
+def test_installed_aie_apps_build_finds_the_checkouts_kernels(tmp_path):
+    """The console script, run outside the checkout with nothing on PYTHONPATH (as a user runs it after
+    `pip install -e .`), reaches kernels/build.py: here that is the toolchain check, exit 1."""
+    script = Path(sys.executable).with_name("aie-apps")
+    if not script.exists():
+        pytest.skip(f"aie-apps is not installed next to {sys.executable}")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(script), "build", "smoke", "--target", "npu2"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert "pip install mlir_aie" in done.stderr and done.stdout == ""
 
 
 def test_committed_manifest_is_empty_and_valid():
