@@ -103,7 +103,7 @@ def embed(
         _write_atomic(output, fmt, records, vectors, run)
         shutil.rmtree(parts, ignore_errors=True)
     residues = sum(len(r.sequence) for r in records)
-    share = f", {report['npu_fraction']['ops']:.0%} of ops on the NPU" if "npu_fraction" in report else ""
+    share = f", {report['npu_fraction']['ops']:.0%} of ops in the NPU program" if "npu_fraction" in report else ""
     where = f"; wrote {output}" if output is not None else ""
     err(f"embedded {len(records)} sequences ({residues} residues) with {report['model']} on "
         f"{report['device_effective']} (requested {report['device_requested']}{share}) in {progress.elapsed():.1f} s"

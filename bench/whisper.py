@@ -8,7 +8,7 @@ EncoderDecoderCache (cross K/V computed once, as ours); (2) the encoder per 30 s
 WhisperFeatureExtractor + `generate(return_timestamps=True)`. ONNX Runtime runs the encoder (exported with
 torch.onnx); it is not in the decoder rows: exporting Whisper's cached decoder step needs the optimum
 exporter, which is not installed here.
-Needs the `reference` extra (torch, transformers) and Debian's pocketsphinx-testdata.
+Needs the `reference` extra (torch, transformers, onnxruntime, onnx) and Debian's pocketsphinx-testdata.
 """
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ ERFC_P = 0.3275911
 ERFC_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 _GELU_P, _GELU_C = ERFC_P / math.sqrt(2), tuple(a / 2 for a in ERFC_A)  # the fit at z = |x| / sqrt 2, halved
 CHUNK = 1 << 18  # elements per piece of a multi-pass elementwise op: its passes stay in L2/L3, and its calls are
-# few (each numpy call has a fixed cost, and takes the GIL back when it ends)
+# few (each numpy call has a fixed cost)
 
 
 @_op(_same, fills_out=True)
@@ -119,9 +119,9 @@ def gelu(x, *, out=None):
 def _gelu(x, out, a, t, g, h):
     """out = x Phi(x) = max(x, 0) - |x| erfc(|x| / sqrt 2) / 2 (Phi(-|x|) = erfc(|x| / sqrt 2) / 2), in float32
     and in place in the scratch arrays a, t, g, h: one fresh array per pass would cost several times the time.
-    Each call is one pass with a fixed cost of its own (and the GIL taken back when it ends, which threads
-    running GELU side by side pay for); so the affine steps are OpenCV's a x + b y + c in one pass, and the
-    polynomial is evaluated as (c1 + c2 t) + t^2 (c3 + c4 t + c5 t^2): 6 passes instead of Horner's 9."""
+    Each call is one pass with a fixed cost of its own; so the affine steps are OpenCV's a x + b y + c in one
+    pass, and the polynomial is evaluated as (c1 + c2 t) + t^2 (c3 + c4 t + c5 t^2): 6 passes instead of
+    Horner's 9."""
     cv2, c = _opencv(), _GELU_C
     np.abs(x, out=a)
     cv2.addWeighted(a, _GELU_P, a, 0.0, 1.0, dst=t)
@@ -323,7 +323,7 @@ def attention(q, k, v, mask=None, *, scale: float, out=None):
     """softmax(q k^T * scale + mask) v over the last two axes; mask is additive and broadcasts."""
     lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     T, S = q.shape[-2], k.shape[-2]
-    q = q * np.float32(scale)  # scaling q [T, D] rather than the scores [T, S]: the same numbers, a smaller pass
+    q = q * np.float32(scale)  # scaling q [T, D] rather than the scores [T, S]: a smaller pass (same up to rounding)
     if mask is not None and not mask.any():
         mask = None  # no padding: adding zeros is a pass over the scores for nothing
     if math.prod(lead) * T * S <= SCORE_BLOCK:
@@ -524,7 +524,7 @@ def causal_cache_mask(pos, *, n_new: int, size: int):
 
 @_op(lambda length, *, size: (size,), dtype=lambda *_, **__: "float32")
 def length_mask(length, *, size: int):
-    """Additive mask [size]: 0 for the first `length` positions, -inf after (padding)."""
+    """Additive mask [size]: 0 for the first `length` positions, NEG_INF after (padding)."""
     return np.where(np.arange(size) < int(length), np.float32(0), NEG_INF).astype(np.float32)
 
 

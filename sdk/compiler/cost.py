@@ -4,7 +4,7 @@
          + per kernel:   on-chip overhead between ops + max(compute, DRAM traffic)
          + per host op:  a round trip (sync out, numpy, sync in) and the dispatch it splits
 
-Numbers and sources (../shared/DESIGN.md, reference/npu-stack.md):
+Numbers and sources:
 - launch of a dispatch inside an open hardware context: 32-50 us (IRON decode_costs_npu2.json); we use 40.
 - host sync of a small buffer: ~0.02 ms per token all told in xdna-engine's fused decoder; we use 10 us each.
 - on-chip overhead per op inside one fused dispatch: xdna-engine's fused Whisper-small decoder spends 47.95 ms

@@ -1,9 +1,8 @@
 """What the compiler knows about each NPU target: the array, its memories and DMA limits, its speed.
 
-Sources (see ../shared/DESIGN.md and reference/npu-stack.md): mlir-aie AIETargetModel.h (memories, BDs,
-channels, dimensions), the amdxdna driver DPM tables (clocks), AMD AM020 and "Hello XDNA" (MACs per cycle),
-xdna-engine's roofline notes (DRAM bandwidth seen by the NPU). Only numbers that a limit check or the cost
-model uses live here.
+Sources: mlir-aie AIETargetModel.h (memories, BDs, channels, dimensions), the amdxdna driver DPM tables
+(clocks), AMD AM020 and "Hello XDNA" (MACs per cycle), xdna-engine's roofline notes (DRAM bandwidth seen by
+the NPU). Only numbers that a limit check or the cost model uses live here.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Layered NPU checks for `aie-apps doctor`, in the order a person fixes them: hardware, driver, device
-node, firmware, memlock, XRT, toolchain. Each check reports ok / warn / fail with the exact fix. Reading
-sysfs and /dev only; nothing here opens the device.
+node, firmware, memlock, XRT, toolchain, prebuilt artifacts, a smoke dispatch. Each check reports ok / warn /
+fail with the exact fix. All but the last read sysfs, /dev and installed packages only; the smoke dispatch,
+run only when the device node, XRT and this target's artifacts are there, opens the device.
 """
 from __future__ import annotations
 

@@ -5,7 +5,10 @@ Parallelism is ours, not the BLAS library's: during a run BLAS is held to one th
 numpy reference on a slice. On a 2-core machine that is as fast as BLAS's own threads when the machine is
 idle and several times faster when anything else runs: a BLAS thread pool spins at every small GEMM and
 collapses when it does not own every core (Whisper's encoder attention: 0.1 s vs 1.5 s per layer under
-load). The pieces cut rows or output columns only, so every number is computed as the reference computes it.
+load). The pieces cut rows or output columns only: no sum is split, so a piece's numbers differ from the
+whole step's by float32 rounding at most (OpenBLAS picks its kernels by the operands' sizes: a 32-row slice
+of a GEMM can differ from the same rows of the whole in the last bits). Decoder steps, whose GEMMs have at
+most GEMV_ROWS rows, run whole on BLAS's own threads (see `_weight_streaming`).
 Runs of row-local steps (a transformer layer from its O projection to the next Q/K/V) go to the workers as
 one chain per block of rows, so a layer costs two hand-offs (chain, attention) rather than one per step.
 The other workers are processes forked when a program loads, once every piece is bound to arrays with
@@ -42,11 +45,11 @@ GEMV_ROWS = 8  # a linear over at most this many rows is bound by reading its we
 # a Whisper decoder step is ~100 small steps (splitting its 384 x 384 GEMVs doubled the step's time).
 MIN_PIECE = 1 << 16      # output elements per piece
 MIN_GEMM_PIECE = 1 << 20  # multiply-adds per piece of a GEMM (~15 us on one core)
-MIN_GEMV_PIECE = 1 << 20  # weight elements per piece of a decoder-step GEMV (the vocabulary projection)
+MIN_GEMV_PIECE = 1 << 20  # weight elements per piece of a GEMV (a head over a pooled token) in a split entry
 
 
 def linear_layout(program: Program, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Weights that a `linear` step multiplies with, copied in Fortran order into memory backed by huge pages.
+    """Weights that a `linear` step multiplies with, copied in Fortran order into memory advised for huge pages.
 
     Fortran order: the same [out, in] array for ops.linear, but w.T is [in, out] contiguous, which OpenBLAS
     packs and streams faster. Measured on this machine's 2 cores, one BLAS thread, weights cycling through
@@ -137,8 +140,8 @@ def _fill(out, op, *args, **attrs):
 
 
 def _linear(parts, out, x, w, b=None) -> Pieces | None:
-    """ops.linear cut into row blocks (or, for a decoder step, the weight's output rows), each block's GEMM
-    written straight into its part of the output and its bias added there."""
+    """ops.linear cut into row blocks (or, for at most GEMV_ROWS rows, the weight's output rows), each block's
+    GEMM written straight into its part of the output and its bias added there."""
     rows = int(np.prod(x.shape[:-1]))
     if rows > GEMV_ROWS:
         if rows < parts or rows * w.shape[0] * w.shape[1] < 2 * MIN_GEMM_PIECE:
@@ -195,8 +198,8 @@ def _attention(parts, out, q, k, v, mask=None, *, scale) -> Pieces | None:
 
 
 def _conv2d(parts, out, x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1) -> Pieces | None:
-    """Cut the output rows (or, for a single row, as in conv1d, the output columns): each piece zero-pads
-    the window of the input its outputs read and convolves that, with no padding of its own."""
+    """Cut the output rows (or, with fewer rows than workers, as in conv1d, the output columns): each piece
+    zero-pads the window of the input its outputs read and convolves that, with no padding of its own."""
     (sh, sw), (ph, pw), (dh, dw) = pair(stride), pair(padding), pair(dilation)
     Ho, Wo = out.shape[2:]
     axis, n, s, d, k = (2, Ho, sh, dh, w.shape[2]) if Ho >= parts else (3, Wo, sw, dw, w.shape[3])

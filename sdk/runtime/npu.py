@@ -1,12 +1,13 @@
 """The npu backend: a compiled Program on a Ryzen AI NPU, through XRT's Python binding (pyxrt).
 
-What a session does on the device, in order (DESIGN.md, "the single-dispatch idea"):
+What a session does on the device, in order:
 - the target (npu1 / npu2) comes from the NPU's PCI id through the one table, checks.NPU_PCI_IDS;
   an unknown id is an error, never a guess;
 - the program's artifact is looked up in prebuilt/manifest.json under the program's content key and its
   files are checked against their sha256: an xclbin plus one instruction stream per dispatch (npu1), or
   one full ELF holding every dispatch as a runtime sequence (npu2);
-- one hardware context and its kernel(s) per session; the instruction streams go to the device once;
+- one hardware context and its kernel(s) per session; the instruction streams go to the device once (on
+  npu1 a dispatch with runtime words then has those few words rewritten and synced before each start);
   the data lives in four arena buffers (weights, state, io, scratch), passed to every runtime sequence
   in that order;
 - weights are synced to the device once, at load; a run syncs only the byte ranges of its inputs and
@@ -152,7 +153,8 @@ def word_values(words: Mapping[str, dict], values: Mapping[str, np.ndarray]) -> 
 
 
 def prebuilt_dirs() -> list[Path]:
-    """Where manifests are read: the user's build output first, then the artifacts shipped with the repo."""
+    """Where manifests are read: the user's own folder ($AIE_APPS_HOME/prebuilt, for artifacts copied there)
+    first, then the repo's prebuilt/ (where kernels/build.py writes)."""
     from ..settings import load
     return [load().home / "prebuilt", PREBUILT]
 
