@@ -315,7 +315,7 @@ def test_emulated_npu_one_dispatch_per_batch_and_close_to_cpu(tmp_path, embedder
         assert e.report()["npu_fraction"]["ops"] == 1.0
     np.testing.assert_allclose(vectors, embedder.embed(sequences), atol=3e-2)
     r = runner.invoke(app, ["embed", "-", "--model", str(MODEL), "--device", "emu"], input=">a\nMKTAYIAKQR\n")
-    assert r.exit_code == 0 and "on emu (requested emu, 100% of ops on the NPU)" in r.stderr
+    assert r.exit_code == 0 and "on emu (requested emu, 100% of ops in the NPU program)" in r.stderr
 
 
 def test_cli_per_residue_npz_is_ragged_with_offsets(tmp_path):
