@@ -59,7 +59,7 @@ def main():
     audio = [load_audio(c) for c in CLIPS]
     seconds = sum(len(a) for a in audio) / 16000
     mel = whisper_log_mel(audio[0])[None]
-    s, state, tb = ours.session, ours.state, ours.tokenizer.timestamp_begin
+    s, state = ours.session, ours.state
     s.run("encode", state, mel=mel)
     with torch.no_grad():
         enc = model.model.encoder(torch.from_numpy(mel)).last_hidden_state

@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 
 from kernels import build as kbuild
-from kernels import dataflow as df
 from sdk.compiler import compile as compile_graphs
 from sdk.errors import ArtifactMissing
 from sdk.runtime import npu

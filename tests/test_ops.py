@@ -65,7 +65,9 @@ def test_gelu_tanh_sigmoid_silu_closed_forms():
     x = np.linspace(-30, 30, 601).astype(np.float32)
     assert np.abs(ops.sigmoid(x) - 1 / (1 + np.exp(-x.astype(np.float64)))).max() < 1e-7
     assert np.abs(ops.silu(x) - x / (1 + np.exp(-x.astype(np.float64)))).max() < 1e-5
-    assert ops.gelu_tanh(np.float32([0.0]))[0] == 0.0
+    x64 = x.astype(np.float64)  # the tanh form itself (it differs from the erf GELU by up to ~5e-4)
+    tanh_form = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+    assert np.abs(ops.gelu_tanh(x) - tanh_form).max() < 2e-6  # measured 3.3e-7; the erf GELU is 4.7e-4 away
     assert np.isfinite(ops.sigmoid(np.float32([-1e4, 1e4]))).all()
 
 

@@ -66,15 +66,16 @@ def test_unknown_model_offline_is_a_typed_error():
     assert e.value.exit_code == 4 and "offline" in str(e.value)
 
 
-def test_emulated_npu_embeds_like_the_cpu(embedder):
+def test_emulated_npu_embeds_like_the_cpu(embedder, record_parity):
     """Every length and batch bucket in one emulated program (batch-1 buckets read split weights, batch-8
-    buckets whole ones): vectors within bf16 error of the cpu's."""
+    buckets whole ones): each vector within the emulator's rel-L2 budget (1e-2) of the cpu's."""
     texts = ["A man is eating food.", "A man is eating a piece of bread.", "short"]
     with TextEmbedder(device="emu") as emu:
         got = emu.embed(texts)
         assert emu.report()["device_effective"] == "emu"
         alone = emu.embed(texts[0])
     want = embedder.embed(texts)
-    assert np.abs(got - want).max() < 2e-2
-    assert float(got[0] @ got[1]) == pytest.approx(0.755, abs=0.01)
-    assert np.abs(alone - want[0]).max() < 2e-2
+    for i, (ours, ref) in enumerate([*zip(got, want), (alone, want[0])]):
+        _, rel = record_parity(f"minilm.emu.embedding{i}", ours, ref)
+        assert rel <= 1e-2
+    assert float(got[0] @ got[1]) == pytest.approx(float(want[0] @ want[1]), abs=3e-3)  # measured 7e-4

@@ -124,7 +124,7 @@ def storage_bytes(f, wide: set) -> callable:
 def tiling(kernel, shape_of, target: Target, bytes_of=None) -> dict:
     """The tiling a kernel uses on `target` (the largest that fits), with what the limit checks need.
     `bytes_of(ref)`: an operand's stored element size (storage_bytes), bf16 when not given."""
-    kind, node = kernel.kind, kernel.head
+    kind = kernel.kind
     ins = [shape_of(r) if r is not None else None for r in kernel.inputs]
     extra = sum(1 for e in kernel.chain if e["operand"] is not None)
     size = bytes_of or (lambda ref: 2)
@@ -247,7 +247,7 @@ def _mkn(kernel, ins, shape_of):
         a, b = ins[0], ins[1]
         N = b[-2] if kernel.attrs["transpose_b"] else b[-1]
         return math.prod(shape_of(kernel.outputs[0])[:-1]), a[-1], N
-    x, w = ins[0], ins[1]  # conv: implicit GEMM per group
+    w = ins[1]  # conv: implicit GEMM per group
     out = shape_of(kernel.outputs[0])
     groups = node.attrs.get("groups", 1)
     return math.prod(out) // w[0], math.prod(w[1:]), w[0] // groups
