@@ -158,6 +158,37 @@ def test_real_tiny_en_logits_vs_transformers(record_parity):
     assert record_parity("whisper-tiny.en.logits", ours, ref)[0] <= 1e-3
 
 
+@pytest.mark.reference
+def test_real_tiny_en_vs_ctranslate2(record_parity):
+    """The real checkpoint is a CTranslate2 model.bin: here CTranslate2 itself reads and runs it, so unlike the
+    transformers check above (which is handed the weights our loader mapped) a mapping bug cannot sit on both
+    sides. The encoder output, then greedy decoding: the same tokens, and every step's logits."""
+    ct2 = pytest.importorskip("ctranslate2", reason="needs the `reference` extra (ctranslate2)")
+    from pipelines.audio import load_audio, whisper_log_mel
+    folder = _real_folder()
+    audio = load_audio("/usr/share/pocketsphinx/test/data/librivox/sense_and_sensibility_01_austen_64kb-0880.wav")
+    mel = whisper_log_mel(audio, 80)[None]
+    ref = ct2.models.Whisper(str(folder), device="cpu", compute_type="float32", intra_threads=2)
+    ref_encoder = np.array(ref.encode(ct2.StorageView.from_array(mel), to_cpu=True))
+    prompt = [50257, 50362]  # <|startoftranscript|> <|notimestamps|>
+    greedy = ref.generate(ct2.StorageView.from_array(mel), [prompt], beam_size=1, max_length=64,
+                          return_logits_vocab=True, suppress_blank=False, suppress_tokens=[])[0]
+    ref_tokens, ref_logits = greedy.sequences_ids[0], np.stack([np.array(x) for x in greedy.logits[0]])
+
+    cfg, weights = W.load(folder)
+    s = Session(W.graphs(cfg), weights, device="cpu")
+    state = s.new_state()
+    encoder = s.run("encode", state, mel=mel)["encoder"]
+    assert record_parity("whisper-tiny.en.encoder.vs-ctranslate2", encoder, ref_encoder)[0] <= 1e-3
+    s.run("decode_step", state, tokens=np.array([[prompt[0]]], np.int32), pos=0)
+    tokens, logits = [prompt[1]], []
+    for pos in range(1, len(prompt) + len(ref_tokens)):  # the reference's tokens, then its end of text
+        logits.append(s.run("decode_step", state, tokens=np.array([[tokens[-1]]], np.int32), pos=pos)["logits"][0, 0])
+        tokens.append(int(logits[-1].argmax()))
+    assert tokens[1:] == ref_tokens + [50256] and len(ref_tokens) >= 8
+    assert record_parity("whisper-tiny.en.greedy-logits.vs-ctranslate2", np.stack(logits), ref_logits)[0] <= 1e-3
+
+
 # ---- the Whisper recogniser's multilingual path on the TINY model (no multilingual weights exist offline) ----------
 
 SPECIALS = ["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|de|>", "<|fr|>", "<|translate|>",
