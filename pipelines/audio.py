@@ -31,8 +31,10 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
     try:
         samples, rate = sf.read(str(path), dtype="float32", always_2d=False)
     except (sf.LibsndfileError, RuntimeError) as e:
+        readable = path.suffix.lower() in (".wav", ".flac", ".ogg")  # a format we read: the file itself is bad
         raise InputError(f"cannot read {path} as audio: {getattr(e, 'error_string', None) or e}",
-                         fix="use a wav, flac or ogg file (convert others with `sox in.mp3 out.wav` or ffmpeg)") from None
+                         fix="the file looks truncated or corrupt: export or record it again" if readable else
+                         "use a wav, flac or ogg file (convert others with `sox in.mp3 out.wav` or ffmpeg)") from None
     return samples, int(rate)
 
 

@@ -72,8 +72,18 @@ def test_downmix_and_resample(tmp_path):
 def test_bad_files_are_input_errors(tmp_path, content, match):
     path = tmp_path / "bad.wav"
     path.write_bytes(content)
-    with pytest.raises(InputError, match=match):
+    with pytest.raises(InputError, match=match) as e:
         load_audio(path)
+    if content:  # a .wav we cannot read is a bad file, not a format to convert
+        assert "truncated or corrupt" in e.value.fix
+
+
+def test_an_unreadable_file_of_another_format_says_to_convert(tmp_path):
+    path = tmp_path / "talk.m4a"
+    path.write_bytes(b"\x00\x00\x00\x20ftypM4A " + bytes(200))
+    with pytest.raises(InputError, match="cannot read") as e:
+        load_audio(path)
+    assert "sox" in e.value.fix
 
 
 def test_missing_file_and_empty_array(tmp_path):
