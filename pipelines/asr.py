@@ -402,11 +402,15 @@ class Transcriber:
     def __init__(self, model: str = DEFAULT_MODEL, device: str | None = None,
                  options: TranscribeOptions = TranscribeOptions()):
         source = hub.resolve(model)
-        if read_config(source.path).get("model_type") in CONFORMER_TYPES:
+        model_type = read_config(source.path).get("model_type")  # none in a CTranslate2 (faster-whisper) folder
+        if model_type in CONFORMER_TYPES:
             from pipelines.conformer_asr import ConformerRecognizer
             self.recognizer = ConformerRecognizer(source.path, device=device)
-        else:
+        elif model_type in (None, "whisper"):
             self.recognizer = WhisperRecognizer(source, device, options)
+        else:
+            raise UsageError(f"{source.path} holds a {model_type!r} model, not a speech model",
+                             fix="pass a Whisper, Parakeet or GigaAM model (e.g. whisper-tiny.en or a folder)")
         self._stream = None
 
     @property

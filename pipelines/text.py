@@ -18,6 +18,7 @@ from sdk import hub
 from sdk.errors import InputError, UsageError, WeightError
 from sdk.models import bert
 from sdk.session import Session
+from sdk.weights import read_config
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
@@ -35,6 +36,10 @@ class TextEmbedder:
         from tokenizers import Tokenizer
 
         self.source = hub.resolve(model)
+        model_type = read_config(self.source.path).get("model_type")
+        if model_type not in (None, "bert"):
+            raise UsageError(f"{self.source.path} holds a {model_type!r} model, not a BERT-family text encoder",
+                             fix="pass a BERT, MiniLM or BGE model (e.g. all-MiniLM-L6-v2 or a folder with its files)")
         self.options = options
         self.cfg, weights = bert.load(self.source.path)
         tokenizer_file = Path(self.source.path) / "tokenizer.json"

@@ -21,6 +21,14 @@ PARAKEET = FIXTURES / "conformer" / "parakeet_ctc"
 noise = np.random.default_rng(0).standard_normal(16000 * 3).astype(np.float32) * 0.3
 
 
+def test_a_model_of_another_family_is_named_not_loaded_as_whisper():
+    runner = CliRunner()
+    with pytest.raises(UsageError, match="holds a 'esm' model, not a speech model"):
+        Transcriber(str(FIXTURES / "esm"), device="cpu")
+    r = runner.invoke(app, ["transcribe", str(CLIP), "--model", str(FIXTURES / "esm")])
+    assert r.exit_code == 2 and "holds a 'esm' model" in r.stderr and "whisper" in r.stderr
+
+
 def test_conformer_checkpoints_get_the_conformer_recognizer():
     with Transcriber(str(PARAKEET), device="cpu") as t, ConformerRecognizer(PARAKEET, device="cpu") as direct:
         assert isinstance(t.recognizer, ConformerRecognizer)

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 
 from pipelines.text import TextEmbedder, TextOptions
-from sdk.errors import DeviceUnavailable, ModelNotFound
+from sdk.errors import DeviceUnavailable, ModelNotFound, UsageError
+
+from .conftest import FIXTURES
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,11 @@ def test_unknown_model_offline_is_a_typed_error():
     with pytest.raises(ModelNotFound) as e:
         TextEmbedder("someone/not-a-model")
     assert e.value.exit_code == 4 and "offline" in str(e.value)
+
+
+def test_a_model_of_another_family_is_named_not_loaded_as_bert():
+    with pytest.raises(UsageError, match="holds a 'esm' model, not a BERT-family text encoder"):
+        TextEmbedder(str(FIXTURES / "esm"))
 
 
 def test_emulated_npu_embeds_like_the_cpu(embedder, record_parity):
