@@ -31,3 +31,8 @@ def test_npu_is_strict_and_unknown_devices_are_usage_errors():
 def test_default_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("AIE_APPS_DEVICE", "cpu")
     assert runtime.choose_device(None) == runtime.DeviceChoice("cpu", "cpu")
+    monkeypatch.setenv("AIE_APPS_DEVICE", "bogus")
+    with pytest.raises(UsageError, match=r"unknown device 'bogus' \(from AIE_APPS_DEVICE\)"):
+        runtime.choose_device(None)
+    with pytest.raises(UsageError, match=r"unknown device 'tpu'$"):  # an explicit choice names no variable
+        runtime.choose_device("tpu")

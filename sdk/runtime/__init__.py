@@ -49,9 +49,10 @@ _warned = False
 
 def choose_device(requested: str | None = None) -> DeviceChoice:
     from ..settings import load
+    source = "" if requested else " (from AIE_APPS_DEVICE)"
     requested = (requested or load().device).lower()
     if requested not in DEVICES:
-        raise UsageError(f"unknown device {requested!r}", fix=f"use one of {', '.join(DEVICES)}")
+        raise UsageError(f"unknown device {requested!r}{source}", fix=f"use one of {', '.join(DEVICES)}")
     if requested == "cpu":
         return DeviceChoice("cpu", "cpu")
     if requested == "emu":
