@@ -34,5 +34,6 @@ def test_default_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("AIE_APPS_DEVICE", "bogus")
     with pytest.raises(UsageError, match=r"unknown device 'bogus' \(from AIE_APPS_DEVICE\)"):
         runtime.choose_device(None)
-    with pytest.raises(UsageError, match=r"unknown device 'tpu'$"):  # an explicit choice names no variable
+    with pytest.raises(UsageError) as e:  # an explicit choice names no variable
         runtime.choose_device("tpu")
+    assert "unknown device 'tpu'" in str(e.value) and "AIE_APPS_DEVICE" not in str(e.value)
