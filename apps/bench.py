@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import numpy as np
 import typer
 
 from sdk.errors import UsageError
 
-from .cli import DeviceOpt, JsonOpt, app, command, err, out_json
+from .cli import JsonOpt, app, command, err, out_json
 
 TargetOpt = Annotated[str, typer.Option("--target", help="npu1 | npu2: the device the estimate is for")]
 
@@ -89,10 +89,12 @@ def _inputs(graph, rng) -> dict:
 def bench(
     model: Annotated[str, typer.Argument(help="model name or folder, or a preset: whisper-small, minilm, vit-b16, "
                                               "esm2-35m")],
-    device: DeviceOpt = "emu",
+    device: Annotated[str, typer.Option("--device", help="auto | npu | emu | cpu: where the counters are measured "
+                                                    "($AIE_APPS_DEVICE is not used here)")] = "emu",
     target: TargetOpt = "npu2",
-    length: Annotated[int, typer.Option("--length", help="sequence length (tokens, residues or feature frames)")] = 128,
-    runs: Annotated[int, typer.Option("--runs", help="measured runs per entry")] = 3,
+    length: Annotated[int, typer.Option("--length", min=1,
+                                        help="sequence length (tokens, residues or feature frames)")] = 128,
+    runs: Annotated[int, typer.Option("--runs", min=1, help="measured runs per entry")] = 3,
     estimate_only: Annotated[bool, typer.Option("--estimate-only", help="compile and estimate; run nothing")] = False,
     json: JsonOpt = False,
 ):

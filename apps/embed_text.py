@@ -28,25 +28,51 @@ def embed_text(
 
     if texts and file:
         raise UsageError("give texts as arguments or --file, not both")
+    if output is not None:  # before reading input and loading the model: a bad path must not cost the work
+        if output.suffix != ".npy":
+            raise UsageError(f"--output must end in .npy, got {output.name}", fix="e.g. -o vectors.npy")
+        if not output.parent.is_dir():
+            raise UsageError(f"--output {output}: folder {output.parent} does not exist", fix="create it first")
+        if output.is_dir():
+            raise UsageError(f"--output {output} is a folder", fix="pass a file path ending in .npy")
     if file is not None:
         try:
-            lines = file.read_text(encoding="utf-8").splitlines()
+            data = file.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise InputError(f"cannot read {file}: {e}", fix="pass a UTF-8 text file with one text per line") from None
-        texts = [line for line in lines if line.strip()]
+        texts = _lines(data, str(file))
     elif not texts:
         if sys.stdin.isatty():
             raise UsageError("no texts given", fix='pass texts as arguments, --file FILE, or pipe lines to stdin')
-        texts = [line.rstrip("\n") for line in sys.stdin if line.strip()]
+        try:  # bytes, decoded strictly: text-mode stdin lets undecodable bytes through as surrogates
+            data = sys.stdin.buffer.read().decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"cannot read stdin: {e}", fix="pipe UTF-8 text with one text per line") from None
+        texts = _lines(data, "stdin")
+    else:
+        for i, text in enumerate(texts, 1):
+            try:  # arguments that are not UTF-8 arrive as surrogates, which the tokenizer rejects
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InputError(f"text argument {i} is not valid UTF-8", fix="pass UTF-8 text") from None
     with TextEmbedder(model, device=device) as embedder:
         vectors = embedder.embed(list(texts))
         report = embedder.report()
     if output is not None:
-        if output.suffix != ".npy":
-            raise UsageError(f"--output must end in .npy, got {output.name}")
-        np.save(output, vectors)
+        try:
+            np.save(output, vectors)
+        except OSError as e:
+            raise InputError(f"cannot write {output}: {e.strerror or e}", fix="pass a writable .npy path") from None
         err(f"wrote {vectors.shape[0]}x{vectors.shape[1]} embeddings to {output} (device {report['device_effective']})")
         return
     for text, vec in zip(texts, vectors):
         print(jsonlib.dumps({"text": text, "embedding": [round(float(x), 7) for x in vec],
                              "model": report["model"], "device": report["device_effective"]}))
+
+
+def _lines(data: str, where: str) -> list[str]:
+    """The non-blank lines; none is an error, as an empty FASTA is for `embed`."""
+    lines = [line for line in data.splitlines() if line.strip()]
+    if not lines:
+        raise InputError(f"no texts to embed in {where}", fix="give at least one non-blank line (one text per line)")
+    return lines

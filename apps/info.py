@@ -38,7 +38,7 @@ def _models() -> dict:
             src = hub.resolve(name, settings=replace(load(), offline=True))  # never download here
             found[name] = {"path": str(src.path), "origin": src.origin}
         except SdkError:
-            found[name] = {"path": None, "install": hub.KNOWN[name].install}
+            found[name] = {"path": None, "install": hub.KNOWN[name].install, "repo": hub.KNOWN[name].hf_repo}
     return found
 
 
@@ -67,4 +67,8 @@ def info(json: JsonOpt = False):
         print(f"{k}: {v}")
     print(f"offline: {report['offline']}")
     for name, m in report["models"].items():
-        print(f"model {name}: " + (f"{m['path']} ({m['origin']})" if m["path"] else f"not installed ({m['install']})"))
+        if m["path"]:
+            print(f"model {name}: {m['path']} ({m['origin']})")
+        else:  # no package ships the download-only models: no install command to show
+            hint = m["install"] or f"downloaded from {m['repo']} on first use, when online"
+            print(f"model {name}: not installed ({hint})")

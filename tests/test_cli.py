@@ -4,9 +4,12 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import typer.main
 from typer.testing import CliRunner
 
 from apps.main import app
+
+from .conftest import FIXTURES
 
 runner = CliRunner()
 
@@ -56,3 +59,61 @@ def test_info_json_lists_backends_and_models():
     assert info["backends"]["cpu"]["available"] is True
     assert info["backends"]["npu"]["available"] is False and info["backends"]["npu"]["why"]
     assert info["models"]["all-MiniLM-L6-v2"]["origin"] == "package"
+
+
+def test_embed_text_stdin_or_arguments_that_are_not_utf8_are_input_errors():
+    r = runner.invoke(app, ["embed-text", "--device", "cpu"], input=b"\xff\xfe bad\n")
+    assert r.exit_code == 1 and "cannot read stdin" in r.stderr and "fix:" in r.stderr and r.stdout == ""
+    r = runner.invoke(app, ["embed-text", "\udcff", "--device", "cpu"])  # how a non-UTF-8 argv byte arrives
+    assert r.exit_code == 1 and "not valid UTF-8" in r.stderr
+
+
+def _no_model(monkeypatch):
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded although the input could be refused first")
+    monkeypatch.setattr("pipelines.text.TextEmbedder", load)
+
+
+def test_embed_text_refuses_a_bad_output_path_before_loading_the_model(tmp_path, monkeypatch):
+    _no_model(monkeypatch)
+    (tmp_path / "folder.npy").mkdir()
+    for output, says in (("nodir/out.npy", "does not exist"), ("out.txt", "must end in .npy"),
+                         ("folder.npy", "is a folder")):
+        r = runner.invoke(app, ["embed-text", "x", "-o", str(tmp_path / output), "--device", "cpu"])
+        assert r.exit_code == 2 and says in r.stderr and "fix:" in r.stderr, (output, r.stderr)
+
+
+def test_embed_text_write_failure_is_a_typed_error(tmp_path):
+    out = tmp_path / "out.npy"
+    out.symlink_to(tmp_path / "gone" / "out.npy")  # passes the checks up front, fails when written
+    r = runner.invoke(app, ["embed-text", "x", "-o", str(out), "--device", "cpu"])
+    assert r.exit_code == 1 and f"cannot write {out}" in r.stderr and "fix:" in r.stderr
+    assert isinstance(r.exception, SystemExit)  # typer.Exit, not a traceback
+
+
+def test_embed_text_with_nothing_to_embed_fails_like_embed(tmp_path, monkeypatch):
+    _no_model(monkeypatch)
+    (tmp_path / "blank.txt").write_text("  \n\n")
+    (tmp_path / "empty.txt").write_text("")
+    for args in ([], ["--file", str(tmp_path / "blank.txt")], ["--file", str(tmp_path / "empty.txt")]):
+        r = runner.invoke(app, ["embed-text", *args, "--device", "cpu"], input="")
+        assert r.exit_code == 1 and "no texts to embed" in r.stderr and r.stdout == "", (args, r.stderr)
+
+
+def test_info_gives_a_hint_for_every_model_not_installed(tmp_path, monkeypatch):
+    monkeypatch.setenv("AIE_APPS_HOME", str(tmp_path))  # empty caches: only the packaged models are found
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    r = runner.invoke(app, ["info"])
+    assert r.exit_code == 0, r.stderr
+    missing = [line for line in r.stdout.splitlines() if line.startswith("model ") and "not installed" in line]
+    assert any("esm2_" in line for line in missing)  # no package ships ESM-2
+    for line in missing:
+        assert "()" not in line and ("pip install" in line or "downloaded from" in line), line
+
+
+def test_bench_refuses_zero_length_or_runs_and_its_device_help_is_true():
+    for option in ("--length", "--runs"):
+        r = runner.invoke(app, ["bench", str(FIXTURES / "esm"), "--device", "cpu", option, "0"])
+        assert r.exit_code == 2 and option in r.stderr, r.output
+    device = next(p for p in typer.main.get_command(app).commands["bench"].params if p.name == "device")
+    assert device.default == "emu" and "or auto" not in device.help
