@@ -96,6 +96,9 @@ def _parse_labels(labels: str | None) -> list[str] | None:
             lines = Path(labels[1:]).read_text(encoding="utf-8").splitlines()
         except OSError as e:
             raise InputError(f"cannot read labels file {labels[1:]}: {e.strerror}", fix="one label per line") from None
+        except UnicodeDecodeError as e:
+            raise InputError(f"cannot read labels file {labels[1:]}: {e}",
+                             fix="save it as UTF-8 text, one label per line") from None
         return [line.strip() for line in lines if line.strip()]
     return [part.strip() for part in labels.split(",") if part.strip()]
 
@@ -118,7 +121,8 @@ def classify(
     = "google/vit-base-patch16-224",
     device: DeviceOpt = None,
 ):
-    """Classify camera frames, videos, images and folders; overlay window or JSON lines."""
+    """Classify camera frames, videos, images and folders; overlay window or JSON lines.
+    A missing or unreadable file, folder or video is reported on stderr and skipped; the exit code is then 1."""
     from pipelines import vision
 
     if list_cameras:
@@ -139,7 +143,7 @@ def classify(
 
     def on_error(e: InputError):
         failures.append(e)
-        err(f"error: {e.message}")
+        err(f"error: {e.message}" + (f"\n  fix: {e.fix}" if e.fix else ""))
 
     clf = vision.ImageClassifier(model, labels=_parse_labels(labels), device=device,
                                  options=vision.VisionOptions(top_k=top_k, batch_size=1))  # frame by frame
@@ -152,7 +156,11 @@ def classify(
     try:
         with clf:
             for spec in specs:
-                source = vision.open_source(spec, on_error)
+                try:
+                    source = vision.open_source(spec, on_error)
+                except InputError as e:  # a missing or unopenable source is skipped like an unreadable image
+                    on_error(e)
+                    continue
                 try:
                     stop = _run(source, clf, stats, max_frames, top_k, show, jsonl, device_name)
                 finally:

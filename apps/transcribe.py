@@ -52,9 +52,12 @@ def _load(model: str, device: str | None, options):
 def transcribe(
     files: Annotated[list[Path], typer.Argument(help="audio files (wav, flac, ogg; mp3 where libsndfile can)")],
     model: Annotated[str, typer.Option("--model", help="model name, HF repo id or folder")] = "whisper-tiny.en",
-    fmt: Annotated[Format, typer.Option("--format", "-f", help="output format")] = Format.txt,
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o",
-                                                       help="write FILE.<format> here instead of stdout")] = None,
+    fmt: Annotated[Format, typer.Option("--format", "-f", help=(
+        "output format; json: one object per file, several files on stdout as one JSON array; "
+        "jsonl: one object per line"))] = Format.txt,
+    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help=(
+        "write FILE.<format> here instead of stdout (existing files are replaced; two inputs with the same "
+        "name are refused before any work)"))] = None,
     language: Annotated[Optional[str], typer.Option("--language", help="e.g. en, de; default: detect")] = None,
     task: Annotated[str, typer.Option("--task", help="transcribe or translate (to English)")] = "transcribe",
     device: DeviceOpt = None,
@@ -63,12 +66,18 @@ def transcribe(
     An unreadable file is reported on stderr and skipped; the exit code is then 1."""
     from pipelines.asr import TranscribeOptions
 
-    if output_dir is not None and not output_dir.is_dir():
-        raise UsageError(f"output directory {output_dir} does not exist", fix="create it first")
+    if output_dir is not None:
+        if not output_dir.is_dir():
+            raise UsageError(f"output directory {output_dir} does not exist", fix="create it first")
+        _check_targets(files, output_dir, fmt)
     transcriber = _load(model, device, TranscribeOptions(language=language, task=task))
-    failed = 0
+    array = fmt is Format.json and output_dir is None and len(files) > 1  # stdout stays one JSON document
+    failed = printed = 0
     for path in files:
         try:
+            if path.is_dir():  # audio loading would call it missing
+                raise InputError(f"{path} is a folder, not an audio file",
+                                 fix=f"pass the audio files in it, e.g. {path}/*.wav")
             result = transcriber.transcribe(path)
         except InputError as e:
             err(f"error: {e.message}" + (f"\n  fix: {e.fix}" if e.fix else ""))
@@ -76,10 +85,39 @@ def transcribe(
             continue
         text = render(result, fmt)
         if output_dir is None:
+            if array:
+                text = ("," if printed else "[") + text
             print(text, end="", flush=True)
+            printed += 1
         else:
-            target = output_dir / f"{path.stem}.{fmt.value}"
-            target.write_text(text, encoding="utf-8")
+            target = _target(output_dir, path, fmt)
+            try:
+                target.write_text(text, encoding="utf-8")
+            except OSError as e:  # the transcript is not lost: it goes to stdout instead
+                err(f"error: cannot write {target}: {e.strerror or e}; its transcript follows on stdout\n"
+                    f"  fix: check the permissions and free space of the -o directory")
+                print(text, end="", flush=True)
+                failed += 1
+                continue
             err(f"wrote {target} ({result.duration:.1f} s of audio, device {result.device_effective})")
+    if array:
+        print("]" if printed else "[]", flush=True)
     if failed:
         raise typer.Exit(1)
+
+
+def _target(output_dir: Path, path: Path, fmt: Format) -> Path:
+    return output_dir / f"{path.stem}.{fmt.value}"
+
+
+def _check_targets(files: list[Path], output_dir: Path, fmt: Format) -> None:
+    """Refuse, before any work, outputs that would overwrite each other or cannot be files."""
+    seen: dict[Path, Path] = {}
+    for path in files:
+        target = _target(output_dir, path, fmt)
+        other = seen.setdefault(target, path)
+        if other.resolve() != path.resolve():
+            raise UsageError(f"{other} and {path} would both be written to {target}",
+                             fix="rename one, or transcribe them in separate runs with different -o directories")
+        if target.is_dir():
+            raise UsageError(f"cannot write {target}: it is a folder", fix="move it away, or pass another -o directory")

@@ -253,3 +253,60 @@ def test_cli_errors(transcriber, tmp_path, monkeypatch):
     assert r.exit_code == 1 and "error: cannot read" in r.stderr and "amiable" in r.stdout  # the good file still runs
     r = CliRunner().invoke(app, ["transcribe", str(CLIPS[0]), "--format", "docx"])
     assert r.exit_code == 2
+
+
+def test_cli_refuses_output_names_that_collide_before_any_work(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import apps.transcribe as cmd
+    from apps.main import app
+
+    def load(model, device, options):
+        raise AssertionError("the model was loaded although the call could be refused first")
+    monkeypatch.setattr(cmd, "_load", load)
+    for d in ("d1", "d2", "out"):
+        (tmp_path / d).mkdir()
+    a, b = tmp_path / "d1" / "x.wav", tmp_path / "d2" / "x.wav"
+    a.write_bytes(CLIPS[4].read_bytes())
+    b.write_bytes(CLIPS[3].read_bytes())
+    r = CliRunner().invoke(app, ["transcribe", str(a), str(b), "-o", str(tmp_path / "out"), "-f", "srt"])
+    assert r.exit_code == 2 and "would both be written to" in r.stderr and "fix:" in r.stderr
+    assert not any((tmp_path / "out").iterdir())
+    (tmp_path / "out" / "x.srt").mkdir()  # a folder where the transcript would go
+    r = CliRunner().invoke(app, ["transcribe", str(a), "-o", str(tmp_path / "out"), "-f", "srt"])
+    assert r.exit_code == 2 and "is a folder" in r.stderr
+
+
+def _cli(transcriber, monkeypatch):
+    """A CliRunner invoke whose command uses the module's transcriber (each file transcribed once)."""
+    from typer.testing import CliRunner
+
+    import apps.transcribe as cmd
+    from apps.main import app
+    once = _Once(transcriber)
+    monkeypatch.setattr(cmd, "_load", lambda model, device, options: once)
+    return lambda *args: CliRunner().invoke(app, ["transcribe", *args])
+
+
+def test_cli_names_a_folder_given_as_a_file(transcriber, tmp_path, monkeypatch):
+    r = _cli(transcriber, monkeypatch)(str(tmp_path), str(CLIPS[4]))
+    assert r.exit_code == 1 and f"{tmp_path} is a folder" in r.stderr and "fix:" in r.stderr
+    assert "amiable" in r.stdout  # the file after it still runs
+
+
+def test_cli_write_failure_keeps_the_transcript(transcriber, tmp_path, monkeypatch):
+    """A file that cannot be written is reported (exit 1), its transcript goes to stdout, and the next file
+    is still transcribed and written."""
+    (tmp_path / f"{CLIPS[4].stem}.txt").symlink_to(tmp_path / "gone" / "x.txt")  # passes the checks, cannot be written
+    r = _cli(transcriber, monkeypatch)(str(CLIPS[4]), str(CLIPS[3]), "-o", str(tmp_path))
+    assert r.exit_code == 1 and "cannot write" in r.stderr and "fix:" in r.stderr
+    assert isinstance(r.exception, SystemExit)  # typer.Exit, not a traceback
+    assert r.stdout == transcriber.transcribe(CLIPS[4]).text + "\n" and r.stdout.strip()
+    assert (tmp_path / f"{CLIPS[3].stem}.txt").read_text().strip()
+
+
+def test_cli_json_for_several_files_is_one_array(transcriber, tmp_path, monkeypatch):
+    clip = str(CLIPS[4])
+    r = _cli(transcriber, monkeypatch)(clip, str(tmp_path / "missing.wav"), clip, "--format", "json")
+    assert r.exit_code == 1 and "missing.wav" in r.stderr  # reported; stdout is still one JSON document
+    assert [doc["file"] for doc in json.loads(r.stdout)] == [clip, clip]

@@ -296,6 +296,28 @@ def test_classify_images_and_folders_with_a_bad_file(tmp_path):
     assert {p["label"] for p in json.loads(line)["top_k"]} == {"tabby cat", "coffee mug"}
 
 
+def test_classify_skips_a_missing_source_and_keeps_going(tmp_path):
+    good = tmp_path / "cat.png"
+    cv2.imwrite(str(good), cv2.cvtColor(photo("chelsea"), cv2.COLOR_RGB2BGR))
+    (tmp_path / "broken.jpg").write_bytes(b"not an image")
+    r = runner.invoke(app, ["classify", str(tmp_path / "nonexist.png"), str(tmp_path / "broken.jpg"), str(good),
+                            "--headless", "--model", str(VISION / "vit"), "--device", "cpu", "-k", "1"])
+    assert r.exit_code == 1  # after every source that could be read was classified, like transcribe
+    assert "no such file or folder" in r.stderr and "cannot read" in r.stderr
+    assert r.stderr.count("fix:") == 2  # each error says what to do
+    (line,) = r.stdout.splitlines()
+    assert line.startswith(str(good))
+
+
+def test_classify_labels_file_that_is_not_utf8_is_an_input_error(tmp_path):
+    labels = tmp_path / "labels.txt"
+    labels.write_bytes(b"\xff\xfe tabby cat\n")
+    r = runner.invoke(app, ["classify", str(tmp_path), "--labels", f"@{labels}", "--headless",
+                            "--model", str(VISION / "clip"), "--device", "cpu"])
+    assert r.exit_code == 1 and "cannot read labels file" in r.stderr and "fix:" in r.stderr
+    assert isinstance(r.exception, SystemExit)  # typer.Exit, not a traceback
+
+
 def test_classify_usage_errors_and_automatic_headless(tmp_path, monkeypatch):
     r = runner.invoke(app, ["classify", "--model", str(VISION / "vit"), "--device", "cpu"])
     assert r.exit_code == 2 and "nothing to classify" in r.stderr
