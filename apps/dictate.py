@@ -177,6 +177,10 @@ def paste_keys(chord: str, tool: str) -> tuple[list[str], str | None]:
     return ["dotool"], f"key {'+'.join(mods + [key])}\n"
 
 
+DELIVERY = {Output.type: "typing the text", Output.paste: "pasting the text",
+            Output.clipboard: "copying the text to the clipboard"}
+
+
 class Sink:
     """Where finals (and, on a TTY, partials) go."""
 
@@ -189,7 +193,8 @@ class Sink:
         self.tool = choose_typer(typer_tool, self.session) if output in (Output.type, Output.paste) else None
         self.clip = _clipboard_tools(self.session) if output in (Output.paste, Output.clipboard) else None
         self.paste_keys = paste_keys(paste_chord, self.tool) if output == Output.paste else None
-        self.text = ""            # everything finalised this session (the clipboard output holds it)
+        self.finals: list[str] = []   # everything finalised this session (the clipboard output holds it)
+        self.failed: SdkError | None = None   # set when the typing or clipboard tool fails; finals then go to stdout
         self._line = False
 
     def partial(self, event) -> None:
@@ -203,7 +208,25 @@ class Sink:
             self._line = True
 
     def final(self, event) -> None:
-        self.text = f"{self.text} {event.text}".strip()
+        self.finals.append(event.text)
+        if self.failed is not None:
+            print(event.text, flush=True)
+            return
+        try:
+            self._deliver(event)
+        except SdkError as e:
+            # the text must not be lost with the tool: all of it goes to stdout (a tool may have typed part of
+            # the failing final, and stdout is then the one complete copy); the caller stops the session
+            self.failed = e
+            delivered = len(self.finals) - 1
+            err(f"dictation: {DELIVERY[self.output]} failed (the error follows at the end); stopping, and writing"
+                f" this session's text to stdout instead"
+                + (f" (the first {'line' if delivered == 1 else f'{delivered} lines'} had been delivered)"
+                   if delivered else ""))
+            for text in self.finals:
+                print(text, flush=True)
+
+    def _deliver(self, event) -> None:
         if self.output == Output.jsonl:
             self._json(event)
         elif self.output == Output.stdout:
@@ -215,7 +238,7 @@ class Sink:
         elif self.output == Output.paste:
             self._paste(event.text + " ")
         elif self.output == Output.clipboard:
-            _run_tool(self.clip[0], stdin=self.text)
+            _run_tool(self.clip[0], stdin=" ".join(self.finals))
 
     def _paste(self, text: str):
         """Clipboard <- text, press the paste keys, then give the clipboard back what it held (if it held text)."""
@@ -389,7 +412,7 @@ def dictate(
                  max_duration=max_duration, save_audio=save_audio, device=device)
 
 
-def _show(events, sink):
+def _show(events, sink, stream):
     for event in events:
         if event.type == "state":
             err(f"dictation: {event.state}" + (" - speak now" if event.state == "listening" else ""))
@@ -397,6 +420,8 @@ def _show(events, sink):
             sink.partial(event)
         else:
             sink.final(event)
+            if sink.failed is not None:  # like `dictate stop`: what was captured is still transcribed (to stdout)
+                stream.request_stop()
 
 
 def _run_session(settings, *, output, partials, typer_tool, paste_chord, model, input_device, file, fast, vad,
@@ -406,6 +431,7 @@ def _run_session(settings, *, output, partials, typer_tool, paste_chord, model, 
     # a missing typing or clipboard tool fails here, before the microphone opens
     sink = Sink(output, partials=partials, typer_tool=typer_tool, paste_chord=paste_chord)
     source = FileSource(file, pace="fast" if fast else "realtime") if file else Microphone(input_device)
+    source.check()   # a missing microphone or file fails now, not after the model has loaded
     options = DictationOptions(vad=vad, silence_timeout=silence_timeout, max_duration=max_duration,
                                partials=sink.partials)   # nobody sees partials: do not spend decodes on them
 
@@ -427,13 +453,18 @@ def _run_session(settings, *, output, partials, typer_tool, paste_chord, model, 
     stream.start()
     try:
         try:
-            _show(stream.events(), sink)
+            _show(stream.events(), sink, stream)
         except KeyboardInterrupt:  # Ctrl-C ends the session like `dictate stop`: what was said is still written
             err("dictation: stopping (Ctrl-C again to abort)")
             stream.request_stop()
-            _show(stream.events(), sink)
+            _show(stream.events(), sink, stream)
             raise
-    except SdkError:
+        if sink.failed is not None:
+            raise sink.failed
+    except SdkError as e:
+        if sink.failed is not None and e is not sink.failed:   # the note promised this error
+            err(f"error: {sink.failed.message}")
+        # events() ends only once the worker has stopped, so the unread audio is exactly what was not transcribed
         saved = None if save_audio else _save_unprocessed(stream, settings)
         if saved:
             err(f"note: {len(stream.unprocessed_audio()) / 16000:.1f} s of captured audio was not transcribed;"

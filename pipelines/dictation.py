@@ -28,8 +28,9 @@ are never decoded; segments Whisper itself marks as non-speech are dropped; repe
 
 Audio captured before the model is ready waits in the ring buffer and is transcribed once it is (the
 states are loading -> warming -> ready -> listening -> stopped). A failing microphone stops capture, the
-audio already captured is still transcribed, then the typed error is raised; `unprocessed_audio()` returns
-what could not be transcribed (for instance when the model is missing) so an app can save it.
+audio already captured is still transcribed (with no `listening` if it failed before that), then the typed
+error is raised; `unprocessed_audio()` returns what could not be transcribed (for instance when the model is
+missing) so an app can save it.
 
 Times in events are seconds of audio since the stream started ("audio time").
 """
@@ -700,6 +701,11 @@ class Microphone:
         self.overflows = 0           # blocks PortAudio reported as lost before they reached us
         self.info: InputDevice | None = None
 
+    def check(self) -> None:
+        """Raise now the error run() would raise for a missing microphone (or --input-device naming none), so
+        that an app fails before it loads a model. A busy device is only found when run() opens it."""
+        self.info = find_input_device(self.device)
+
     def run(self, push: Callable[[np.ndarray, int], None], stop: threading.Event) -> None:
         sd = _sounddevice()
         self.info = info = find_input_device(self.device)
@@ -769,12 +775,21 @@ class FileSource:
             raise UsageError("pass sample_rate with an array")
         self.audio, self.sample_rate, self.pace, self.block_seconds = audio, sample_rate, pace, block_seconds
         self.backpressure = pace != "realtime"
+        self._loaded: tuple[np.ndarray, int] | None = None
+
+    def check(self) -> None:
+        """Read the audio now (run() reuses it), so that a missing or unreadable file fails before an app loads
+        a model."""
+        self._load()
 
     def _load(self) -> tuple[np.ndarray, int]:
-        if isinstance(self.audio, np.ndarray):
-            return to_mono(self.audio), int(self.sample_rate)
-        audio, rate = read_audio(self.audio)
-        return to_mono(audio), rate
+        if self._loaded is None:
+            if isinstance(self.audio, np.ndarray):
+                self._loaded = to_mono(self.audio), int(self.sample_rate)
+            else:
+                audio, rate = read_audio(self.audio)
+                self._loaded = to_mono(audio), rate
+        return self._loaded
 
     def run(self, push: Callable[[np.ndarray, int], None], stop: threading.Event) -> None:
         audio, rate = self._load()
@@ -986,7 +1001,8 @@ class Stream:
             pace = getattr(self.source, "pace", None)
             if pace not in ("simulated", "fast"):
                 rec.unheard = self.ring.unread
-            self._set_state("listening")
+            if self.error is None:   # a capture that failed already hears nobody; what it got is still transcribed
+                self._set_state("listening")
             simulated, fast = pace == "simulated", pace == "fast"
             step = FRAME * 4
             while True:

@@ -15,7 +15,7 @@ import soxr
 from pipelines import dictation
 from pipelines.dictation import Final, Microphone, Stream, find_input_device
 from sdk.errors import DeviceIOError, ModelNotFound
-from tests.dictation_support import RATE, librivox_clips, wer
+from tests.dictation_support import RATE, librivox_clips, wait_for, wer
 
 pytestmark = pytest.mark.slow
 
@@ -103,6 +103,37 @@ def test_no_microphone_at_all(monkeypatch, transcriber):
     with pytest.raises(DeviceIOError) as e:
         stream.wait(30)
     assert e.value.exit_code == 5 and "no microphone" in e.value.message and e.value.fix
+
+
+def test_no_listening_when_the_microphone_failed_before_the_model_was_ready(monkeypatch, transcriber):
+    _inject(monkeypatch, FakePortAudio(devices=False))
+    states = []
+
+    def load():                                       # the model is ready only after capture has failed
+        wait_for(lambda: stream.error, 10, "the capture error")
+        return transcriber
+    stream = Stream(load, Microphone(), on_state=states.append)
+    stream.start()
+    with pytest.raises(DeviceIOError):
+        stream.wait(30)
+    assert states == ["loading", "warming", "ready", "stopped"]
+
+
+def test_cli_no_microphone_or_no_file_fails_before_the_model_loads(tmp_path, monkeypatch, transcriber):
+    import pipelines.asr
+    from typer.testing import CliRunner
+    from apps.main import app
+
+    loads = []
+    monkeypatch.setattr(pipelines.asr, "Transcriber", lambda *a, **k: loads.append(a) or transcriber)
+    _inject(monkeypatch, FakePortAudio(devices=False))
+    env = {"AIE_APPS_HOME": str(tmp_path / "home"), "XDG_RUNTIME_DIR": str(tmp_path / "run"), "AIE_APPS_OFFLINE": "1"}
+    result = CliRunner().invoke(app, ["dictate"], env=env)
+    assert result.exit_code == 5 and "error: no microphone" in result.stderr, result.output
+    assert "listening" not in result.stderr and not loads, result.output
+    result = CliRunner().invoke(app, ["dictate", "--file", str(tmp_path / "no-such.wav")], env=env)
+    assert result.exit_code == 1 and "no-such.wav does not exist" in result.stderr, result.output
+    assert "listening" not in result.stderr and not loads, result.output
 
 
 def test_a_missing_named_microphone_on_the_real_portaudio():

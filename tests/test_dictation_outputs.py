@@ -1,9 +1,10 @@
 """Where dictated text goes, on real display servers, always read back: `aie-apps dictate --output
 type|paste|clipboard` into an xterm under Xvfb (xdotool, xclip, xsel) and into a foot terminal under a
-headless sway (wtype, wl-copy, wl-paste); which typing tool each session type gets; and what a missing or
-failing tool raises. The CLI runs in this process with the model loaded once for the module (the command's
-loader is handed that model); the transcript, the sink, the tools, the servers and the windows are real.
-A test skips, naming the binaries, only when one is not installed."""
+headless sway (wtype, wl-copy, wl-paste); which typing tool each session type gets; what a missing or
+failing tool raises, and that the text a failing tool could not deliver still reaches stdout. The CLI runs
+in this process with the model loaded once for the module (the command's loader is handed that model); the
+transcript, the sink, the tools, the servers and the windows are real. A test skips, naming the binaries,
+only when one is not installed."""
 from __future__ import annotations
 
 import json
@@ -430,3 +431,47 @@ def test_a_tool_that_cannot_reach_its_device_is_a_typed_error(tmp_path, monkeypa
         type_text("never typed", tool)
     print(f"\n  {e.value.message} | {e.value.fix}")
     assert e.value.exit_code == 5 and said in e.value.message and needs in e.value.fix
+
+
+@pytest.mark.parametrize("output, tools", [("type", ("xdotool",)), ("paste", ("xdotool", "xclip")),
+                                           ("clipboard", ("xclip",))])
+def test_text_a_failing_tool_cannot_deliver_goes_to_stdout(tmp_path, speech, dictate, output, tools):
+    """The real tools, with a DISPLAY no X server answers: exit 5 with the tool's error, and every final of the
+    session on stdout (the session stops, and the audio already captured is still transcribed)."""
+    reason = need(*tools)
+    if reason:
+        pytest.skip(reason)
+    wav, reference = speech
+    session = {"XDG_SESSION_TYPE": "x11", "DISPLAY": ":1999", "WAYLAND_DISPLAY": None,
+               "XDG_RUNTIME_DIR": str(tmp_path)}
+    result = dictate(session, "--file", str(wav), "--fast", "--output", output)
+    print(f"\n  stdout: {result.stdout!r}\n  stderr: {result.stderr!r}")
+    assert result.exit_code == 5, result.output
+    assert wer(reference, result.stdout) <= 0.2, result.stdout          # both finals, in order
+    assert "not transcribed" not in result.stderr
+    assert f"error: {tools[-1]} failed" in result.stderr and "DISPLAY must name it" in result.stderr
+    assert "failed (the error follows at the end); stopping, and writing this session's text to stdout" \
+        in result.stderr
+
+
+def test_finals_after_a_tool_failure_still_reach_stdout(tmp_path, speech, dictate):
+    """A stand-in xdotool that types the first final, then fails as xdotool without its display does: stdout
+    holds the whole session, the typed final first, and the note says that one had been delivered."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    typed = tmp_path / "typed.txt"
+    (folder / "xdotool").write_text(
+        "#!/bin/sh\n"
+        f"if [ -e {typed} ]; then echo \"Error: Can't open display: (null)\" >&2; exit 1; fi\n"
+        f"for last in \"$@\"; do :; done; printf %s \"$last\" > {typed}\n")
+    (folder / "xdotool").chmod(0o755)
+    wav, reference = speech
+    session = {"XDG_SESSION_TYPE": "x11", "DISPLAY": ":1999", "WAYLAND_DISPLAY": None,
+               "XDG_RUNTIME_DIR": str(tmp_path), "PATH": str(folder)}
+    result = dictate(session, "--file", str(wav), "--fast", "--output", "type")
+    print(f"\n  typed: {typed.read_text()!r}\n  stdout: {result.stdout!r}")
+    assert result.exit_code == 5 and "error: xdotool failed (exit 1)" in result.stderr, result.output
+    assert wer(reference, result.stdout) <= 0.2, result.stdout
+    lines = result.stdout.splitlines()
+    assert len(lines) >= 2 and lines[0] + " " == typed.read_text()
+    assert "(the first line had been delivered)" in result.stderr
