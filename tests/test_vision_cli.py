@@ -21,6 +21,7 @@ from apps.classify import draw_overlay
 from apps.main import app
 from pipelines import vision
 from sdk.errors import DeviceIOError, InputError
+from sdk.models import clip
 
 from .conftest import FIXTURES
 
@@ -144,6 +145,18 @@ def test_clip_zero_shot_scores_labels_with_the_text_tower():
     assert {p.label for p in preds[0]} == set(labels)
     assert abs(sum(p.score for p in preds[0]) - 1) < 1e-5
     assert text.shape == (3, 16) and not np.allclose(text[0], text[1])  # prompts differ, so do embeddings
+    # each label's score is its own prompt's: the row of text embeddings a one-label classifier makes for it,
+    # against the image embedding, scaled by exp(logit_scale) and softmaxed over the labels
+    alone = []
+    for label in labels:
+        with vision.ImageClassifier(str(VISION / "clip"), labels=[label], device="cpu") as one:
+            alone.append(one.text_embeds[0])
+    with vision.ImageEmbedder(str(VISION / "clip"), device="cpu") as emb:
+        image = emb.embed(photo("chelsea"))
+    scale = np.exp(clip.load(VISION / "clip")[1]["logit_scale"].item())
+    cos = np.array([row @ image / np.linalg.norm(row) for row in alone]) * scale
+    expected = np.exp(cos - cos.max()) / np.exp(cos - cos.max()).sum()
+    assert {p.label: p.score for p in preds[0]} == pytest.approx(dict(zip(labels, expected)), abs=1e-5)
 
 
 def test_model_without_a_head_or_labels_is_a_usage_error():
