@@ -329,6 +329,9 @@ def test_classify_labels_file_that_is_not_utf8_is_an_input_error(tmp_path):
                             "--model", str(VISION / "clip"), "--device", "cpu"])
     assert r.exit_code == 1 and "cannot read labels file" in r.stderr and "fix:" in r.stderr
     assert isinstance(r.exception, SystemExit)  # typer.Exit, not a traceback
+    r = runner.invoke(app, ["classify", str(tmp_path), "--labels", "\udcff,cat", "--headless",  # argv byte 0xff
+                            "--model", str(VISION / "clip"), "--device", "cpu"])
+    assert r.exit_code == 1 and "--labels is not valid UTF-8" in r.stderr and isinstance(r.exception, SystemExit)
 
 
 def test_classify_usage_errors_and_automatic_headless(tmp_path, monkeypatch):
