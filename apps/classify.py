@@ -103,7 +103,8 @@ def _parse_labels(labels: str | None) -> list[str] | None:
     try:  # an argument that is not UTF-8 arrives as surrogates, which the tokenizer rejects
         labels.encode("utf-8")
     except UnicodeEncodeError:
-        raise InputError("--labels is not valid UTF-8", fix="pass UTF-8 text, or @FILE with one label per line") from None
+        raise InputError("--labels is not valid UTF-8",
+                         fix="pass UTF-8 text, or @FILE with one label per line") from None
     return [part.strip() for part in labels.split(",") if part.strip()]
 
 
