@@ -175,6 +175,10 @@ class Preprocessor:
         elif self.shortest_edge:
             h, w = image.shape[:2]
             short, long = (w, h) if w <= h else (h, w)
+            if long > MAX_ASPECT * short:  # its shortest edge scaled up, the long one would need gigabytes
+                raise InputError(f"the image is {w}x{h} pixels: too elongated to scale its short side to "
+                                 f"{self.shortest_edge}", fix=f"crop it to the part to classify (at most "
+                                                              f"{MAX_ASPECT}:1)")
             new_short, new_long = self.shortest_edge, int(self.shortest_edge * long / short)
             image = resize(image, *((new_long, new_short) if w <= h else (new_short, new_long)), self.resample)
         if self.crop:
@@ -186,6 +190,9 @@ class Preprocessor:
         x = self.resized(_as_rgb(image)).astype(np.float32) * np.float32(self.rescale)
         x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
         return np.ascontiguousarray(x.transpose(2, 0, 1))
+
+
+MAX_ASPECT = 100  # long side : short side of the images a shortest-edge resize takes
 
 
 def center_crop(image: np.ndarray, height: int, width: int) -> np.ndarray:

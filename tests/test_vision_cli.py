@@ -100,6 +100,11 @@ def test_bad_images_are_input_errors(tmp_path):
         vision.read_image(tmp_path / "missing.png")
     with pytest.raises(InputError, match="uint8"):
         vision.Preprocessor.from_config({})(np.zeros((8, 8, 3), np.float32))
+    shortest = vision.Preprocessor.from_config({"image_processor_type": "CLIPImageProcessor", "size": 224,
+                                                "crop_size": 224})
+    assert shortest.shortest_edge == 224 and shortest(np.zeros((1, 100, 3), np.uint8)).shape == (3, 224, 224)
+    with pytest.raises(InputError, match="1x3000 pixels: too elongated"):  # 224 x 672000 once scaled
+        shortest(np.zeros((3000, 1, 3), np.uint8))
 
 
 # ---- classifier and embedder -------------------------------------------------------------------------
