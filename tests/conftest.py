@@ -20,7 +20,7 @@ def pytest_collection_modifyitems(config, items):
     npu = npu_problem()
     for item in items:
         if no_torch and "reference" in item.keywords:
-            item.add_marker(pytest.mark.skip(reason="needs the `reference` extra (torch==2.13.0, transformers)"))
+            item.add_marker(pytest.mark.skip(reason="needs the `reference` extra: pip install -e '.[reference]'"))
         if npu and "npu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=f"needs a Ryzen AI NPU: {npu}"))
 
