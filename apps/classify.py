@@ -24,7 +24,7 @@ import typer
 from sdk import settings as sdk_settings
 from sdk.errors import InputError, UsageError
 
-from .cli import DeviceOpt, app, command, err
+from .cli import DeviceOpt, app, command, err, utf8_argument
 
 WINDOW = "aie-apps classify"
 IMAGE_SECONDS = 1.0  # how long the window shows each still image
@@ -100,11 +100,7 @@ def _parse_labels(labels: str | None) -> list[str] | None:
             raise InputError(f"cannot read labels file {labels[1:]}: {e}",
                              fix="save it as UTF-8 text, one label per line") from None
         return [line.strip() for line in lines if line.strip()]
-    try:  # an argument that is not UTF-8 arrives as surrogates, which the tokenizer rejects
-        labels.encode("utf-8")
-    except UnicodeEncodeError:
-        raise InputError("--labels is not valid UTF-8",
-                         fix="pass UTF-8 text, or @FILE with one label per line") from None
+    labels = utf8_argument(labels, "--labels", fix="pass UTF-8 text, or @FILE with one label per line")
     return [part.strip() for part in labels.split(",") if part.strip()]
 
 

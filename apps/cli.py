@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from sdk.errors import SdkError
+from sdk.errors import InputError, SdkError
 from sdk.runtime import DeviceFallbackWarning
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -26,6 +26,16 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object on 
 
 def err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def utf8_argument(text: str, what: str, fix: str) -> str:
+    """`text` if it is valid UTF-8. A command-line argument that is not arrives with surrogates in place of its
+    bytes, which the tokenizers reject with a TypeError: an InputError naming the argument instead."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(f"{what} is not valid UTF-8", fix=fix) from None
+    return text
 
 
 def out_json(obj) -> None:

@@ -11,7 +11,7 @@ import typer
 
 from sdk.errors import InputError, UsageError
 
-from .cli import DeviceOpt, app, command, err
+from .cli import DeviceOpt, app, command, err, utf8_argument
 
 
 @app.command("embed-text")
@@ -51,10 +51,7 @@ def embed_text(
         texts = _lines(data, "stdin")
     else:
         for i, text in enumerate(texts, 1):
-            try:  # arguments that are not UTF-8 arrive as surrogates, which the tokenizer rejects
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise InputError(f"text argument {i} is not valid UTF-8", fix="pass UTF-8 text") from None
+            utf8_argument(text, f"text argument {i}", fix="pass UTF-8 text")
     with TextEmbedder(model, device=device) as embedder:
         vectors = embedder.embed(list(texts))
         report = embedder.report()
