@@ -250,10 +250,12 @@ class Sink:
             previous = None
         _run_tool(copy, stdin=_one_line(text))
         argv, stdin = self.paste_keys
-        _run_tool(argv, stdin=stdin)
-        if previous is not None:
-            time.sleep(0.2)  # let the target read the clipboard before it is restored
-            _run_tool(copy, stdin=previous)
+        try:
+            _run_tool(argv, stdin=stdin)
+        finally:  # also when the keys fail: what the user had copied is theirs, not ours to replace
+            if previous is not None:
+                time.sleep(0.2)  # let the target read the clipboard before it is restored
+                _run_tool(copy, stdin=previous)
 
     def _json(self, event) -> None:
         d = {"type": event.type, "text": event.text}

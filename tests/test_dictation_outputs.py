@@ -454,6 +454,26 @@ def test_text_a_failing_tool_cannot_deliver_goes_to_stdout(tmp_path, speech, dic
         in result.stderr
 
 
+def test_failing_paste_keys_give_the_clipboard_back(tmp_path, sentence, dictate):
+    """A stand-in xclip keeping the clipboard in a file, and a stand-in xdotool that fails as xdotool without
+    its display does: the text goes to stdout, and the clipboard holds again what the user had copied."""
+    folder, clipboard = tmp_path / "bin", tmp_path / "clipboard.txt"
+    folder.mkdir()
+    clipboard.write_text("what the user had copied")
+    (folder / "xclip").write_text(
+        f'#!/bin/sh\nfor last in "$@"; do :; done\nif [ "$last" = -o ]; then /bin/cat {clipboard}; else /bin/cat > {clipboard}; fi\n')
+    (folder / "xdotool").write_text("#!/bin/sh\necho \"Error: Can't open display: (null)\" >&2; exit 1\n")
+    for tool in ("xclip", "xdotool"):
+        (folder / tool).chmod(0o755)
+    wav, reference = sentence
+    session = {"XDG_SESSION_TYPE": "x11", "DISPLAY": ":1999", "WAYLAND_DISPLAY": None,
+               "XDG_RUNTIME_DIR": str(tmp_path), "PATH": str(folder)}
+    result = dictate(session, "--file", str(wav), "--fast", "--output", "paste")
+    assert result.exit_code == 5 and "error: xdotool failed (exit 1)" in result.stderr, result.output
+    assert wer(reference, result.stdout) <= 0.2, result.stdout
+    assert clipboard.read_text() == "what the user had copied"
+
+
 def test_finals_after_a_tool_failure_still_reach_stdout(tmp_path, speech, dictate):
     """A stand-in xdotool that types the first final, then fails as xdotool without its display does: stdout
     holds the whole session, the typed final first, and the note says that one had been delivered."""
