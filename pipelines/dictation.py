@@ -813,7 +813,8 @@ class Stream:
     transcriber: a loaded Transcriber (states ready -> listening -> stopped), or a zero-argument callable
         returning one: then capture starts first and the model loads and warms up meanwhile (states loading
         -> warming -> ready -> listening -> stopped), and nothing said during loading is lost.
-    source: Microphone(...), FileSource(...), or None when the app calls feed().
+    source: Microphone(...), FileSource(...), or None when the app calls feed(). start() checks it: a missing
+        microphone or unreadable file raises there (a busy microphone only when capture opens it).
     Callbacks on_partial(Partial), on_final(Final), on_state(str) run on the worker thread; events() yields
     the same events (and State changes) to one consumer.
     """
@@ -848,6 +849,8 @@ class Stream:
     def start(self) -> "Stream":
         if self._threads:
             raise UsageError("this Stream was already started; make a new one")
+        if self.source is not None:
+            self.source.check()  # a missing microphone or file is raised here, not later on the capture thread
         if self.save_audio is not None:
             import soundfile
             try:

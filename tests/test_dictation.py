@@ -271,6 +271,15 @@ def test_options_are_checked():
         FileSource(np.zeros(10), pace="warp")
 
 
+def test_start_raises_a_missing_source_before_anything_runs(tmp_path):
+    """An app gets the missing file from start() itself, and the lazy model is never loaded."""
+    from sdk.errors import InputError
+    stream = Stream(lambda: pytest.fail("the model was loaded"), FileSource(tmp_path / "gone.wav"))
+    with pytest.raises(InputError, match="gone.wav does not exist"):
+        stream.start()
+    assert not any(t.is_alive() for t in stream._threads)
+
+
 def test_cli_file_as_microphone_writes_finals_as_json_lines(tmp_path):
     import json
     from typer.testing import CliRunner

@@ -99,14 +99,16 @@ def test_device_listing_is_deduplicated_and_selection_by_name_or_index(monkeypat
 
 def test_no_microphone_at_all(monkeypatch, transcriber):
     _inject(monkeypatch, FakePortAudio(devices=False))
-    stream = Stream(transcriber, Microphone()).start()
-    with pytest.raises(DeviceIOError) as e:
-        stream.wait(30)
+    stream = Stream(transcriber, Microphone())
+    with pytest.raises(DeviceIOError) as e:   # from start() itself: no thread was started
+        stream.start()
+    assert not stream._threads
     assert e.value.exit_code == 5 and "no microphone" in e.value.message and e.value.fix
 
 
 def test_no_listening_when_the_microphone_failed_before_the_model_was_ready(monkeypatch, transcriber):
-    _inject(monkeypatch, FakePortAudio(devices=False))
+    # a busy microphone passes start()'s check and fails when the capture thread opens it
+    _inject(monkeypatch, FakePortAudio(open_error="Error opening InputStream: Device unavailable [PaErrorCode -9985]"))
     states = []
 
     def load():                                       # the model is ready only after capture has failed
