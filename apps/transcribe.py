@@ -65,22 +65,29 @@ def transcribe(
     """Transcribe audio files (Whisper tiny.en by default, offline; Parakeet and GigaAM with --model).
     An unreadable file is reported on stderr and skipped; the exit code is then 1."""
     from pipelines.asr import TranscribeOptions
+    from pipelines.audio import check_audio_path
 
+    if output_dir is not None and not output_dir.is_dir():
+        raise UsageError(f"output directory {output_dir} does not exist", fix="create it first")
+    usable = []
+    for path in files:  # before the model loads (seconds): a run with no file to read ends at once
+        try:
+            check_audio_path(path)
+            usable.append(path)
+        except InputError as e:
+            _report(e)
+    if not usable:
+        raise typer.Exit(1)
     if output_dir is not None:
-        if not output_dir.is_dir():
-            raise UsageError(f"output directory {output_dir} does not exist", fix="create it first")
-        _check_targets(files, output_dir, fmt)
+        _check_targets(usable, output_dir, fmt)
     transcriber = _load(model, device, TranscribeOptions(language=language, task=task))
     array = fmt is Format.json and output_dir is None and len(files) > 1  # stdout stays one JSON document
-    failed = printed = 0
-    for path in files:
+    failed, printed = len(files) - len(usable), 0
+    for path in usable:
         try:
-            if path.is_dir():  # audio loading would call it missing
-                raise InputError(f"{path} is a folder, not an audio file",
-                                 fix=f"pass the audio files in it, e.g. {path}/*.wav")
             result = transcriber.transcribe(path)
         except InputError as e:
-            err(f"error: {e.message}" + (f"\n  fix: {e.fix}" if e.fix else ""))
+            _report(e)
             failed += 1
             continue
         text = render(result, fmt)
@@ -104,6 +111,11 @@ def transcribe(
         print("]" if printed else "[]", flush=True)
     if failed:
         raise typer.Exit(1)
+
+
+def _report(e: InputError) -> None:
+    """A file that is skipped: the error on stderr, and the run goes on."""
+    err(f"error: {e.message}" + (f"\n  fix: {e.fix}" if e.fix else ""))
 
 
 def _target(output_dir: Path, path: Path, fmt: Format) -> Path:

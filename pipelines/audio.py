@@ -5,10 +5,13 @@ banks) and the model-specific log-mel features built from them.
     mel = whisper_log_mel(samples, n_mels=80)   # [80, 3000], matches transformers' WhisperFeatureExtractor
 
 Files are read with soundfile (wav, flac, ogg; mp3 where libsndfile supports it); every failure is an
-InputError that names the file and the reason. Resampling uses soxr (high quality).
+InputError that names the file and the reason; a WAV file shorter than its header declares is read as far as
+it goes, with a TruncatedAudioWarning. Resampling uses soxr (high quality).
 """
 from __future__ import annotations
 
+import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,13 @@ import numpy as np
 from sdk.errors import InputError
 
 SAMPLE_RATE = 16000  # what every speech model here expects
+# sox (0x7ffff000), arecord (~0x7fffffff) and ffmpeg (0xffffffff) declare sizes from here up when they write
+# to a pipe and cannot go back to fill in the length: such a file is not truncated
+_UNKNOWN_LENGTH = 0x7FFFF000
+
+
+class TruncatedAudioWarning(UserWarning):
+    """An audio file holds less audio than its header declares (a cut-off download or copy)."""
 
 
 # ---- reading, downmixing, resampling -------------------------------------------------------------
@@ -24,18 +34,40 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
     """(samples [frames] or [frames, channels] float32, sample rate) of an audio file."""
     import soundfile as sf
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"audio file {path} does not exist", fix="check the path")
-    if path.stat().st_size == 0:
-        raise InputError(f"audio file {path} is empty (0 bytes)", fix="record or copy the file again")
+    check_audio_path(path)
     try:
-        samples, rate = sf.read(str(path), dtype="float32", always_2d=False)
+        with sf.SoundFile(str(path)) as f:
+            samples, rate, log = f.read(dtype="float32", always_2d=False), f.samplerate, f.extra_info
     except (sf.LibsndfileError, RuntimeError) as e:
         readable = path.suffix.lower() in (".wav", ".flac", ".ogg")  # a format we read: the file itself is bad
         raise InputError(f"cannot read {path} as audio: {getattr(e, 'error_string', None) or e}",
                          fix="the file looks truncated or corrupt: export or record it again" if readable else
                          "use a wav, flac or ogg file (convert others with `sox in.mp3 out.wav` or ffmpeg)") from None
+    _warn_if_truncated(path, log, len(samples), int(rate))
     return samples, int(rate)
+
+
+def check_audio_path(path: Path) -> None:
+    """Raise the InputError read_audio would for a path that is missing, a folder or an empty file (cheap: an
+    app can check all its inputs before it loads a model)."""
+    if path.is_dir():
+        raise InputError(f"{path} is a folder, not an audio file", fix=f"pass the audio files in it, e.g. {path}/*.wav")
+    if not path.is_file():
+        raise InputError(f"audio file {path} does not exist", fix="check the path")
+    if path.stat().st_size == 0:
+        raise InputError(f"audio file {path} is empty (0 bytes)", fix="record or copy the file again")
+
+
+def _warn_if_truncated(path: Path, log: str, frames: int, rate: int) -> None:
+    """libsndfile reads a cut-off WAV without an error, up to where it ends; only its header log, a line like
+    `data : 64000 (should be 31978)` (bytes declared, bytes present), tells."""
+    m = re.search(r"^data : (\d+) \(should be (\d+)\)", log, re.MULTILINE)
+    if not m or int(m.group(1)) >= _UNKNOWN_LENGTH or not frames:  # none read: no bytes per frame to scale by
+        return
+    declared, present = int(m.group(1)), int(m.group(2))
+    seconds = frames / rate
+    warnings.warn(f"{path} looks truncated: its header declares {seconds * declared / present:.1f} s of audio "
+                  f"but only {seconds:.1f} s are present; only those are used", TruncatedAudioWarning, stacklevel=3)
 
 
 def to_mono(samples: np.ndarray) -> np.ndarray:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from pipelines.audio import (SAMPLE_RATE, hann_window, load_audio, mel_filters, power_spectrum, resample,
-                             whisper_log_mel)
+from pipelines.audio import (SAMPLE_RATE, TruncatedAudioWarning, hann_window, load_audio, mel_filters,
+                             power_spectrum, read_audio, resample, whisper_log_mel)
 from sdk.errors import InputError
 
 from .conftest import FIXTURES
@@ -78,6 +78,34 @@ def test_bad_files_are_input_errors(tmp_path, content, match):
         assert "truncated or corrupt" in e.value.fix
 
 
+def test_a_truncated_wav_warns_and_keeps_what_is_there(tmp_path, recwarn):
+    """libsndfile reads a cut-off WAV without complaint; its header still declares the full length."""
+    speech = _speech()[:2 * SAMPLE_RATE]
+    sf.write(tmp_path / "full.wav", speech, SAMPLE_RATE, subtype="PCM_16")
+    data = (tmp_path / "full.wav").read_bytes()
+    (tmp_path / "cut.wav").write_bytes(data[:len(data) // 2])
+    with pytest.warns(TruncatedAudioWarning) as caught:
+        samples, rate = read_audio(tmp_path / "cut.wav")
+    (w,) = caught
+    message = str(w.message)
+    assert str(tmp_path / "cut.wav") in message and "looks truncated" in message
+    assert "declares 2.0 s" in message and "only 1.0 s are present" in message
+    assert rate == SAMPLE_RATE and len(samples) == (len(data) // 2 - 44) // 2  # every whole frame present is kept
+    assert np.abs(samples - speech[:len(samples)]).max() < 1e-4
+    load_audio(tmp_path / "full.wav")
+    assert not recwarn.list  # the complete file: no warning
+
+
+def test_a_wav_streamed_without_a_length_is_not_called_truncated(tmp_path, recwarn):
+    """Written to a pipe, sox/arecord/ffmpeg leave a placeholder size: the file holds all of its audio."""
+    sf.write(tmp_path / "piped.wav", _speech()[:SAMPLE_RATE], SAMPLE_RATE, subtype="PCM_16")
+    data = bytearray((tmp_path / "piped.wav").read_bytes())
+    data[40:44] = (0xFFFFFFFF).to_bytes(4, "little")  # the data chunk's size (after the 36-byte header and "data")
+    (tmp_path / "piped.wav").write_bytes(bytes(data))
+    assert len(load_audio(tmp_path / "piped.wav")) == SAMPLE_RATE
+    assert not recwarn.list
+
+
 def test_an_unreadable_file_of_another_format_says_to_convert(tmp_path):
     path = tmp_path / "talk.m4a"
     path.write_bytes(b"\x00\x00\x00\x20ftypM4A " + bytes(200))
@@ -89,6 +117,11 @@ def test_an_unreadable_file_of_another_format_says_to_convert(tmp_path):
 def test_missing_file_and_empty_array(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         load_audio(tmp_path / "nope.wav")
+    with pytest.raises(InputError, match="is a folder, not an audio file"):
+        load_audio(tmp_path)
+    (tmp_path / "empty.wav").touch()
+    with pytest.raises(InputError, match="empty"):
+        load_audio(tmp_path / "empty.wav")
     with pytest.raises(InputError, match="no samples"):
         load_audio(np.zeros(0, np.float32))
     with pytest.raises(InputError, match="NaN"):

@@ -16,7 +16,7 @@ import pytest
 import soundfile as sf
 
 from pipelines.asr import Segment, Transcriber, TranscribeOptions
-from pipelines.audio import load_audio, resample
+from pipelines.audio import TruncatedAudioWarning, load_audio, resample
 from sdk.errors import InputError, UsageError
 
 LIBRIVOX = Path("/usr/share/pocketsphinx/test/data/librivox")
@@ -173,7 +173,8 @@ def test_bad_inputs_are_typed_errors(transcriber, tmp_path):
 def test_truncated_wav_transcribes_what_is_there(transcriber, tmp_path):
     data = CLIPS[0].read_bytes()
     (tmp_path / "cut.wav").write_bytes(data[: len(data) // 2])
-    text = transcriber.transcribe(tmp_path / "cut.wav").text
+    with pytest.warns(TruncatedAudioWarning, match="looks truncated"):
+        text = transcriber.transcribe(tmp_path / "cut.wav").text
     assert normalise(text)[:4] == ["and", "mister", "john", "dashwood"]
 
 
@@ -295,9 +296,33 @@ def _cli(transcriber, monkeypatch):
 
 
 def test_cli_names_a_folder_given_as_a_file(transcriber, tmp_path, monkeypatch):
-    r = _cli(transcriber, monkeypatch)(str(tmp_path), str(CLIPS[4]))
-    assert r.exit_code == 1 and f"{tmp_path} is a folder" in r.stderr and "fix:" in r.stderr
-    assert "amiable" in r.stdout  # the file after it still runs
+    r = _cli(transcriber, monkeypatch)(str(tmp_path), str(tmp_path / "gone.wav"), str(CLIPS[4]))
+    assert r.exit_code == 1 and f"{tmp_path} is a folder" in r.stderr and "gone.wav does not exist" in r.stderr
+    assert r.stderr.count("fix:") == 2
+    assert "amiable" in r.stdout  # the file after them still runs
+
+
+def test_cli_without_a_file_to_read_does_not_load_the_model(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    import apps.transcribe as cmd
+    from apps.main import app
+
+    def load(model, device, options):
+        raise AssertionError("the model was loaded although no file could be read")
+    monkeypatch.setattr(cmd, "_load", load)
+    r = CliRunner().invoke(app, ["transcribe", str(tmp_path / "gone.wav"), str(tmp_path), "-f", "json"])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output  # typer.Exit, not the AssertionError
+    assert f"error: audio file {tmp_path / 'gone.wav'} does not exist\n  fix: check the path" in r.stderr
+    assert f"error: {tmp_path} is a folder" in r.stderr and r.stderr.count("fix:") == 2 and r.stdout == ""
+
+
+def test_cli_warns_about_a_truncated_wav_and_transcribes_it(transcriber, tmp_path, monkeypatch):
+    data = CLIPS[4].read_bytes()
+    (tmp_path / "cut.wav").write_bytes(data[: len(data) // 2])
+    r = _cli(transcriber, monkeypatch)(str(tmp_path / "cut.wav"))
+    assert r.exit_code == 0 and normalise(r.stdout)[:3] == ["he", "might", "even"]
+    assert f"warning: {tmp_path / 'cut.wav'} looks truncated" in r.stderr
 
 
 def test_cli_write_failure_keeps_the_transcript(transcriber, tmp_path, monkeypatch):
