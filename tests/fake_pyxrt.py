@@ -7,7 +7,12 @@ What it enforces (a ContractViolation is a bug in the caller; device faults are 
   memory starts as garbage (0xA5), so a missing to-device sync shows up in the outputs too;
 - an xclbin kernel is called as kernel(3, instruction BO, instruction count in 32-bit words, *data BOs): the
   opcode must be 3, the instruction BO `cacheable` on group_id(1) and synced, the count its stream's length
-  in words; data BOs are `host_only` on the group_id of their argument and at least their arena's size;
+  in words; data BOs are `host_only` and at least their arena's size, on the group_id of their argument for an
+  xclbin kernel. A full-ELF kernel (ext.kernel) has no group_id: XRT's indexes the kernel's compute units, of
+  which an ELF kernel has none (undefined behaviour), and XRT checks no BO group in that flow;
+- a runlist (XRT's xrt::runlist) is made on the hw_context of its runs' kernels; a listed run cannot be started,
+  and its own state() is not defined (a ContractViolation here): runlist.wait() returns nothing, or raises
+  RuntimeError naming the state of the first run that did not complete;
 - at most 5 host data BOs per kernel call (more crashed XRT or skipped a DMA, mlir-aie#3248);
 - hardware contexts: 6 (npu1) / 16 (npu2) alive at once, counted over the whole "machine" (FAKE.contexts
   includes those of other processes, FAKE.other_contexts); the legacy device.load_xclbin fails;
@@ -270,9 +275,11 @@ class bo:
         self._check(skip, size)
         return self.host[skip:skip + size].view(np.int8).copy()
 
-    def sync(self, direction, size=None, offset=0) -> None:
+    def sync(self, direction, *window) -> None:
+        if len(window) not in (0, 2):  # pyxrt binds sync(direction) and sync(direction, size, offset) only
+            raise TypeError("sync(): incompatible function arguments")
         direction = xclBOSyncDirection(direction)
-        size = self.size() - offset if size is None else int(size)
+        size, offset = (int(window[0]), int(window[1])) if window else (self.size(), 0)
         self._check(offset, size)
         if direction == TO_DEVICE:
             self.device[offset:offset + size] = self.host[offset:offset + size]
@@ -296,7 +303,7 @@ def _unpin(n, generation):
 
 class run:
     def __init__(self, k=None, state=ert_cmd_state.ERT_CMD_STATE_NEW):
-        self.kernel, self._state, self.args, self._pad = k, state, {}, None
+        self.kernel, self._state, self.args, self._pad, self.listed = k, state, {}, None, False
 
     def set_arg(self, index: int, value) -> None:
         self.args[index] = value
@@ -311,17 +318,25 @@ class run:
         return self._pad
 
     def start(self) -> None:
+        if self.listed:
+            raise RuntimeError("Run object belongs to a runlist and cannot be explicitly started")
+        self._launch()
+
+    def _launch(self) -> None:
         self._state = self.kernel._execute([self.args[i] for i in sorted(self.args)], self._pad)._state
 
     def wait(self, timeout_ms: int = 0) -> ert_cmd_state:
-        return self._state
+        return self.state()
 
     def wait2(self, timeout_ms: int | None = None):
-        if self._state != COMPLETED:
+        if self.state() != COMPLETED:
             raise RuntimeError(f"command failed: {self._state.name}")
         return self._state
 
     def state(self) -> ert_cmd_state:
+        if self.listed:
+            raise ContractViolation("a run in a runlist has no defined state of its own (XRT's xrt::runlist::add); "
+                                    "runlist.wait() raises on the first run that did not complete")
         return self._state
 
 
@@ -372,32 +387,43 @@ class _ext:
             self.ctx, self.dispatch = ctx, ctx.design.doc["sequences"][name]
             self.words = ctx.design.doc.get("scratchpad", {}).get(self.dispatch, {})
 
+        def group_id(self, index: int) -> int:
+            raise ContractViolation("group_id of a full-ELF kernel: XRT reads the first of its compute units, and "
+                                    "an ELF kernel has none (undefined behaviour); its BOs need no group")
+
         def _execute(self, args, pad=None) -> run:
             if self.words:
                 _check_words(self.ctx.design, self.dispatch, self.words, pad, args)
-            return _dispatch(self.ctx.design, self.dispatch, args, self.group_id, self.FIRST_DATA)
+            return _dispatch(self.ctx.design, self.dispatch, args, None, self.FIRST_DATA)
 
 
 ext = types.SimpleNamespace(kernel=_ext.kernel)
 
 
 class runlist:
-    def __init__(self, ctx: hw_context | None = None):
-        self.runs = []
+    def __init__(self, ctx: hw_context):
+        self.ctx, self.runs, self.failed = ctx, [], None
 
     def add(self, r: run) -> None:
+        if r.listed:
+            raise RuntimeError("Run object is already part of a runlist")
+        if r.kernel.ctx is not self.ctx:
+            raise RuntimeError("The run's kernel was not created in the runlist's hw_context")
+        r.listed = True
         self.runs.append(r)
 
     def execute(self) -> None:
         FAKE.runlists += 1
+        self.failed = None
         for r in self.runs:
-            r.start()
-            if r.state() != COMPLETED:
+            r._launch()
+            if r._state != COMPLETED:  # the later runs are aborted
+                self.failed = r._state
                 break
 
-    def wait(self, timeout_ms: int | None = None):
-        states = [r.state() for r in self.runs]
-        return next((s for s in states if s != COMPLETED), COMPLETED)
+    def wait(self) -> None:
+        if self.failed is not None:
+            raise RuntimeError(f"runlist failed execution ({self.failed.name})")
 
 
 def _check_txn(design: _Design, stream: np.ndarray, data: list) -> str:
@@ -454,8 +480,10 @@ def _dispatch(design: _Design, name: str, data: list, group_id, first: int) -> r
         raise ContractViolation(f"the runtime sequence takes {len(ARENAS)} arenas {ARENAS}, got {len(data)} BOs")
     sizes = design.program.meta["arenas"]
     for i, (arena, b) in enumerate(zip(ARENAS, data)):
-        if not isinstance(b, bo) or b.flag != bo.host_only or b.group != group_id(first + i):
-            raise ContractViolation(f"argument {first + i} ({arena}) must be a host_only BO on group_id({first + i})")
+        grouped = group_id is not None
+        if not isinstance(b, bo) or b.flag != bo.host_only or (grouped and b.group != group_id(first + i)):
+            on = f" on group_id({first + i})" if grouped else ""
+            raise ContractViolation(f"argument {first + i} ({arena}) must be a host_only BO{on}")
         if b.size() < sizes[arena]:
             raise ContractViolation(f"the {arena} BO has {b.size()} bytes; the program's {arena} arena needs "
                                     f"{sizes[arena]}")

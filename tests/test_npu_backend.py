@@ -154,6 +154,26 @@ def test_a_dispatch_over_the_watchdog_is_split_and_still_matches(fake_npu, targe
     assert np.array_equal(out, ref)
 
 
+@pytest.mark.parametrize("target", ["npu1", "npu2"])
+@pytest.mark.parametrize("fault,state", [("timeout", "TIMEOUT"), ("error", "ERROR")])
+def test_a_split_dispatch_that_fails_is_a_typed_error(fake_npu, target, fault, state):
+    """A runlist's own runs have no defined state in XRT: its wait() raises, naming the failed run's state."""
+    graphs, weights, runs = CASES["bert"]()
+    program = compiler.compile(graphs, target)
+    budget = npu.dispatch_seconds(program, program.entry(None).steps[0]) / 3
+    build(graphs, target, fake_npu(target), budget_s=budget)
+    exe = npu.NpuBackend(budget_s=budget).load(program, weights)
+    try:
+        fake_pyxrt.FAKE.faults.add(fault)
+        with pytest.raises(DispatchTimeout, match=state) as e:
+            exe.run(None, runs[0][1])
+        assert e.value.exit_code == 3 and "doctor" in e.value.fix and fake_pyxrt.FAKE.runlists == 1
+        fake_pyxrt.FAKE.faults.clear()
+        exe.run(None, runs[0][1])  # the session survives a failed runlist
+    finally:
+        exe.close()
+
+
 def test_an_unsplit_dispatch_over_the_watchdog_times_out_with_a_typed_error(fake_npu):
     graphs, weights, runs = CASES["bert"]()
     program = compiler.compile(graphs, "npu2")
@@ -348,15 +368,22 @@ def test_opcode_and_word_count_are_checked(fake_npu, monkeypatch):
 
 
 def test_more_than_five_host_buffers_or_a_wrong_group_are_refused(fake_npu):
-    graphs, weights, runs = _bert_on(fake_npu, "npu2")
+    graphs, weights, runs = _bert_on(fake_npu, "npu1")  # groups are an xclbin kernel's: an ELF kernel has none
     with Session(graphs, weights, device="npu") as s:
         exe = s._exe
-        kernel = next(iter(exe.kernels.values()))
+        insts, words = next(iter(exe._insts.values()))
         arenas = [exe._bos["weights"], exe._no_state, exe._bos["io"], exe._bos["scratch"]]
         with pytest.raises(ContractViolation, match="6 host BOs"):
-            kernel(*arenas, exe._bos["io"], exe._bos["io"])
+            exe.kernel(3, insts, words, *arenas, exe._bos["io"], exe._bos["io"])
         with pytest.raises(ContractViolation, match="group_id"):
-            kernel(arenas[2], arenas[1], arenas[0], arenas[3])
+            exe.kernel(3, insts, words, arenas[2], arenas[1], arenas[0], arenas[3])
+
+
+def test_an_elf_kernel_is_never_asked_for_a_group(fake_npu):
+    graphs, weights, runs = _bert_on(fake_npu, "npu2")
+    with Session(graphs, weights, device="npu") as s:  # the fake's ELF kernel refuses group_id, as XRT would crash
+        s.run(**runs[0][1])
+        assert {bo.group for bo in s._exe._bos.values()} == {0}
 
 
 def test_the_legacy_load_xclbin_flow_fails_like_xrt(fake_npu):

@@ -486,8 +486,10 @@ class NpuExecutable:
                                 fix="add '* - memlock unlimited' to /etc/security/limits.d/99-npu.conf and log in "
                                     "again (check with `ulimit -l`)")
         self._create_context(artifact)
+        # a full-ELF kernel has no xclbin connectivity: XRT's group_id would index its empty CU list (undefined
+        # behaviour) and never checks a BO's group, so its BOs take group 0, as mlir-aie's full-ELF host code does
         first = FIRST_ARENA_ARG[self.target]
-        self._groups = [self._kernel_for(None).group_id(first + i) for i in range(len(ARENAS))]
+        self._groups = [self.kernel.group_id(first + i) if self.target == "npu1" else 0 for i in range(len(ARENAS))]
         for arena in ("weights", "io", "scratch"):
             self._bos[arena], self._host[arena] = self._alloc(sizes[arena], arena)
         self._no_state, _ = self._alloc(0, "state")  # bound when a run needs no state
@@ -549,10 +551,8 @@ class NpuExecutable:
                                      "`xrt-smi validate`); other programs may hold all "
                                      f"{limit} contexts of the {self.target}")
 
-    def _kernel_for(self, dispatch: str | None):
-        if self.target == "npu1":
-            return self.kernel
-        return self.kernels[dispatch] if dispatch else next(iter(self.kernels.values()))
+    def _kernel_for(self, dispatch: str):
+        return self.kernel if self.target == "npu1" else self.kernels[dispatch]
 
     def _bo(self, nbytes: int, flags, group):
         size = _pages(nbytes)
@@ -702,17 +702,16 @@ class NpuExecutable:
                 runs = [self._run(group[0], bos)]
                 runs[0].start()
                 states = [runs[0].wait(int(2 * WATCHDOG_S * 1000))]
-            else:
-                batch, runs = x.runlist(self._context), []
+            else:  # XRT leaves a listed run's own state undefined: wait() raises on the first one that failed
+                batch = x.runlist(self._context)
                 for step in group:
-                    run = self._run(step, bos)
-                    batch.add(run)
-                    runs.append(run)
+                    batch.add(self._run(step, bos))
                 batch.execute()
                 batch.wait()
-                states = [r.state() for r in runs]
+                states = [x.ert_cmd_state.ERT_CMD_STATE_COMPLETED] * len(group)
         except RuntimeError as e:
-            raise DispatchTimeout(f"dispatch {group[0].op} failed to run: {e}", fix=self._dispatch_fix()) from None
+            ops = group[0].op if len(group) == 1 else f"{group[0].op} .. {group[-1].op}"
+            raise DispatchTimeout(f"dispatch {ops} failed to run: {e}", fix=self._dispatch_fix()) from None
         self.counters.dispatches += len(group)
         for step, state in zip(group, states):
             if state != x.ert_cmd_state.ERT_CMD_STATE_COMPLETED:
