@@ -69,6 +69,11 @@ class TranscribeOptions:
                                       # with timestamps; bounds a looping decode of a short window
     seed: int = 0                     # for sampling at temperature > 0
 
+    def __post_init__(self):
+        if not self.temperatures or min(self.temperatures) < 0:
+            raise UsageError(f"temperatures must be a non-empty tuple of values >= 0, got {self.temperatures!r}",
+                             fix="e.g. (0.0,) for greedy only, or the default (0.0, 0.2, ..., 1.0)")
+
 
 @dataclass(frozen=True)
 class Transcript:
@@ -178,10 +183,10 @@ class WhisperRecognizer:
         end). Silence gives []. Stable API for live dictation, which calls it on a growing buffer: it passes
         fallback=False for partial hypotheses (one greedy pass, no temperature retries) and `stop`, polled
         before the encoder and every decoder step: once it says True, the decode is given up (None)."""
-        samples = np.asarray(samples_16k, dtype=np.float32)
+        samples = audio.float_samples(samples_16k)
         if samples.ndim != 1 or len(samples) > audio.WHISPER_CHUNK:
             raise UsageError(f"decode_window takes mono audio of at most 30 s, got shape {samples.shape}",
-                             fix="use transcribe() for longer audio")
+                             fix="use transcribe() for longer audio (audio.load_audio downmixes channels)")
         if len(samples) < audio.WHISPER_HOP:
             return []
         size = len(samples) // audio.WHISPER_HOP

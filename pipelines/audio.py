@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sdk.errors import InputError
+from sdk.errors import InputError, UsageError
 
 SAMPLE_RATE = 16000  # what every speech model here expects
 # sox (0x7ffff000), arecord (~0x7fffffff) and ffmpeg (0xffffffff) declare sizes from here up when they write
@@ -73,6 +73,9 @@ def _warn_if_truncated(path: Path, log: str, frames: int, rate: int) -> None:
 def to_mono(samples: np.ndarray) -> np.ndarray:
     """Average the channels of [frames, channels] audio; 1-D audio is returned as is."""
     samples = np.asarray(samples, dtype=np.float32)
+    if samples.ndim == 2 and samples.shape[1] > max(samples.shape[0], 64):  # averaging would leave a few samples
+        raise InputError(f"audio of shape {samples.shape} looks like [channels, frames]",
+                         fix="pass [frames, channels] (samples.T) or 1-D mono samples")
     if samples.ndim == 2:
         return samples.mean(axis=1, dtype=np.float32)
     if samples.ndim != 1:
@@ -99,17 +102,31 @@ def load_audio(source: str | Path | np.ndarray, sample_rate: int | None = None, 
         samples, rate = read_audio(source)
         name = str(source)
     else:
-        samples, rate, name = np.asarray(source), sample_rate or target, "the audio array"
-        if samples.dtype.kind not in "fiu":
-            raise InputError(f"the audio array has dtype {samples.dtype}", fix="pass float or integer samples")
-        if samples.dtype.kind in "iu":  # PCM integers -> [-1, 1)
-            samples = samples.astype(np.float32) / np.float32(np.iinfo(samples.dtype).max + 1)
-    samples = to_mono(samples)
+        samples, rate, name = source, target if sample_rate is None else sample_rate, "the audio array"
+        if not isinstance(rate, (int, np.integer)) or rate <= 0:  # 0 must not mean "the default"
+            raise UsageError(f"sample_rate must be a positive integer (Hz), got {rate!r}",
+                             fix="pass the rate the audio was recorded at, e.g. sample_rate=48000")
+    samples = to_mono(float_samples(samples, name))
     if samples.size == 0:
         raise InputError(f"{name} has no samples", fix="pass audio that is at least a fraction of a second long")
+    return resample(samples, rate, target)
+
+
+def float_samples(samples, name: str = "the audio array") -> np.ndarray:
+    """float32 samples from float or PCM integer ones (scaled to [-1, 1)); InputError for anything else and for
+    NaN or infinite samples, which a model would turn into confident nonsense."""
+    samples = np.asarray(samples)
+    if samples.dtype.kind not in "fiu":
+        raise InputError(f"{name} has dtype {samples.dtype}", fix="pass float or integer (PCM) samples")
+    if samples.dtype.kind == "i":
+        samples = samples.astype(np.float32) / np.float32(-np.iinfo(samples.dtype).min)
+    elif samples.dtype.kind == "u":  # unsigned PCM (8-bit WAV) is centred on its midpoint
+        half = np.float32(np.iinfo(samples.dtype).max // 2 + 1)
+        samples = (samples.astype(np.float32) - half) / half
+    samples = samples.astype(np.float32, copy=False)
     if not np.isfinite(samples).all():
         raise InputError(f"{name} contains NaN or infinite samples", fix="check how the audio was produced")
-    return resample(samples, rate, target)
+    return samples
 
 
 # ---- spectral building blocks ----------------------------------------------------------------------

@@ -345,7 +345,7 @@ class ConformerStream:
 
 
 def _mono(samples: np.ndarray) -> np.ndarray:
-    samples = np.asarray(samples, np.float32)
+    samples = audio.float_samples(samples)
     if samples.ndim != 1:
         raise InputError(f"expected mono 16 kHz samples (a 1-D array), got shape {samples.shape}",
                          fix="downmix first, e.g. pipelines.audio.to_mono")

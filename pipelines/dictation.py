@@ -50,7 +50,7 @@ import numpy as np
 
 from sdk.errors import DeviceIOError, InputError, SdkError, UsageError
 
-from .audio import read_audio, to_mono
+from .audio import float_samples, read_audio, to_mono
 
 SAMPLE_RATE = 16000
 FRAME = 480                   # 30 ms VAD frames
@@ -785,7 +785,7 @@ class FileSource:
     def _load(self) -> tuple[np.ndarray, int]:
         if self._loaded is None:
             if isinstance(self.audio, np.ndarray):
-                self._loaded = to_mono(self.audio), int(self.sample_rate)
+                self._loaded = to_mono(float_samples(self.audio)), int(self.sample_rate)
             else:
                 audio, rate = read_audio(self.audio)
                 self._loaded = to_mono(audio), rate
@@ -877,7 +877,7 @@ class Stream:
         self._push(samples, sample_rate, block)
 
     def _push(self, samples: np.ndarray, sample_rate: int, block: bool) -> None:
-        samples = np.asarray(samples, np.float32)
+        samples = float_samples(samples, "the fed audio")
         if self._wall_start is None:  # the wall-clock moment audio time 0 was captured
             self._wall_start = time.monotonic() - len(samples) / sample_rate
         if samples.ndim == 2:

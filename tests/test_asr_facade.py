@@ -9,10 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from apps.main import app
-from pipelines.asr import Transcriber, WhisperRecognizer
+from pipelines.asr import TranscribeOptions, Transcriber, WhisperRecognizer
 from pipelines.conformer_asr import ConformerRecognizer
 from pipelines.dictation import Final, FileSource
-from sdk.errors import UsageError
+from sdk.errors import InputError, UsageError
 
 from .conftest import FIXTURES
 
@@ -58,6 +58,20 @@ def whisper():
 
 def test_whisper_is_the_default_family(whisper):
     assert isinstance(whisper.recognizer, WhisperRecognizer) and whisper.window_seconds == 30.0
+
+
+def test_whisper_window_scales_pcm_and_refuses_what_is_not_audio(whisper):
+    pcm = (noise * 10000).astype(np.int16)  # was decoded unscaled
+    assert whisper.decode_window(pcm) == whisper.decode_window(pcm / np.float32(32768))
+    for bad in ("talk.wav", None):
+        with pytest.raises(InputError, match="has dtype"):
+            whisper.decode_window(bad)
+    with pytest.raises(UsageError, match="mono audio of at most 30 s"):
+        whisper.decode_window(np.stack([noise, noise]))
+    with pytest.raises(InputError, match="NaN or infinite"):  # used to decode as '!!!!'
+        whisper.decode_window(np.full(16000, np.nan, np.float32))
+    with pytest.raises(UsageError, match="temperatures"):
+        TranscribeOptions(temperatures=())
 
 
 @pytest.mark.skipif(not CLIP.exists(), reason="needs Debian's pocketsphinx-testdata")

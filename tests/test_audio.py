@@ -8,7 +8,7 @@ import soundfile as sf
 
 from pipelines.audio import (SAMPLE_RATE, TruncatedAudioWarning, hann_window, load_audio, mel_filters,
                              power_spectrum, read_audio, resample, whisper_log_mel)
-from sdk.errors import InputError
+from sdk.errors import InputError, UsageError
 
 from .conftest import FIXTURES
 
@@ -65,6 +65,8 @@ def test_downmix_and_resample(tmp_path):
     assert abs(len(eight) - len(speech)) <= 2
     ints = load_audio((speech * 32767).astype(np.int16))
     assert np.abs(ints - speech).max() < 1e-3
+    unsigned = load_audio((speech * 127 + 128).round().astype(np.uint8))  # 8-bit WAV PCM: centred on 128
+    assert np.abs(unsigned - speech).max() < 1e-2
 
 
 @pytest.mark.parametrize("content, match", [(b"", "empty"), (b"not audio at all\n" * 50, "cannot read"),
@@ -128,3 +130,10 @@ def test_missing_file_and_empty_array(tmp_path):
         load_audio(np.full(100, np.nan, np.float32))
     with pytest.raises(InputError, match="frames"):
         load_audio(np.zeros((2, 3, 4), np.float32))
+    with pytest.raises(InputError, match=r"looks like \[channels, frames\]") as e:
+        load_audio(np.zeros((2, SAMPLE_RATE), np.float32))
+    assert "samples.T" in e.value.fix
+    assert load_audio(np.zeros((SAMPLE_RATE, 2), np.float32)).shape == (SAMPLE_RATE,)
+    for rate in (0, -8000, "16000", 16000.5):
+        with pytest.raises(UsageError, match="sample_rate must be a positive integer"):
+            load_audio(np.zeros(100, np.float32), rate)

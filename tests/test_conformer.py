@@ -207,6 +207,21 @@ def test_recognizer_segments_and_limits():
     assert rec.report()["device_effective"] == "cpu"
 
 
+def test_recognizer_takes_only_finite_float_mono_audio():
+    rec = ConformerRecognizer(DIR / "parakeet_ctc", device="cpu")
+    noise = (np.random.default_rng(0).standard_normal(16000) * 0.1).astype(np.float32)
+    for bad in (noise.astype(np.complex64), "talk.wav"):
+        with pytest.raises(InputError, match="has dtype"):
+            rec.transcribe(bad)
+    with pytest.raises(InputError, match="expected mono 16 kHz samples"):
+        rec.transcribe(noise[:, None])
+    for bad in (np.full(16000, np.nan, np.float32), np.full(16000, np.inf, np.float32)):  # used to give []
+        with pytest.raises(InputError, match="NaN or infinite"):
+            rec.decode_window(bad)
+        with pytest.raises(InputError, match="NaN or infinite"):
+            rec.stream().feed(bad)
+
+
 def test_vocabularies(tmp_path):
     # a SentencePiece ModelProto with three pieces, encoded by hand: field 1 (pieces) { field 1: piece, 2: score }
     def piece(s):

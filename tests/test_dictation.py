@@ -280,6 +280,19 @@ def test_start_raises_a_missing_source_before_anything_runs(tmp_path):
     assert not any(t.is_alive() for t in stream._threads)
 
 
+def test_fed_audio_is_checked_and_pcm_is_scaled():
+    from sdk.errors import InputError
+    stream = Stream(None)
+    for bad, said in [(None, "dtype object"), ("abc", "dtype <U3"), (np.full(10, np.nan, np.float32), "NaN")]:
+        with pytest.raises(InputError, match=said):
+            stream.feed(bad, RATE)
+    stream.feed(np.full(RATE, 16384, np.int16), RATE)
+    assert np.allclose(stream.ring.read(RATE), 0.5)
+    source = FileSource(np.full(RATE, -16384, np.int16), RATE)
+    source.check()
+    assert np.allclose(source._load()[0], -0.5)
+
+
 def test_cli_file_as_microphone_writes_finals_as_json_lines(tmp_path):
     import json
     from typer.testing import CliRunner
