@@ -13,6 +13,7 @@ output, negative layers count from the last.
 """
 from __future__ import annotations
 
+import io
 import re
 import warnings
 from dataclasses import dataclass
@@ -112,6 +113,9 @@ def read_fasta(source: str | Path | TextIO) -> list[Record]:
                 return read_fasta(f)
         except OSError as e:
             raise InputError(f"cannot read {source}: {e.strerror}", fix="check the FASTA path") from None
+    if not isinstance(source, Iterable) or isinstance(source, (bytes, io.BufferedIOBase, io.RawIOBase)):
+        raise UsageError(f"read_fasta takes a path or a text stream, got {type(source).__name__}",
+                         fix="pass the file's path, or open it in text mode (open(path) without 'b')")
     records: list[Record] = []
     header, start, chunks, terminated = None, 0, [], False
 
@@ -212,6 +216,9 @@ class ProteinOptions:
             raise UsageError(f"unknown pooling {self.pooling!r}", fix=f"use one of {', '.join(POOLINGS)}")
         if self.on_long not in ON_LONG:
             raise UsageError(f"unknown on_long {self.on_long!r}", fix=f"use one of {', '.join(ON_LONG)}")
+        if not isinstance(self.layers, (tuple, list)) or not all(isinstance(k, int) for k in self.layers):
+            raise UsageError(f"layers must be a tuple of layer numbers, got {self.layers!r}",
+                             fix="e.g. layers=(-1,) for the last layer, or (0, 6, -1)")
         if not self.layers:
             raise UsageError("no layers selected", fix="pass at least one layer, e.g. -1")
         if self.max_len < 1 or self.toks_per_batch < 1:
@@ -266,10 +273,10 @@ class ProteinEmbedder:
         gives one row. per-residue: a list of [residues, hidden] (or [residues, n_layers, hidden]) arrays."""
         if isinstance(sequences, str):
             return self.embed([sequences])[0]
-        results: list = [None] * len(sequences)
-        for indices, vectors in self.embed_batches(sequences):
-            for i, v in zip(indices, vectors):
-                results[i] = v
+        by_index = {}
+        for indices, vectors in self.embed_batches(sequences):  # which checks `sequences` first
+            by_index.update(zip(indices, vectors))
+        results = [by_index[i] for i in range(len(by_index))]
         if self.options.pooling == "per-residue":
             return results
         shape = (self.dim,) if len(self.layers) == 1 else (len(self.layers), self.dim)
@@ -277,10 +284,14 @@ class ProteinEmbedder:
 
     def embed_batches(self, sequences: list[str]) -> Iterator[tuple[tuple[int, ...], list[np.ndarray]]]:
         """Yields (indices into `sequences`, their embeddings) batch by batch, shortest sequences first."""
-        if not all(isinstance(s, str) for s in sequences):
-            raise UsageError("embed() takes a list of protein sequences (strings)")
+        if not isinstance(sequences, (list, tuple)):  # a str would be embedded letter by letter
+            raise UsageError(f"embed() takes a list of protein sequences (strings), got {type(sequences).__name__}",
+                             fix="pass a list of str, e.g. [r.sequence for r in read_fasta(path)]")
         tokens = []
         for i, s in enumerate(sequences):
+            if not isinstance(s, str):
+                raise UsageError(f"sequence {i} is a {type(s).__name__}, not a str",
+                                 fix="pass protein sequences as str (decode bytes first)")
             try:
                 ids = self.tokenizer.encode(s)
             except InputError as e:

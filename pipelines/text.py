@@ -30,6 +30,11 @@ class TextOptions:
     buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512)
     normalize: bool = True
 
+    def __post_init__(self):
+        if self.batch_size < 1 or self.max_length < 3:
+            raise UsageError(f"batch_size ({self.batch_size}) must be at least 1 and max_length ({self.max_length}) "
+                             f"at least 3", fix="max_length counts [CLS] and [SEP], so 3 leaves room for one token")
+
 
 class TextEmbedder:
     def __init__(self, model: str = DEFAULT_MODEL, *, device: str | None = None, options: TextOptions = TextOptions()):
@@ -65,8 +70,18 @@ class TextEmbedder:
         """[n, dim] float32 (unit vectors when options.normalize). A single string gives [dim]."""
         if isinstance(texts, str):
             return self.embed([texts])[0]
-        if not all(isinstance(t, str) for t in texts):
-            raise UsageError("embed() takes a list of strings")
+        if not isinstance(texts, (list, tuple)):  # not any iterable: a dict would give its keys
+            raise UsageError(f"embed() takes a string or a list of strings, got {type(texts).__name__}",
+                             fix="pass a list of str (list(...) turns a generator or an array into one)")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise UsageError(f"text {i} is a {type(t).__name__}, not a str",
+                                 fix="decode bytes and convert other values with str() first")
+            try:
+                t.encode("utf-8")  # the tokenizer takes only encodable text (no lone surrogates)
+            except UnicodeEncodeError as e:
+                raise InputError(f"text {i} is not valid Unicode: {e.reason} at character {e.start}",
+                                 fix="decode the source with errors='replace', or drop those characters") from None
         out = np.zeros((len(texts), self.dim), np.float32)
         if not texts:
             return out

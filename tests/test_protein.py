@@ -77,6 +77,13 @@ def test_fasta_errors_name_record_and_position(text, message):
         read_fasta(io.StringIO(text))
 
 
+@pytest.mark.parametrize("source", [None, io.BytesIO(b">a\nMKT\n")])
+def test_fasta_source_that_is_not_text_is_a_usage_error(source):
+    with pytest.raises(UsageError, match="read_fasta takes a path or a text stream") as e:
+        read_fasta(source)
+    assert "text mode" in e.value.fix
+
+
 def test_fasta_very_long_record_and_binary_input(tmp_path):
     line = "ACDEFGHIKLMNPQRSTVWY" * 3 + "\n"
     path = tmp_path / "long.fasta"
@@ -174,6 +181,19 @@ def test_long_and_empty_sequences(embedder):
         ProteinEmbedder(str(MODEL), device="cpu", options=ProteinOptions(layers=(9,)))
     with pytest.raises(UsageError, match="unknown pooling"):
         ProteinOptions(pooling="max")
+
+
+def test_what_is_not_a_list_of_sequences_is_a_usage_error(embedder):
+    for bad, message in [(None, "got NoneType"), ((s for s in ["MKT"]), "got generator"),
+                         (["MKT", None], "sequence 1 is a NoneType")]:
+        with pytest.raises(UsageError, match=message):
+            embedder.embed(bad)
+    # embed_batches would have embedded a string letter by letter, and a generator as nothing at all
+    for bad in ("MKT", (s for s in ["MKT", "GSH"])):
+        with pytest.raises(UsageError, match="takes a list of protein sequences"):
+            list(embedder.embed_batches(bad))
+    with pytest.raises(UsageError, match="layers must be a tuple"):
+        ProteinOptions(layers=-1)
 
 
 def test_the_sdk_facade_exports_the_embedder():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from pipelines.text import TextEmbedder, TextOptions
-from sdk.errors import DeviceUnavailable, ModelNotFound, UsageError
+from sdk.errors import DeviceUnavailable, InputError, ModelNotFound, UsageError
 
 from .conftest import FIXTURES
 
@@ -41,6 +41,24 @@ def test_empty_list_and_report(embedder):
     assert embedder.embed([]).shape == (0, 384)
     r = embedder.report()
     assert (r["device_requested"], r["device_effective"]) == ("cpu", "cpu")
+
+
+@pytest.mark.parametrize("texts,message", [
+    (None, "got NoneType"), (5, "got int"), ((t for t in ["a"]), "got generator"),
+    (np.array(["a", "b"]), "got ndarray"), (["a", None], "text 1 is a NoneType"), ([b"a"], "text 0 is a bytes"),
+])
+def test_what_is_not_a_list_of_strings_is_a_usage_error(embedder, texts, message):
+    with pytest.raises(UsageError, match=message) as e:
+        embedder.embed(texts)
+    assert e.value.fix
+
+
+def test_text_that_is_not_unicode_and_bad_options_are_typed_errors(embedder):
+    with pytest.raises(InputError, match="text 1 is not valid Unicode"):
+        embedder.embed(["fine", "bad \ud800 surrogate"])
+    for options in (dict(batch_size=0), dict(max_length=2)):
+        with pytest.raises(UsageError, match="must be at least 1"):
+            TextOptions(**options)
 
 
 def test_long_text_is_truncated_with_a_warning():
