@@ -134,19 +134,29 @@ def classify(
         specs.append("0")  # bare --camera; `--camera 2` arrives as the SOURCE "2"
     if not specs:
         raise UsageError("nothing to classify", fix="pass a SOURCE (image, folder, video, camera index) or --camera")
-    show = False
-    if not headless:
-        show, why = gui_available()
-        if not show:
-            err(f"note: {why}; running headless")
-
+    class_names = _parse_labels(labels)
     failures = []
 
     def on_error(e: InputError):
         failures.append(e)
         err(f"error: {e.message}" + (f"\n  fix: {e.fix}" if e.fix else ""))
 
-    clf = vision.ImageClassifier(model, labels=_parse_labels(labels), device=device,
+    usable = []
+    for spec in specs:  # before the model loads (seconds): a run with nothing to read ends at once
+        try:
+            vision.check_source(spec)
+            usable.append(spec)
+        except InputError as e:
+            on_error(e)
+    if not usable:
+        raise typer.Exit(1)
+    show = False
+    if not headless:
+        show, why = gui_available()
+        if not show:
+            err(f"note: {why}; running headless")
+
+    clf = vision.ImageClassifier(model, labels=class_names, device=device,
                                  options=vision.VisionOptions(top_k=top_k, batch_size=1))  # frame by frame
     if show:
         import cv2
@@ -156,7 +166,7 @@ def classify(
     device_name = clf.session.device_effective
     try:
         with clf:
-            for spec in specs:
+            for spec in usable:
                 try:
                     source = vision.open_source(spec, on_error)
                 except InputError as e:  # a missing or unopenable source is skipped like an unreadable image

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -214,7 +214,9 @@ def _as_rgb(image: np.ndarray) -> np.ndarray:
     if image.ndim == 2:
         return np.repeat(image[:, :, None], 3, axis=2)
     if image.ndim != 3 or image.shape[2] not in (3, 4) or 0 in image.shape:
-        raise InputError(f"images must be [H, W, 3] RGB arrays, got shape {image.shape}")
+        raise InputError(f"images must be [H, W, 3] RGB arrays, got shape {image.shape}",
+                         fix="pass [H, W, 3] RGB, [H, W, 4] RGBA or [H, W] gray; [3, H, W] becomes "
+                             "x.transpose(1, 2, 0)")
     return image[:, :, :3]
 
 
@@ -240,6 +242,18 @@ class VisionOptions:
     batch_size: int = 4                 # images per batched run; 1-image runs have their own graph
     prompt: str = "a photo of a {}."    # CLIP zero-shot: each label is put into this template
 
+    def __post_init__(self):
+        if self.top_k < 1 or self.batch_size < 1:
+            raise UsageError(f"top_k ({self.top_k}) and batch_size ({self.batch_size}) must be at least 1",
+                             fix="pass positive values")
+        try:  # without a working {} every label would get the same prompt, and the same score
+            distinct = self.prompt.format("a") != self.prompt.format("b")
+        except (IndexError, KeyError, ValueError):
+            distinct = False
+        if not distinct:
+            raise UsageError(f"the prompt {self.prompt!r} needs one {{}} where the label goes",
+                             fix="e.g. prompt='a photo of a {}.'")
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -254,8 +268,11 @@ def _softmax(x: np.ndarray) -> np.ndarray:
 
 
 def _batch(images) -> tuple[list, bool]:
-    """(list of images, whether one image was given): one is a path or a [H, W(, C)] array."""
-    single = isinstance(images, (str, Path)) or (isinstance(images, np.ndarray) and images.ndim in (2, 3))
+    """(list of images, whether one image was given): one is a path or an array ([N, H, W, C] is N images)."""
+    single = isinstance(images, (str, Path)) or (isinstance(images, np.ndarray) and images.ndim != 4)
+    if not single and not isinstance(images, Iterable):
+        raise UsageError(f"expected an image or a list of images, got {type(images).__name__}",
+                         fix="pass paths or uint8 [H, W, 3] arrays (np.asarray(pil_image.convert('RGB')) for PIL)")
     return ([images] if single else list(images)), single
 
 
@@ -310,6 +327,9 @@ class ImageClassifier(_VisionModel):
         if self.model_type == "clip":
             if not labels:
                 raise UsageError("CLIP classifies zero-shot and needs labels", fix="pass labels, e.g. --labels cat,dog")
+            if isinstance(labels, str):  # list() would make each letter a class
+                raise UsageError(f"labels must be a list of class names, got the string {labels!r}",
+                                 fix=f"pass a list, e.g. labels={labels.split(',')!r}")
             self._init_clip(list(labels), device)
             return
         if labels:
@@ -328,6 +348,13 @@ class ImageClassifier(_VisionModel):
 
     def _init_clip(self, labels: list[str], device: str | None):
         from tokenizers import Tokenizer
+        for label in labels:
+            if not isinstance(label, str) or not label.strip():
+                raise UsageError(f"labels must be non-empty strings, got {label!r}",
+                                 fix="pass class names such as 'cat'")
+        repeated = sorted({label for label in labels if labels.count(label) > 1})
+        if repeated:  # a repeated class would share its probability between its copies
+            raise UsageError(f"repeated labels: {', '.join(repeated)}", fix="list each class once")
         self.cfg, weights = clip.load(self.folder)
         self.labels = labels
         tokenizer_file = self.folder / "tokenizer.json"
@@ -365,6 +392,8 @@ class ImageClassifier(_VisionModel):
         return _softmax(self._run_batched(pixels, run))
 
     def top_k(self, probs: np.ndarray, k: int | None = None) -> list[list[Prediction]]:
+        if k is not None and (not isinstance(k, (int, np.integer)) or k < 1):  # k=-1 would drop the last class
+            raise UsageError(f"k must be a positive integer, got {k!r}", fix="pass k >= 1, or None for options.top_k")
         k = min(k or self.options.top_k, probs.shape[-1])
         order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
         return [[Prediction(self.labels[i], float(p[i]), int(i)) for i in row] for row, p in zip(order, probs)]
@@ -594,21 +623,38 @@ def list_cameras(probe: bool = True) -> list[dict]:
     return cameras
 
 
+def check_source(spec: str) -> None:
+    """Raise the InputError open_source would for a missing file or a folder without images (cheap, and opens
+    nothing: an app can check all its sources before it loads a model). Cameras are checked when opened."""
+    if _is_camera(spec):
+        return
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        _folder_images(path)
+    elif not path.exists():
+        raise InputError(f"no such file or folder: {spec}", fix="check the path, or pass a camera index")
+
+
+def _is_camera(spec: str) -> bool:
+    return spec.isdigit() or spec.startswith("/dev/video")
+
+
+def _folder_images(path: Path) -> list[Path]:
+    images = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    if not images:
+        raise InputError(f"no images in folder {path}", fix=f"add {', '.join(sorted(IMAGE_SUFFIXES))} files")
+    return images
+
+
 def open_source(spec: str, on_error: Callable[[InputError], None] | None = None):
     """A SOURCE argument -> ImageFiles, VideoFile or Camera: a camera index or /dev/videoN, a video file,
     an image file, or a folder of images."""
-    if spec.isdigit():
-        return Camera(int(spec))
-    if spec.startswith("/dev/video"):
-        return Camera(spec)
+    if _is_camera(spec):
+        return Camera(int(spec) if spec.isdigit() else spec)
     path = Path(spec).expanduser()
     if path.is_dir():
-        images = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        if not images:
-            raise InputError(f"no images in folder {path}", fix=f"add {', '.join(sorted(IMAGE_SUFFIXES))} files")
-        return ImageFiles(images, on_error)
-    if not path.exists():
-        raise InputError(f"no such file or folder: {spec}", fix="check the path, or pass a camera index")
+        return ImageFiles(_folder_images(path), on_error)
+    check_source(spec)
     if path.suffix.lower() in VIDEO_SUFFIXES:
         return VideoFile(path)
     return ImageFiles([path], on_error)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sdk.errors import UsageError, WeightError
+from sdk.errors import InputError, UsageError, WeightError
 from sdk.models import clip, module_for, resnet, vit
 from sdk.session import Session
 from sdk.weights import read_safetensors
@@ -192,3 +192,37 @@ def test_live_dinov2_small_geometry_runs_at_224(registers, tmp_path, record_pari
         hidden = s.run(pixels=x)["hidden"]
     assert hidden.shape == (1, 1 + registers + 256, 384)
     assert record_parity(f"live.dinov2_518to224_reg{registers}", hidden, ref)[0] <= TOL
+
+
+def test_bad_images_and_k_are_typed_errors():
+    from pipelines.vision import ImageClassifier
+    with ImageClassifier(str(VISION / "vit"), device="cpu") as clf:
+        for bad in (None, 5, object()):  # object(): e.g. a PIL image, which is not an array
+            with pytest.raises(UsageError, match="expected an image or a list of images"):
+                clf.classify(bad)
+        with pytest.raises(InputError, match=r"got shape \(40,\)") as e:  # its own shape, not each pixel's
+            clf.classify(np.zeros(40, np.uint8))
+        assert "transpose" in e.value.fix
+        image = np.zeros((40, 50, 3), np.uint8)
+        for k in (0, -1, "3"):  # -1 used to drop the last class
+            with pytest.raises(UsageError, match="k must be a positive integer"):
+                clf.classify(image, k=k)
+        assert len(clf.classify(image, k=np.int64(3))) == 3
+
+
+@pytest.mark.parametrize("options", [dict(top_k=0), dict(batch_size=0), dict(prompt="a photo"),
+                                     dict(prompt="a {name}")])
+def test_bad_vision_options_are_usage_errors(options):
+    from pipelines.vision import VisionOptions
+    with pytest.raises(UsageError):
+        VisionOptions(**options)
+
+
+@pytest.mark.parametrize("labels,message", [
+    ("cat", "got the string 'cat'"),  # used to become the classes 'c', 'a', 't'
+    (["cat", None], "got None"), (["cat", ""], "got ''"), (["cat", "dog", "cat"], "repeated labels: cat"),
+])
+def test_bad_clip_labels_are_usage_errors(labels, message):
+    from pipelines.vision import ImageClassifier
+    with pytest.raises(UsageError, match=message):
+        ImageClassifier(str(VISION / "clip"), labels=labels, device="cpu")

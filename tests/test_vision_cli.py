@@ -327,6 +327,19 @@ def test_classify_skips_a_missing_source_and_keeps_going(tmp_path):
     assert line.startswith(str(good))
 
 
+def test_classify_without_a_source_to_read_does_not_load_the_model(tmp_path, monkeypatch):
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded although no source could be read")
+    monkeypatch.setattr(vision, "ImageClassifier", load)
+    r = runner.invoke(app, ["classify", str(tmp_path / "gone.png"), str(tmp_path / "gone"), str(tmp_path),
+                            "--headless", "--model", str(VISION / "vit"), "--device", "cpu"])
+    assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output  # not the AssertionError
+    assert f"error: no such file or folder: {tmp_path / 'gone.png'}\n  fix: check the path" in r.stderr
+    assert f"no such file or folder: {tmp_path / 'gone'}\n" in r.stderr
+    assert f"no images in folder {tmp_path}\n" in r.stderr and r.stderr.count("fix:") == 3
+    assert r.stdout == ""
+
+
 def test_classify_labels_file_that_is_not_utf8_is_an_input_error(tmp_path):
     labels = tmp_path / "labels.txt"
     labels.write_bytes(b"\xff\xfe tabby cat\n")
@@ -344,6 +357,8 @@ def test_classify_usage_errors_and_automatic_headless(tmp_path, monkeypatch):
     assert r.exit_code == 2 and "nothing to classify" in r.stderr
     r = runner.invoke(app, ["classify", str(tmp_path / "nope.mp4"), "--model", str(VISION / "vit"), "--headless"])
     assert r.exit_code == 1 and "no such file" in r.stderr
+    image = tmp_path / "cat.png"
+    cv2.imwrite(str(image), photo("chelsea"))
     r = runner.invoke(app, ["classify", str(tmp_path), "--model", "nobody/no-such-vit", "--headless"])
     assert r.exit_code == 4 and "offline" in r.stderr and "fix:" in r.stderr
     r = runner.invoke(app, ["classify", str(tmp_path), "--model", str(VISION / "dinov2"), "--headless"])
@@ -352,8 +367,6 @@ def test_classify_usage_errors_and_automatic_headless(tmp_path, monkeypatch):
     assert r.exit_code == 3 and "NPU" in r.stderr and r.stdout == ""  # strict: no silent CPU fallback
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
-    image = tmp_path / "cat.png"
-    cv2.imwrite(str(image), photo("chelsea"))
     r = runner.invoke(app, ["classify", str(image), "--model", str(VISION / "vit"), "--device", "cpu"])
     assert r.exit_code == 0 and "running headless" in r.stderr and len(r.stdout.splitlines()) == 1
 
