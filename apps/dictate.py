@@ -381,6 +381,9 @@ def dictate(
     typer_tool: Annotated[str, typer.Option("--typer", help="typing tool: auto | xdotool | wtype | ydotool | dotool")] = "auto",
     paste_chord: Annotated[str, typer.Option("--paste-keys", help="with --output paste: ctrl+v | ctrl+shift+v (terminals) | shift+Insert")] = "ctrl+v",
     model: Annotated[str, typer.Option("--model", help="ASR model name or folder")] = "whisper-tiny.en",
+    language: Annotated[Optional[str], typer.Option(
+        "--language", help="Whisper: the spoken language, e.g. en, de (default: detected per utterance)")] = None,
+    task: Annotated[str, typer.Option("--task", help="Whisper: transcribe, or translate (into English)")] = "transcribe",
     input_device: Annotated[Optional[str], typer.Option("--input-device", "-d", help="microphone: index or part of its name")] = None,
     list_devices: Annotated[bool, typer.Option("--list-devices", help="list microphones and exit")] = False,
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="play this audio file as the microphone")] = None,
@@ -409,9 +412,11 @@ def dictate(
         return
     if fast and file is None:
         raise UsageError("--fast needs --file")
+    from pipelines.asr import TranscribeOptions
+    decoding = TranscribeOptions(language=language, task=task)
     _run_session(settings, output=output, partials=partials, typer_tool=typer_tool, paste_chord=paste_chord,
-                 model=model, input_device=input_device, file=file, fast=fast, vad=vad, silence_timeout=silence_timeout,
-                 max_duration=max_duration, save_audio=save_audio, device=device)
+                 model=model, decoding=decoding, input_device=input_device, file=file, fast=fast, vad=vad,
+                 silence_timeout=silence_timeout, max_duration=max_duration, save_audio=save_audio, device=device)
 
 
 def _show(events, sink, stream):
@@ -426,8 +431,8 @@ def _show(events, sink, stream):
                 stream.request_stop()
 
 
-def _run_session(settings, *, output, partials, typer_tool, paste_chord, model, input_device, file, fast, vad,
-                 silence_timeout, max_duration, save_audio, device):
+def _run_session(settings, *, output, partials, typer_tool, paste_chord, model, decoding, input_device, file, fast,
+                 vad, silence_timeout, max_duration, save_audio, device):
     from pipelines.dictation import DictationOptions, FileSource, Microphone, Stream
 
     # a missing typing or clipboard tool fails here, before the microphone opens
@@ -439,7 +444,7 @@ def _run_session(settings, *, output, partials, typer_tool, paste_chord, model, 
 
     def load():
         from pipelines.asr import Transcriber
-        return Transcriber(model, device=device)
+        return Transcriber(model, device=device, options=decoding)
 
     stream = Stream(load, source, options, save_audio=save_audio)
 

@@ -409,6 +409,9 @@ class Transcriber:
         source = hub.resolve(model)
         model_type = read_config(source.path).get("model_type")  # none in a CTranslate2 (faster-whisper) folder
         if model_type in CONFORMER_TYPES:
+            if options.language is not None or options.task != "transcribe":  # not to be ignored silently
+                raise UsageError(f"{source.path.name} transcribes the language it was trained on: it takes no "
+                                 "language and cannot translate", fix="drop --language/--task, or use a Whisper model")
             from pipelines.conformer_asr import ConformerRecognizer
             self.recognizer = ConformerRecognizer(source.path, device=device)
         elif model_type in (None, "whisper"):

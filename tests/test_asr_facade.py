@@ -40,6 +40,12 @@ def test_conformer_checkpoints_get_the_conformer_recognizer():
         assert t.window_seconds == direct.window_seconds
 
 
+@pytest.mark.parametrize("options", [TranscribeOptions(language="en"), TranscribeOptions(task="translate")])
+def test_a_conformer_model_refuses_whisper_decoding_options(options):
+    with pytest.raises(UsageError, match="takes no language and cannot translate"):  # they were ignored
+        Transcriber(str(PARAKEET), device="cpu", options=options)
+
+
 def test_transcribe_cli_takes_a_conformer_model(tmp_path):
     import soundfile
     wav = tmp_path / "noise.wav"

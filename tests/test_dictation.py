@@ -310,3 +310,18 @@ def test_cli_file_as_microphone_writes_finals_as_json_lines(tmp_path):
     audio, rate = soundfile.read(str(saved))
     original, _ = soundfile.read(str(wav))
     assert rate == RATE and len(audio) == len(original)
+
+
+def test_cli_language_reaches_the_model(tmp_path):
+    """--language becomes the Transcriber's option: one an English-only model cannot honour is a usage error
+    (exit 2), not a silent English transcript."""
+    from typer.testing import CliRunner
+    from apps.main import app
+
+    wav, reference = librivox_clips()[4]
+    env = {"XDG_RUNTIME_DIR": str(tmp_path), "AIE_APPS_HOME": str(tmp_path / "home")}
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--language", "de"], env=env)
+    print(f"\n  {result.stderr!r}")
+    assert result.exit_code == 2 and "English-only model" in result.stderr, result.output
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--language", "en"], env=env)
+    assert result.exit_code == 0 and wer(reference, result.stdout) <= 0.2, result.output
