@@ -13,6 +13,7 @@ import os
 import shutil
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
@@ -45,6 +46,9 @@ def embed(
     """Embed protein sequences with ESM-2 (fair-esm compatible pooling and layer numbers)."""
     from pipelines.protein import ProteinEmbedder, ProteinOptions, check_unique_ids, read_fasta
 
+    if output is not None and output.is_dir():  # esm-extract's habit: an output folder, one file per sequence
+        raise UsageError(f"--output {output} is a folder; embed writes one file for all sequences",
+                         fix=f"pass a file path, e.g. -o {output / 'embeddings.npz'}")
     fmt = fmt or (output.suffix.lstrip(".") if output is not None else "jsonl")
     if fmt not in FORMATS:
         raise UsageError(f"unknown output format {fmt!r}", fix="use --format npz or jsonl (or -o ending in .npz/.jsonl)")
@@ -71,7 +75,8 @@ def embed(
            "max_len": max_len, "on_long": on_long,
            "input": hashlib.sha256("\n".join(f"{r.id}\t{r.sequence}" for r in records).encode()).hexdigest()}
     parts = output.with_name(output.name + ".parts") if output is not None else None
-    done = _prepare_parts(parts, run, resume)
+    with _writing(parts, "pass -o in a folder you can write to"):
+        done = _prepare_parts(parts, run, resume)
     todo = [r for r in records if r.id not in done]
     if resume and done:
         err(f"resuming: {len(records) - len(todo)} of {len(records)} sequences already embedded")
@@ -82,7 +87,8 @@ def embed(
             for indices, vectors in embedder.embed_batches([r.sequence for r in todo]):
                 batch = [todo[i] for i in indices]
                 if parts is not None:
-                    _write_part(parts, batch, vectors, ragged=pooling == "per-residue")
+                    with _writing(parts, "free disk space, then rerun the same command with --resume"):
+                        _write_part(parts, batch, vectors, ragged=pooling == "per-residue")
                 else:
                     done.update((r.id, v) for r, v in zip(batch, vectors))
                 progress.update(len(batch), sum(len(r.sequence) for r in batch))
@@ -100,7 +106,9 @@ def embed(
         for r, v in zip(records, vectors):
             print(json.dumps(_json_record(r, v, run["layers"])))
     else:
-        _write_atomic(output, fmt, records, vectors, run)
+        with _writing(output, f"free disk space or fix permissions, then rerun with --resume (the embeddings "
+                              f"are kept in {parts})"):
+            _write_atomic(output, fmt, records, vectors, run)
         shutil.rmtree(parts, ignore_errors=True)
     residues = sum(len(r.sequence) for r in records)
     share = f", {report['npu_fraction']['ops']:.0%} of ops in the NPU program" if "npu_fraction" in report else ""
@@ -108,6 +116,15 @@ def embed(
     err(f"embedded {len(records)} sequences ({residues} residues) with {report['model']} on "
         f"{report['device_effective']} (requested {report['device_requested']}{share}) in {progress.elapsed():.1f} s"
         f"{where}")
+
+
+@contextmanager
+def _writing(path: Path, fix: str):
+    """An OSError while writing results is the user's path or disk, not a crash: an InputError naming it."""
+    try:
+        yield
+    except OSError as e:
+        raise InputError(f"cannot write {e.filename or path}: {e.strerror or e}", fix=fix) from None
 
 
 def _apply_policies(records, max_len: int, on_long: str):

@@ -173,7 +173,11 @@ def check_unique_ids(records: Iterable[Record]) -> None:
 
 def length_buckets(max_tokens: int) -> tuple[int, ...]:
     """Token lengths compiled for: steps of about 1.5x from 32, then the longest allowed input itself."""
-    steps = (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
+    # the steps go on past 4096 so that a raised max_len does not pad every long protein to max_len itself
+    steps, b = [32], 64
+    while b < max_tokens:
+        steps += [b, b * 3 // 2]
+        b *= 2
     return tuple(b for b in steps if b < max_tokens) + (max_tokens,)
 
 
@@ -252,6 +256,9 @@ class ProteinEmbedder:
         self.cfg, self._weights = esm.load(self.source.path)
         self.tokenizer = EsmTokenizer.for_model(self.source.path)
         self.layers = esm.resolve_layers(options.layers, self.cfg.num_hidden_layers)
+        if len(self.layers) < len(options.layers):  # e.g. 6 and -1 of a 6-layer model: the output has fewer axes
+            warnings.warn(f"layers {', '.join(map(str, options.layers))} name the same layer more than once; "
+                          f"embedding layers {', '.join(map(str, self.layers))}", stacklevel=2)
         self.buckets = length_buckets(options.max_len + 2)
         self._device = device
         self.choice = choose_device(device)  # strict devices fail here, before any work
@@ -305,8 +312,9 @@ class ProteinEmbedder:
                              f"{long[0]}, {len(tokens[long[0]]) - 2} residues)",
                              fix="raise max_len, or truncate (on_long='truncate'), or drop them")
         if long:
-            warnings.warn(f"{len(long)} sequence(s) longer than {self.options.max_len} residues were truncated",
-                          stacklevel=2)
+            named = ", ".join(f"sequence {i} ({len(tokens[i]) - 2} residues)" for i in long[:10])
+            warnings.warn(f"{len(long)} sequence(s) longer than {self.options.max_len} residues were truncated: "
+                          f"{named}{', ...' if len(long) > 10 else ''}", stacklevel=2)
             for i in long:
                 tokens[i] = np.concatenate([tokens[i][:self.options.max_len + 1], tokens[i][-1:]])
         plan = plan_batches([len(t) for t in tokens], self.buckets, self.options.toks_per_batch)

@@ -124,6 +124,13 @@ def test_buckets_and_token_budget_batches():
     assert plan_batches([1024], buckets, 100)[0].batch == 1
 
 
+def test_a_raised_max_len_keeps_bucketing_long_proteins():
+    """--max-len 20000 for a 5000-residue protein: a 6144-token shape, not 20002 (16x the attention work)."""
+    buckets = length_buckets(20002)
+    assert buckets[13:] == (4096, 6144, 8192, 12288, 16384, 20002)
+    assert [b.length for b in plan_batches([5002, 1102], buckets, 4096)] == [1536, 6144]
+
+
 # ---- embeddings ----------------------------------------------------------------------------------
 
 def test_mean_cls_and_per_residue_match_transformers_goldens(golden, embedder, record_parity):
@@ -167,8 +174,8 @@ def test_padding_never_changes_an_embedding(embedder):
 def test_long_and_empty_sequences(embedder):
     opts = ProteinOptions(max_len=20)
     with ProteinEmbedder(str(MODEL), device="cpu", options=opts) as e:
-        with pytest.warns(UserWarning, match="1 sequence.*truncated"):
-            v = e.embed(["M" * 50, "MKT"])
+        with pytest.warns(UserWarning, match=r"2 sequence.*truncated: sequence 0 \(50 residues\), sequence 2 \(21 "):
+            v = e.embed(["M" * 50, "MKT", "M" * 21])
         np.testing.assert_allclose(v[0], e.embed("M" * 20), atol=1e-5)
     with ProteinEmbedder(str(MODEL), device="cpu", options=ProteinOptions(max_len=20, on_long="error")) as e:
         with pytest.raises(InputError, match="longer than max_len 20"):
@@ -181,6 +188,16 @@ def test_long_and_empty_sequences(embedder):
         ProteinEmbedder(str(MODEL), device="cpu", options=ProteinOptions(layers=(9,)))
     with pytest.raises(UsageError, match="unknown pooling"):
         ProteinOptions(pooling="max")
+
+
+def test_layers_naming_the_same_layer_twice_are_embedded_once_with_a_warning():
+    # the tiny model has 3 layers, so 3 and -1 are one layer: the output has 2 layer axes, not the 3 asked for
+    with pytest.warns(UserWarning, match="layers 0, 3, -1 name the same layer more than once; embedding layers 0, 3"):
+        e = ProteinEmbedder(str(MODEL), device="cpu", options=ProteinOptions(layers=(0, 3, -1)))
+    with e:
+        assert e.layers == (0, 3) and e.embed(["MKT"]).shape == (1, 2, esm.TINY.hidden_size)
+    r = _embed("-", "--layers", "0,3,-1", input=">a\nMK\n")
+    assert r.exit_code == 0 and "name the same layer more than once" in r.stderr
 
 
 def test_what_is_not_a_list_of_sequences_is_a_usage_error(embedder):
@@ -361,6 +378,39 @@ def test_cli_errors_are_typed(tmp_path):
     assert r.exit_code == 2 and "--layers" in r.stderr
     r = runner.invoke(app, ["embed", "-", "--model", str(MODEL), "--device", "npu"], input=">a\nMK\n")
     assert r.exit_code == 3 and "NPU" in r.stderr
+
+
+def test_cli_output_folder_and_unwritable_paths_are_typed_errors(tmp_path):
+    (tmp_path / "outdir").mkdir()
+    (tmp_path / "afile").write_text("")
+    for args in (["-o", tmp_path / "outdir"], ["-o", tmp_path / "outdir", "--format", "npz"]):
+        r = _embed("-", *args, input=">a\nMK\n")  # esm-extract takes an output folder
+        assert r.exit_code == 2 and "is a folder" in r.stderr and "outdir/embeddings.npz" in r.stderr, r.stderr
+    r = _embed("-", "-o", tmp_path / "afile" / "x.npz", input=">a\nMK\n")
+    assert r.exit_code == 1 and "cannot write" in r.stderr and "Not a directory" in r.stderr and r.stdout == ""
+
+
+def test_cli_write_failures_keep_the_work_for_resume(tmp_path, monkeypatch):
+    import errno
+
+    import apps.embed as cli_embed
+    out = tmp_path / "x.npz"
+    fasta = ">a\nMKTAYIAKQR\n>b\nGSHMLEDPVDAFQAKQRQISFVKSHFSRQLEERLGLIEVQ\n"
+
+    def disk_full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out))
+
+    monkeypatch.setattr(cli_embed, "_write_atomic", disk_full)
+    r = _embed("-", "-o", out, "--toks-per-batch", "32", input=fasta)
+    assert r.exit_code == 1 and f"cannot write {out}: No space left on device" in r.stderr and "--resume" in r.stderr
+    assert len(list((tmp_path / "x.npz.parts").glob("part-*.npz"))) == 2
+    monkeypatch.undo()
+    r = _embed("-", "-o", out, "--toks-per-batch", "32", "--resume", input=fasta)
+    assert r.exit_code == 0 and "resuming: 2 of 2" in r.stderr, r.stderr
+    real_part = cli_embed._write_part
+    monkeypatch.setattr(cli_embed, "_write_part", lambda parts, *a, **k: (real_part(parts, *a, **k), disk_full()))
+    r = _embed("-", "-o", tmp_path / "y.npz", "--toks-per-batch", "32", input=fasta)
+    assert r.exit_code == 1 and "cannot write" in r.stderr and "rerun the same command with --resume" in r.stderr
 
 
 def test_progress_only_on_a_terminal(monkeypatch):
