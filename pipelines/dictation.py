@@ -80,6 +80,8 @@ class DictationOptions:
     commit_after: float = 15.0        # s of open utterance after which agreed segments become final early
     max_utterance: float = 28.0       # s; hard cut (never more than one encoder window)
     silence_timeout: float | None = None   # stop after this long without speech
+    stop_delay: float = 0.3           # s a live source still captures after stop(): the last word of a push-to-talk
+                                      # release and what the sound system still holds (PortAudio says 0.1 s) are kept
     max_duration: float | None = None      # stop after this much audio
     ring_seconds: float = 120.0       # audio that may wait for the worker (model loading, slow decodes)
 
@@ -89,7 +91,7 @@ class DictationOptions:
         if self.commit_after >= self.max_utterance:
             raise UsageError("commit_after must be shorter than max_utterance")
         for name in ("preroll", "context", "hangover", "early_final", "final_tail", "partial_every", "onset",
-                     "min_voiced"):
+                     "min_voiced", "stop_delay"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{name} must be >= 0")
         if self.ring_seconds < 5:
@@ -231,8 +233,6 @@ class _Hypothesis:
         for seg in segments:
             text = seg.text.strip()
             if not _looks_like_text(text) or _norm(text) == previous or seg.start >= window_end:
-                continue
-            if getattr(seg, "no_speech_prob", 0.0) > 0.6 and getattr(seg, "avg_logprob", 0.0) < -1.0:
                 continue
             previous = _norm(text)
             kept.append(seg)
@@ -458,12 +458,19 @@ class Recognizer:
         room = int(self._window / FRAME_SECONDS) - len(self._chunks)
         context = list(self._past)[-min(self._context_frames, room):] if self._context_frames and room > 0 else []
         audio = np.concatenate(context + self._chunks) if self._chunks else np.zeros(FRAME, np.float32)
+        offset = self._buffer_start - len(context) * FRAME_SECONDS
+        # speech from the very first sample (a file, a microphone opened mid-word) has no pre-roll, and Whisper
+        # drops a first word it hears without a lead-in (measured on tiny.en: "He might..." -> "might..."):
+        # silence stands in for the missing pre-roll
+        pad = min(self.options.preroll - (self._speech_start - offset), self._window - len(audio) / SAMPLE_RATE)
+        if pad >= FRAME_SECONDS:
+            audio = np.concatenate([np.zeros(round(pad * SAMPLE_RATE), np.float32), audio])
+            offset -= pad
         self.decodes += 1
         self._since_decode = 0.0
         started = time.perf_counter()
         stop = self._talker_stopped if stoppable and self.unheard is not None and self.options.vad else None
-        segments = self.transcriber.decode_window(audio, offset=self._buffer_start - len(context) * FRAME_SECONDS,
-                                                  fallback=fallback, stop=stop)
+        segments = self.transcriber.decode_window(audio, offset=offset, fallback=fallback, stop=stop)
         if segments is None:
             self.stopped_decodes += 1
             return None
@@ -473,7 +480,7 @@ class Recognizer:
         own = [seg for seg in segments if min(seg.end, window_end) > self._buffer_start + 0.3]
         hyp = _Hypothesis.from_segments(own, window_end)
         first = hyp.segments[0] if hyp.segments else None
-        if first is not None and first.start < self._buffer_start - 0.2:
+        if context and first is not None and first.start < self._buffer_start - 0.2:
             hyp = hyp.without_prefix(_overlap(self._last_final, hyp.words))
         self._latest, self._latest_end = hyp, window_end
         return hyp
@@ -835,6 +842,7 @@ class Stream:
         self.recognizer: Recognizer | None = None
         self._events: queue.Queue = queue.Queue(maxsize=10_000)  # bounded: an app may use callbacks only
         self._stop = threading.Event()
+        self._stop_timer: threading.Timer | None = None
         self._cancel = False
         self._resamplers: dict[int, object] = {}
         self._feed_lock = threading.Lock()
@@ -893,14 +901,22 @@ class Stream:
         self.ring.write(samples, block=block)
 
     def stop(self, *, cancel: bool = False, timeout: float | None = None) -> list[Final]:
-        """Stop capturing; unless cancel, transcribe what was captured. Returns all finals; raises the
-        session's error, if any (its audio was transcribed when possible, see unprocessed_audio())."""
+        """Stop capturing (see request_stop); unless cancel, transcribe what was captured. Returns all finals;
+        raises the session's error, if any (its audio was transcribed when possible, see unprocessed_audio())."""
         self.request_stop(cancel=cancel)
         return self.wait(timeout)
 
     def request_stop(self, *, cancel: bool = False) -> None:
-        """stop() without waiting (safe from callbacks and other threads)."""
+        """stop() without waiting (safe from callbacks and other threads). A live source (a microphone, a file at
+        real-time pace) captures `stop_delay` s more first, unless cancelling."""
         self._cancel = self._cancel or cancel
+        live = self.source is not None and not self.source.backpressure and self._threads
+        if live and not cancel and self.options.stop_delay > 0 and not self._stop.is_set():
+            if self._stop_timer is None:
+                self._stop_timer = threading.Timer(self.options.stop_delay, self._stop.set)
+                self._stop_timer.daemon = True
+                self._stop_timer.start()
+            return
         self._stop.set()
         if self.source is None or not self._threads:
             self.ring.close()

@@ -10,7 +10,7 @@ import soundfile
 
 from pipelines.dictation import (DictationOptions, FileSource, Final, Partial, Recognizer, Stream, Vad,
                                  collapse_repeats)
-from tests.dictation_support import RATE, librivox_clips, librivox_session, wer
+from tests.dictation_support import RATE, librivox_clips, librivox_session, wait_for, wer, words
 
 pytestmark = pytest.mark.slow
 
@@ -78,6 +78,19 @@ def test_silence_and_noise_produce_no_text(transcriber):
     events = [e for e in stream.start().events() if not e.type == "state"]
     assert events == []
     assert stream.report()["processed_s"] == pytest.approx(60.0, abs=0.05)
+
+
+def test_speech_from_the_first_sample_to_the_last_keeps_both_ends(transcriber):
+    """A file (or a microphone opened mid-sentence) whose speech starts at sample 0 has no pre-roll: without a
+    lead-in tiny.en drops the first word ("might even have been..."). The last word ends at the file's end."""
+    for wav, reference in [librivox_clips()[i] for i in (1, 3, 4)]:
+        clip, _ = soundfile.read(str(wav), dtype="float32")
+        clip = clip[np.flatnonzero(np.abs(clip) > 0.1)[0]:np.flatnonzero(np.abs(clip) > 0.02)[-1] + 1]
+        stream = Stream(transcriber, FileSource(clip, RATE, pace="fast"))
+        list(stream.start().events())
+        (final,) = stream.finals
+        said = words(final.text)
+        assert final.start == 0.0 and said[:2] == words(reference)[:2] and said[-1] == words(reference)[-1], final
 
 
 def test_audio_fed_before_ready_is_transcribed():
@@ -225,6 +238,23 @@ def test_a_partial_amid_speech_gives_way_when_the_talker_has_stopped():
         arrived["until"] = i + 1920
         rec.accept(audio[i:i + 1920])
     assert rec.stopped_decodes == 0 and len(model.decoded_until) == 2
+
+
+def test_a_live_source_is_heard_for_stop_delay_after_stop():
+    """Push-to-talk: the key is released on the last word. A live source keeps capturing stop_delay s after a
+    stop request (cancel stops at once), so that word is transcribed, not cut."""
+    audio = np.concatenate([_quiet(0.5), _tone(1.5), _quiet(1)])
+    for cancel in (False, True):
+        stream = Stream(_BurstCounter(), FileSource(audio, RATE, pace="realtime"), DictationOptions(partials=False))
+        stream.start()
+        wait_for(lambda: stream.captured_seconds >= 1.0, 10, "a second of audio")
+        requested = stream.captured_seconds
+        finals = stream.stop(cancel=cancel)
+        if cancel:
+            assert finals == [] and stream.captured_seconds <= requested + 0.15
+        else:  # 0.3 s of stop_delay, less a 0.1 s block of slack
+            assert stream.captured_seconds >= requested + 0.2, (requested, stream.captured_seconds)
+            assert [f.text for f in finals] == ["word"] and finals[0].end >= requested + 0.1
 
 
 def test_vad_splits_the_session_at_the_pauses_and_ignores_noise():
