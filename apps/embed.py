@@ -1,9 +1,11 @@
 """`aie-apps embed`: protein embeddings from a FASTA file (or stdin) with ESM-2.
 
-Results are written in input order: an .npz (`ids`, `headers`, `lengths`, `layers`, `pooling`, `model` and
-`embeddings`: [n, hidden], [n, n_layers, hidden] for several layers, or per-residue rows with `offsets`) or
-JSON lines. Work is saved batch by batch next to the output (`OUT.parts/`, each part written atomically), so an
-interrupted run continues with `--resume` and only embeds what is missing; the folder goes once OUT is whole.
+Results are written in input order: an .npz (`ids`, `headers`, `lengths`, `layers`, `pooling`, `model`, `run`
+(the settings and input hash as JSON) and `embeddings`: [n, hidden], [n, n_layers, hidden] for several layers,
+or per-residue rows with `offsets`) or JSON lines. Work is saved batch by batch next to the output
+(`OUT.parts/`, each part written atomically), so an interrupted run continues with `--resume` and only embeds
+what is missing; the folder goes once OUT is whole. `--resume` after a finished run into an .npz that records
+the same run does nothing; it never overwrites an output it cannot tell is the same run.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import os
 import shutil
 import sys
 import time
+import zipfile
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -44,7 +47,7 @@ def embed(
     device: DeviceOpt = None,
 ):
     """Embed protein sequences with ESM-2 (fair-esm compatible pooling and layer numbers)."""
-    from pipelines.protein import ProteinEmbedder, ProteinOptions, check_unique_ids, read_fasta
+    from pipelines.protein import ProteinEmbedder, ProteinOptions, check_unique_ids, read_fasta, resolve_model_layers
 
     if output is not None and output.is_dir():  # esm-extract's habit: an output folder, one file per sequence
         raise UsageError(f"--output {output} is a folder; embed writes one file for all sequences",
@@ -70,11 +73,22 @@ def embed(
     if not records:
         raise InputError(f"no sequences to embed in {fasta}", fix="pass a FASTA file with at least one sequence")
 
-    embedder = ProteinEmbedder(model, device=device, options=options)
-    run = {"model": str(embedder.source.path), "pooling": pooling, "layers": list(embedder.layers),
+    source, resolved_layers = resolve_model_layers(model, layer_list)  # config only: no weights read yet
+    run = {"model": str(source.path), "pooling": pooling, "layers": list(resolved_layers),
            "max_len": max_len, "on_long": on_long,
            "input": hashlib.sha256("\n".join(f"{r.id}\t{r.sequence}" for r in records).encode()).hexdigest()}
     parts = output.with_name(output.name + ".parts") if output is not None else None
+    if resume and output.exists() and not parts.exists():  # a finished run: its parts are gone, OUT is whole
+        saved = _saved_run(output) if fmt == "npz" else None  # JSON lines have no place to record the run
+        if saved != run:
+            what = (f"was made with different settings or input ({', '.join(_changed(saved, run))})" if saved
+                    else "does not record the settings it was made with")
+            raise UsageError(f"--resume: {output} exists and {what}; embedding again would overwrite it",
+                             fix=f"drop --resume to recompute {output.name}, or pick another -o")
+        err(f"all {len(records)} sequences are already embedded in {output}")
+        return
+
+    embedder = ProteinEmbedder(model, device=device, options=options)
     with _writing(parts, "pass -o in a folder you can write to"):
         done = _prepare_parts(parts, run, resume)
     todo = [r for r in records if r.id not in done]
@@ -157,13 +171,28 @@ def _prepare_parts(parts: Path | None, run: dict, resume: bool) -> dict:
     if parts.exists():
         saved = json.loads((parts / "run.json").read_text()) if (parts / "run.json").exists() else None
         if saved != run:
-            changed = sorted(k for k in run if (saved or {}).get(k) != run[k])
-            raise UsageError(f"--resume: {parts} was made with different settings or input ({', '.join(changed)})",
+            raise UsageError(f"--resume: {parts} was made with different settings or input "
+                             f"({', '.join(_changed(saved, run))})",
                              fix="rerun with the original options and FASTA, or delete that folder to start over")
         return _read_parts(parts)
     parts.mkdir(parents=True)
     (parts / "run.json").write_text(json.dumps(run))
     return {}
+
+
+def _changed(saved: dict | None, run: dict) -> list[str]:
+    return sorted(k for k in run if (saved or {}).get(k) != run[k])
+
+
+def _saved_run(output: Path) -> dict | None:
+    """The run an existing output was written by, from an .npz's `run` entry; None when it does not say."""
+    if not zipfile.is_zipfile(output):  # not an .npz at all
+        return None
+    try:
+        with np.load(output) as d:
+            return json.loads(str(d["run"]))
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile):  # an .npz from before `run`, or a damaged one
+        return None
 
 
 def _write_part(parts: Path, records, vectors, *, ragged: bool):
@@ -197,7 +226,8 @@ def _write_atomic(output: Path, fmt: str, records, vectors, run: dict):
         if fmt == "npz":
             meta = dict(ids=np.array([r.id for r in records]), headers=np.array([r.header for r in records]),
                         lengths=np.array([len(r.sequence) for r in records]), layers=np.array(run["layers"]),
-                        pooling=np.array(run["pooling"]), model=np.array(run["model"]))
+                        pooling=np.array(run["pooling"]), model=np.array(run["model"]),
+                        run=np.array(json.dumps(run)))  # lets --resume recognise a finished run
             if run["pooling"] == "per-residue":  # ragged: rows of sequence i are offsets[i]:offsets[i+1]
                 np.savez(f, **meta, embeddings=np.concatenate(vectors),
                          offsets=np.concatenate([[0], np.cumsum([len(v) for v in vectors])]))

@@ -106,16 +106,36 @@ def read_fasta(source: str | Path | TextIO) -> list[Record]:
     Tolerates blank lines, CRLF, lower case, spaces inside sequence lines, ';' comment lines and a '*'
     terminator; records without residues are returned with an empty sequence. Anything else (digits,
     punctuation, an internal '*', residues before the first header) is an InputError naming the record, its
-    line and the residue position."""
+    line and the residue position. Records that look like DNA or RNA are read, with a warning naming them."""
     if isinstance(source, (str, Path)):
         try:
             with open(source, encoding="utf-8", newline=None) as f:
-                return read_fasta(f)
+                records = _parse_fasta(f)
         except OSError as e:
             raise InputError(f"cannot read {source}: {e.strerror}", fix="check the FASTA path") from None
-    if not isinstance(source, Iterable) or isinstance(source, (bytes, io.BufferedIOBase, io.RawIOBase)):
+    elif not isinstance(source, Iterable) or isinstance(source, (bytes, io.BufferedIOBase, io.RawIOBase)):
         raise UsageError(f"read_fasta takes a path or a text stream, got {type(source).__name__}",
                          fix="pass the file's path, or open it in text mode (open(path) without 'b')")
+    else:
+        records = _parse_fasta(source)
+    # ESM-2 embeds nucleotide letters as amino acids without complaint, into meaningless vectors; only a
+    # warning, since short peptides of these letters (ACGT) are real proteins
+    nucleotides = [r.id for r in records if _looks_like_nucleotides(r.sequence)]
+    if nucleotides:
+        shown = ", ".join(nucleotides[:5]) + (", ..." if len(nucleotides) > 5 else "")
+        warnings.warn(f"{len(nucleotides)} of {len(records)} records look like nucleotide (DNA/RNA) sequences, not "
+                      f"protein: {shown}; ESM-2 expects amino-acid sequences (its embeddings of DNA or RNA are "
+                      f"meaningless), so translate them first, e.g. with `seqkit translate`", stacklevel=2)
+    return records
+
+
+def _looks_like_nucleotides(sequence: str) -> bool:
+    """At least 20 letters, 90% or more of them A, C, G, T, U or N (gaps ignored). Upper-case input."""
+    letters = len(sequence) - sequence.count("-") - sequence.count(".")
+    return letters >= 20 and sum(sequence.count(c) for c in "ACGTUN") >= 0.9 * letters
+
+
+def _parse_fasta(source: TextIO) -> list[Record]:
     records: list[Record] = []
     header, start, chunks, terminated = None, 0, [], False
 
@@ -244,18 +264,24 @@ def resolve_model(name: str) -> hub.ModelSource:
                            f"folder as --model PATH, or run online so the Hugging Face cache is filled") from None
 
 
+def resolve_model_layers(model: str, layers: Iterable[int]) -> tuple[hub.ModelSource, tuple[int, ...]]:
+    """The model's folder and the layer numbers `layers` name in it (duplicates dropped), from its config.json
+    alone: what a run embeds with, known without reading the weights."""
+    source = resolve_model(model)
+    config = read_config(source.path)
+    if config.get("model_type") != "esm":
+        raise UsageError(f"{source.path} holds a {config.get('model_type')!r} model, not ESM-2",
+                         fix="pass an ESM-2 model (e.g. esm2_t6_8M_UR50D or a folder with its files)")
+    return source, esm.resolve_layers(layers, esm.Config.from_dict(config).num_hidden_layers)
+
+
 class ProteinEmbedder:
     def __init__(self, model: str = DEFAULT_MODEL, *, device: str | None = None,
                  options: ProteinOptions = ProteinOptions()):
-        self.source = resolve_model(model)
-        model_type = read_config(self.source.path).get("model_type")
-        if model_type != "esm":
-            raise UsageError(f"{self.source.path} holds a {model_type!r} model, not ESM-2",
-                             fix="pass an ESM-2 model (e.g. esm2_t6_8M_UR50D or a folder with its files)")
+        self.source, self.layers = resolve_model_layers(model, options.layers)
         self.options = options
         self.cfg, self._weights = esm.load(self.source.path)
         self.tokenizer = EsmTokenizer.for_model(self.source.path)
-        self.layers = esm.resolve_layers(options.layers, self.cfg.num_hidden_layers)
         if len(self.layers) < len(options.layers):  # e.g. 6 and -1 of a 6-layer model: the output has fewer axes
             warnings.warn(f"layers {', '.join(map(str, options.layers))} name the same layer more than once; "
                           f"embedding layers {', '.join(map(str, self.layers))}", stacklevel=2)

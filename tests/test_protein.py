@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,28 @@ def test_fasta_very_long_record_and_binary_input(tmp_path):
         read_fasta(path)
     with pytest.raises(InputError, match="cannot read"):
         read_fasta(tmp_path / "missing.fasta")
+
+
+# a gene (lower case, N, wrapped), an mRNA and a protein: ESM-2 would embed the first two as nonsense proteins
+NUCLEOTIDES = (">gene1 some CDS\nATGGCCAAGCTGACCGGTAACGTTAGCAAG\nacgtacgtnnacgtacgt\n"
+               ">mrna1\nAUGGCUAACGUUAGCAUGGCUAACGUU\n>prot\nMKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ\n")
+
+
+def test_nucleotide_records_are_read_with_a_warning_naming_them(tmp_path):
+    path = tmp_path / "genes.fasta"
+    path.write_text(NUCLEOTIDES)
+    with pytest.warns(UserWarning, match=r"^2 of 3 records look like nucleotide \(DNA/RNA\) sequences, not protein: "
+                                         r"gene1, mrna1; ESM-2 expects amino-acid .*`seqkit translate`$"):
+        records = read_fasta(path)
+    assert [r.id for r in records] == ["gene1", "mrna1", "prot"]  # still read: the caller decides
+    many = "".join(f">dna{i}\n{'ACGTTGCA' * 3}\n" for i in range(7))
+    with pytest.warns(UserWarning, match=r"7 of 7 records .*: dna0, dna1, dna2, dna3, dna4, \.\.\.; "):
+        read_fasta(io.StringIO(many))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        # proteins; a short peptide of these letters; a Gly-Ser linker (80%); a gapped alignment of 16 letters
+        read_fasta(io.StringIO(">p\nMKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ\n>pep\nACGTACGTNACGTACGTAC\n"
+                               ">linker\nGGGGSGGGGSGGGGSGGGGS\n>aln\nACGT----ACGT....ACGTACGT\n"))
 
 
 def test_ids_are_sanitised_and_duplicates_refused_up_front():
@@ -363,6 +386,43 @@ def test_cli_per_residue_npz_is_ragged_with_offsets(tmp_path):
     assert r.exit_code == 0, r.stderr
     with np.load(out) as d:
         assert d["offsets"].tolist() == [0, 6, 8, 26] and d["embeddings"].shape == (26, esm.TINY.hidden_size)
+
+
+def test_cli_warns_about_nucleotide_records_and_still_embeds_them():
+    r = _embed("-", input=NUCLEOTIDES)
+    assert r.exit_code == 0, r.stderr
+    assert "warning: 2 of 3 records look like nucleotide (DNA/RNA) sequences, not protein: gene1, mrna1;" in r.stderr
+    assert "seqkit translate" in r.stderr and len(r.stdout.splitlines()) == 3
+    r = _embed("-", input=">p\nMKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ\n>pep\nACGT\n")
+    assert r.exit_code == 0 and "warning" not in r.stderr, r.stderr
+
+
+def test_cli_resume_after_a_finished_run_does_nothing_and_never_overwrites_another_run(tmp_path, monkeypatch):
+    fasta = tmp_path / "in.fasta"
+    fasta.write_text(">a\nMKTAYIAKQR\n>b\nGSHMLEDPVDAFQA\n")
+    out, lines = tmp_path / "x.npz", tmp_path / "x.jsonl"
+    assert _embed(fasta, "-o", out).exit_code == 0 and _embed(fasta, "-o", lines).exit_code == 0
+    finished = {p: p.read_bytes() for p in (out, lines)}
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(ProteinEmbedder, "__init__", no_model)
+    r = _embed(fasta, "-o", out, "--resume")
+    assert r.exit_code == 0, r.stderr
+    assert f"all 2 sequences are already embedded in {out}" in r.stderr and "embedded 2" not in r.stderr
+    # other settings or input: --resume used to recompute and overwrite silently; now it refuses
+    r = _embed(fasta, "-o", out, "--pooling", "cls", "--resume")
+    assert r.exit_code == 2 and "different settings or input (pooling)" in r.stderr and "drop --resume" in r.stderr
+    fasta.write_text(">a\nMKTAYIAKQR\n>b\nGSHMLEDPVDAFQ\n")
+    r = _embed(fasta, "-o", out, "--resume")
+    assert r.exit_code == 2 and "different settings or input (input)" in r.stderr
+    r = _embed(fasta, "-o", lines, "--resume")  # JSON lines cannot say which run made them
+    assert r.exit_code == 2 and "does not record" in r.stderr and "pick another -o" in r.stderr
+    assert {p: p.read_bytes() for p in (out, lines)} == finished
+    monkeypatch.undo()
+    r = _embed(fasta, "-o", out)  # without --resume, -o is overwritten as always
+    assert r.exit_code == 0 and "embedded 2 sequences" in r.stderr and out.read_bytes() != finished[out]
 
 
 def test_cli_errors_are_typed(tmp_path):
