@@ -2,7 +2,8 @@
 
     aie-apps classify --camera                 # camera 0, overlay window when there is a display
     aie-apps classify --camera 2 --headless --jsonl
-    aie-apps classify clip.mp4 photos/ cat.jpg --top-k 3
+    aie-apps classify clip.mp4 photos/ cat.jpg --top-k 3 --threshold 0.1
+    aie-apps classify rtsp://192.168.1.20:8554/cam --headless --jsonl
     aie-apps classify --model openai/clip-vit-base-patch32 --labels "cat,dog,coffee mug" --camera
 
 Results go to stdout (one line per frame; `--jsonl` makes them JSON), notes and the end-of-run timing per
@@ -12,6 +13,7 @@ score, inference ms and a smoothed FPS; `q` or Esc closes it.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections import deque
@@ -32,14 +34,18 @@ STAGES = ("capture", "preprocess", "infer", "postprocess", "display")
 
 
 def gui_available() -> tuple[bool, str]:
-    """(usable, why not): OpenCV needs a GUI build and an X11/Wayland display (Qt aborts without one)."""
+    """(usable, why not): OpenCV needs a GUI build and a display it can reach (Qt aborts the process without
+    one). Only GTK3 and OpenCV's own Wayland backend talk Wayland; the others (the opencv-python wheel's Qt
+    ships only the X11 plugin) need DISPLAY, which a Wayland session has only with XWayland."""
     import cv2
     gui = next((line.split(":", 1)[1].strip() for line in cv2.getBuildInformation().splitlines()
-                if line.strip().startswith("GUI:")), "NONE")
-    if gui.upper() == "NONE":
+                if line.strip().startswith("GUI:")), "NONE").upper()
+    if gui == "NONE":
         return False, "this OpenCV has no GUI (opencv-python-headless?); install opencv-python for the window"
     if not sdk_settings.load().has_display:
         return False, "no display (DISPLAY is not set)"
+    if not os.environ.get("DISPLAY") and gui not in ("GTK3", "WAYLAND"):
+        return False, f"DISPLAY is not set and OpenCV's {gui} window needs X11 (XWayland on a Wayland desktop)"
     return True, ""
 
 
@@ -76,8 +82,8 @@ def draw_overlay(rgb: np.ndarray, predictions, infer_ms: float, fps: float, devi
     if bgr.shape[1] < 480:  # small frames: scale up so the text stays legible
         f = 480 / bgr.shape[1]
         bgr = cv2.resize(bgr, (480, int(round(bgr.shape[0] * f))), interpolation=cv2.INTER_NEAREST)
-    top = predictions[0]
-    lines = [f"{top.label}: {100 * top.score:.1f}%",
+    best = f"{predictions[0].label}: {100 * predictions[0].score:.1f}%" if predictions else "no label above --threshold"
+    lines = [best,
              f"infer {infer_ms:.1f} ms   FPS {fps:.1f}   {device}"]
     height = 14 + 28 * len(lines)
     banner = bgr[:height].copy()
@@ -91,6 +97,17 @@ def draw_overlay(rgb: np.ndarray, predictions, infer_ms: float, fps: float, devi
 def _parse_labels(labels: str | None) -> list[str] | None:
     if not labels:
         return None
+    parsed = _read_labels(labels)
+    if len(parsed) == 1:  # softmax over one label: every frame would score 100%
+        a_file = not labels.startswith("@") and Path(labels).is_file()  # `--labels labels.txt`, as other tools take it
+        raise UsageError(f"one label ({parsed[0]!r}): CLIP scores the labels against each other, so it would "
+                         "always score 100%",
+                         fix=f"to read the labels in {labels}, pass --labels @{labels}" if a_file
+                         else "give two or more labels")
+    return parsed
+
+
+def _read_labels(labels: str) -> list[str]:
     if labels.startswith("@"):
         try:
             lines = Path(labels[1:]).read_text(encoding="utf-8").splitlines()
@@ -108,9 +125,11 @@ def _parse_labels(labels: str | None) -> list[str] | None:
 @command
 def classify(
     sources: Annotated[Optional[list[str]], typer.Argument(
-        help="camera index or /dev/videoN, video file, image, or folder of images")] = None,
+        help="camera index or /dev/videoN, video file, image, folder of images, or URL (http, rtsp, ...)")] = None,
     camera: Annotated[bool, typer.Option("--camera", help="read a camera: --camera (0) or --camera IDX")] = False,
     top_k: Annotated[int, typer.Option("--top-k", "-k", min=1, help="labels per frame")] = 5,
+    threshold: Annotated[float, typer.Option(
+        "--threshold", min=0.0, max=1.0, help="show only labels scoring at least this (0..1)")] = 0.0,
     labels: Annotated[Optional[str], typer.Option(
         "--labels", help="CLIP zero-shot labels: comma-separated, or @file with one per line")] = None,
     jsonl: Annotated[bool, typer.Option("--jsonl", help="one JSON object per frame on stdout")] = False,
@@ -127,6 +146,9 @@ def classify(
     from pipelines import vision
 
     if list_cameras:
+        if sources or camera:
+            raise UsageError("--list-cameras lists the cameras and exits; it classifies nothing",
+                             fix="run it without SOURCE and --camera, then classify the camera you picked")
         _print_cameras(vision.list_cameras(), jsonl)
         return
     specs = list(sources or [])
@@ -156,8 +178,8 @@ def classify(
         if not show:
             err(f"note: {why}; running headless")
 
-    clf = vision.ImageClassifier(model, labels=class_names, device=device,
-                                 options=vision.VisionOptions(top_k=top_k, batch_size=1))  # frame by frame
+    options = vision.VisionOptions(top_k=top_k, batch_size=1, threshold=threshold)  # frame by frame
+    clf = vision.ImageClassifier(model, labels=class_names, device=device, options=options)
     if show:
         import cv2
         cv2.namedWindow(WINDOW, cv2.WINDOW_AUTOSIZE | cv2.WINDOW_GUI_NORMAL)  # no toolbar over the frame
@@ -238,7 +260,7 @@ def _emit(frame, predictions, latency_ms: float, infer_ms: float, device: str, j
                           "latency_ms": round(latency_ms, 3), "infer_ms": round(infer_ms, 3), "device": device}),
               flush=True)
     else:
-        best = "  ".join(f"{p.label} {p.score:.3f}" for p in predictions)
+        best = "  ".join(f"{p.label} {p.score:.3f}" for p in predictions) or "no label above --threshold"
         print(f"{frame.source} #{frame.index}: {best}  ({latency_ms:.1f} ms)", flush=True)
 
 

@@ -8,14 +8,15 @@
 
 Preprocessing follows the checkpoint's preprocessor_config.json exactly as transformers' PIL image
 processors do it (resize with PIL's resampling filters, centre crop, rescale, normalise), in numpy.
-Sources turn camera indices, /dev/videoN, video files, images and folders into frames; a camera is read by
-a grabber thread that keeps only the newest frame, so results never lag reality.
+Sources turn camera indices, /dev/videoN, video files, images, folders and video URLs into frames; a camera
+(or a live stream) is read by a grabber thread that keeps only the newest frame, so results never lag reality.
 """
 from __future__ import annotations
 
 import functools
 import json
 import math
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -241,11 +242,15 @@ class VisionOptions:
     top_k: int = 5
     batch_size: int = 4                 # images per batched run; 1-image runs have their own graph
     prompt: str = "a photo of a {}."    # CLIP zero-shot: each label is put into this template
+    threshold: float = 0.0              # top-k keeps only labels scoring at least this (0..1)
 
     def __post_init__(self):
         if self.top_k < 1 or self.batch_size < 1:
             raise UsageError(f"top_k ({self.top_k}) and batch_size ({self.batch_size}) must be at least 1",
                              fix="pass positive values")
+        if not 0.0 <= self.threshold <= 1.0:  # scores are probabilities: outside [0, 1] it keeps all or none
+            raise UsageError(f"threshold must be between 0 and 1, got {self.threshold}",
+                             fix="pass a probability such as 0.1")
         try:  # without a working {} every label would get the same prompt, and the same score
             distinct = self.prompt.format("a") != self.prompt.format("b")
         except (IndexError, KeyError, ValueError):
@@ -396,10 +401,12 @@ class ImageClassifier(_VisionModel):
             raise UsageError(f"k must be a positive integer, got {k!r}", fix="pass k >= 1, or None for options.top_k")
         k = min(k or self.options.top_k, probs.shape[-1])
         order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
-        return [[Prediction(self.labels[i], float(p[i]), int(i)) for i in row] for row, p in zip(order, probs)]
+        return [[Prediction(self.labels[i], float(p[i]), int(i)) for i in row if p[i] >= self.options.threshold]
+                for row, p in zip(order, probs)]
 
     def classify(self, images, k: int | None = None):
-        """One image (array or path) -> list of Predictions; a list of images -> a list of those lists."""
+        """One image (array or path) -> list of Predictions (fewer than k, or none, below options.threshold);
+        a list of images -> a list of those lists."""
         batch, single = _batch(images)
         result = self.top_k(self.infer(self._pixels(batch)), k) if batch else []
         return result[0] if single else result
@@ -474,19 +481,22 @@ class ImageFiles:
 
 class VideoFile:
     """Frames of a video file in order; ends cleanly at the end of the stream. A few unreadable frames in a
-    row are skipped (counted in `skipped`); more than `max_bad` in a row ends the video early."""
+    row are skipped (counted in `skipped`); more than `max_bad` in a row ends the video early. `capture` is
+    an already opened one (a video file on a server)."""
     kind = "video"
 
-    def __init__(self, path: Path, max_bad: int = 5):
+    def __init__(self, path: Path | str, max_bad: int = 5, capture=None):
         import cv2
-        self.path, self.max_bad, self.skipped = Path(path), max_bad, 0
+        self.max_bad, self.skipped = max_bad, 0
         self.name = str(path)
-        if not self.path.is_file():
-            raise InputError(f"no such video file: {path}", fix="check the path")
-        self.cap = cv2.VideoCapture(str(self.path))
-        if not self.cap.isOpened():
-            raise InputError(f"cannot open {path} as a video (unsupported or corrupt)",
-                             fix="pass a video OpenCV's FFmpeg can decode (mp4, avi, mkv, webm)")
+        if capture is None:
+            if not Path(path).is_file():
+                raise InputError(f"no such video file: {path}", fix="check the path")
+            capture = cv2.VideoCapture(str(path))
+            if not capture.isOpened():
+                raise InputError(f"cannot open {path} as a video (unsupported or corrupt)",
+                                 fix="pass a video OpenCV's FFmpeg can decode (mp4, avi, mkv, webm)")
+        self.cap = capture
         self.fps = self.cap.get(cv2.CAP_PROP_FPS) or 0.0
         self.frame_count = int(self.cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
 
@@ -514,17 +524,17 @@ class VideoFile:
 
 
 class Camera:
-    """A live camera: a grabber thread reads continuously and keeps only the newest frame, so a slow model
-    sees the present, not a queue of old frames. MJPG is requested (720p30 on many webcams needs it) and
-    the driver buffer is set to 1. Missing, busy or silent cameras raise DeviceIOError; nothing blocks for
-    longer than the timeouts."""
+    """A live camera (or live stream URL): a grabber thread reads continuously and keeps only the newest frame,
+    so a slow model sees the present, not a queue of old frames. MJPG is requested (720p30 on many webcams
+    needs it) and the driver buffer is set to 1. Missing, busy or silent cameras raise DeviceIOError; nothing
+    blocks for longer than the timeouts."""
     kind = "camera"
 
     def __init__(self, device: int | str, *, width: int = 0, height: int = 0, first_frame_timeout: float = 5.0,
                  frame_timeout: float = 2.0, open_capture: Callable | None = None):
         import cv2
         self.device = device
-        self.name = f"camera:{device}"
+        self.name = device if isinstance(device, str) and _is_url(device) else f"camera:{device}"
         path = Path(f"/dev/video{device}") if isinstance(device, int) else Path(device)
         if open_capture is None:
             if not path.exists():
@@ -565,7 +575,8 @@ class Camera:
                 else:
                     failures += 1
                     if failures >= 30:  # about a second of failed reads at 30 fps: the camera went away
-                        self._error = f"{self.name} stopped delivering frames (unplugged, or taken by another program)"
+                        self._error = (f"{self.name} stopped delivering frames (unplugged, taken by another "
+                                       "program, or the stream ended)")
                         self._cond.notify_all()
                         return
             if not ok:
@@ -625,8 +636,9 @@ def list_cameras(probe: bool = True) -> list[dict]:
 
 def check_source(spec: str) -> None:
     """Raise the InputError open_source would for a missing file or a folder without images (cheap, and opens
-    nothing: an app can check all its sources before it loads a model). Cameras are checked when opened."""
-    if _is_camera(spec):
+    nothing: an app can check all its sources before it loads a model). Cameras and URLs are checked when
+    opened."""
+    if _is_camera(spec) or _is_url(spec):
         return
     path = Path(spec).expanduser()
     if path.is_dir():
@@ -639,6 +651,27 @@ def _is_camera(spec: str) -> bool:
     return spec.isdigit() or spec.startswith("/dev/video")
 
 
+def _is_url(spec: str) -> bool:
+    return re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", spec) is not None
+
+
+STREAM_TIMEOUT_MS = 10_000  # opening a URL, and each read from it: an unresponsive server cannot hang the run
+
+
+def _open_url(url: str):
+    """A video file on a server plays in order (VideoFile); a live stream, which has no frame count, is read
+    like a camera, newest frame only."""
+    import cv2
+    cap = cv2.VideoCapture(url, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, STREAM_TIMEOUT_MS,
+                                                 cv2.CAP_PROP_READ_TIMEOUT_MSEC, STREAM_TIMEOUT_MS])
+    if not cap.isOpened():
+        raise InputError(f"cannot open {url} (unreachable, or not a video or stream FFmpeg can read)",
+                         fix="check the address, and that the server is up and the stream plays in a video player")
+    if cap.get(cv2.CAP_PROP_FRAME_COUNT) > 0:
+        return VideoFile(url, capture=cap)
+    return Camera(url, open_capture=lambda _: cap)
+
+
 def _folder_images(path: Path) -> list[Path]:
     images = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if not images:
@@ -648,9 +681,11 @@ def _folder_images(path: Path) -> list[Path]:
 
 def open_source(spec: str, on_error: Callable[[InputError], None] | None = None):
     """A SOURCE argument -> ImageFiles, VideoFile or Camera: a camera index or /dev/videoN, a video file,
-    an image file, or a folder of images."""
+    an image file, a folder of images, or a URL (http, rtsp, ...: a video file on a server, or a live stream)."""
     if _is_camera(spec):
         return Camera(int(spec) if spec.isdigit() else spec)
+    if _is_url(spec):
+        return _open_url(spec)
     path = Path(spec).expanduser()
     if path.is_dir():
         return ImageFiles(_folder_images(path), on_error)

@@ -3,11 +3,14 @@ photos, the classifier/embedder APIs, frame sources (camera grabber, video, imag
 CLI in headless JSON-lines mode, and the overlay window rendered under Xvfb."""
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,10 +20,10 @@ import pytest
 import skimage.data
 from typer.testing import CliRunner
 
-from apps.classify import draw_overlay
+from apps.classify import draw_overlay, gui_available
 from apps.main import app
 from pipelines import vision
-from sdk.errors import DeviceIOError, InputError
+from sdk.errors import DeviceIOError, InputError, UsageError
 from sdk.models import clip
 
 from .conftest import FIXTURES
@@ -296,6 +299,90 @@ def test_a_truncated_video_ends_cleanly_with_a_note(tmp_path):
     assert time.perf_counter() - t0 < 30
 
 
+class _Server(http.server.SimpleHTTPRequestHandler):
+    """Files from the test's folder, and at /live an endless MJPEG stream (what IP cameras serve)."""
+
+    def do_GET(self):
+        if self.path != "/live":
+            return super().do_GET()
+        self.send_response(200)
+        self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+        self.end_headers()
+        jpeg = cv2.imencode(".jpg", cv2.cvtColor(photo("chelsea"), cv2.COLOR_RGB2BGR))[1].tobytes()
+        try:
+            while True:
+                self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n"
+                                 % (len(jpeg), jpeg))
+                time.sleep(0.02)
+        except OSError:  # the client hung up
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def test_classify_a_video_url_and_a_live_stream(tmp_path):
+    assert make_video(tmp_path / "photos.avi") == 12
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Server, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    model = ["--headless", "--jsonl", "-k", "1", "--model", str(VISION / "vit"), "--device", "cpu"]
+    try:
+        source = vision.open_source(f"{base}/photos.avi")  # a file on a server: every frame, in order
+        assert source.kind == "video" and source.name == f"{base}/photos.avi"
+        source.close()
+        r = runner.invoke(app, ["classify", f"{base}/photos.avi", *model])
+        assert r.exit_code == 0, r.stderr
+        lines = [json.loads(line) for line in r.stdout.splitlines()]
+        assert [x["frame"] for x in lines] == list(range(12)) and {x["source"] for x in lines} == {f"{base}/photos.avi"}
+        r = runner.invoke(app, ["classify", f"{base}/live", *model, "--max-frames", "5"])  # live: newest frame only
+        assert r.exit_code == 0, r.stderr
+        assert len(r.stdout.splitlines()) == 5 and "stale camera frames dropped" in r.stderr
+        # an unreachable address is skipped like a missing file; the run goes on and fails at the end
+        r = runner.invoke(app, ["classify", "http://127.0.0.1:9/nothing.mp4", f"{base}/photos.avi", *model])
+        assert r.exit_code == 1 and "cannot open http://127.0.0.1:9/nothing.mp4" in r.stderr and "fix:" in r.stderr
+        assert len(r.stdout.splitlines()) == 12
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_threshold_keeps_confident_labels_and_still_reports_every_frame(tmp_path):
+    for name in PHOTOS:
+        cv2.imwrite(str(tmp_path / f"{name}.png"), cv2.cvtColor(photo(name), cv2.COLOR_RGB2BGR))
+    model = ["--headless", "--model", str(VISION / "vit"), "--device", "cpu"]
+    r = runner.invoke(app, ["classify", str(tmp_path), "--jsonl", "-k", "5", "--threshold", "0.11", *model])
+    assert r.exit_code == 0, r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(lines) == 3
+    assert all(p["score"] >= 0.11 for x in lines for p in x["top_k"]) and any(len(x["top_k"]) < 5 for x in lines)
+    r = runner.invoke(app, ["classify", str(tmp_path), "--threshold", "0.99", *model])
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.count("no label above --threshold") == 3  # no frame disappears from the output
+    r = runner.invoke(app, ["classify", str(tmp_path), "--threshold", "1.5", *model])
+    assert r.exit_code == 2 and r.stdout == ""
+    with pytest.raises(UsageError, match="threshold must be between 0 and 1"):
+        vision.VisionOptions(threshold=-0.1)
+    with vision.ImageClassifier(str(VISION / "vit"), device="cpu",
+                                options=vision.VisionOptions(threshold=0.11)) as clf:
+        assert [p.score >= 0.11 for p in clf.classify(photo("chelsea"))] == [True]
+    assert draw_overlay(photo("astronaut"), [], 3.0, 30.0, "cpu").shape == photo("astronaut").shape
+
+
+def test_one_clip_label_is_a_usage_error_that_points_at_the_file(tmp_path):
+    labels = tmp_path / "labels.txt"
+    labels.write_text("tabby cat\ncoffee mug\n")
+    cv2.imwrite(str(tmp_path / "cat.png"), cv2.cvtColor(photo("chelsea"), cv2.COLOR_RGB2BGR))
+    model = ["--headless", "--model", str(VISION / "clip"), "--device", "cpu"]
+    r = runner.invoke(app, ["classify", str(tmp_path), "--labels", str(labels), *model])  # --labels FILE, as Coral
+    assert r.exit_code == 2 and r.stdout == ""  # not every frame "labels.txt 1.000"
+    assert f"pass --labels @{labels}" in r.stderr
+    r = runner.invoke(app, ["classify", str(tmp_path), "--labels", "cat", *model])
+    assert r.exit_code == 2 and "always score 100%" in r.stderr and "two or more labels" in r.stderr
+    r = runner.invoke(app, ["classify", str(tmp_path), "--labels", f"@{labels}", *model])
+    assert r.exit_code == 0, r.stderr
+
+
 def test_classify_images_and_folders_with_a_bad_file(tmp_path):
     folder = tmp_path / "photos"
     folder.mkdir()
@@ -379,6 +466,24 @@ def test_list_cameras_without_cameras(monkeypatch):
     monkeypatch.setattr(vision, "list_cameras", lambda probe=True: fake)
     r = runner.invoke(app, ["classify", "--list-cameras", "--jsonl"])
     assert json.loads(r.stdout) == fake[0]
+    r = runner.invoke(app, ["classify", "--list-cameras", "photos/"])  # the source would be ignored
+    assert r.exit_code == 2 and "classifies nothing" in r.stderr and r.stdout == ""
+
+
+def test_no_window_without_a_display_opencv_can_reach(tmp_path, monkeypatch):
+    image = tmp_path / "cat.png"
+    cv2.imwrite(str(image), photo("chelsea"))
+    # a Wayland session without XWayland: the wheel's Qt has only its X11 plugin and would abort the process
+    env = {k: v for k, v in os.environ.items() if k != "DISPLAY"}
+    env.update(XDG_SESSION_TYPE="wayland", WAYLAND_DISPLAY="wayland-0",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    cli = subprocess.run([sys.executable, "-m", "apps.main", "classify", str(image), "--model", str(VISION / "vit"),
+                          "--device", "cpu", "-k", "1"], env=env, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert "running headless" in cli.stderr and len(cli.stdout.splitlines()) == 1
+    monkeypatch.setattr(cv2, "getBuildInformation", lambda: "  GUI:                           NONE\n")
+    usable, why = gui_available()  # opencv-python-headless: no imshow at all
+    assert not usable and "opencv-python-headless" in why
 
 
 # ---- the overlay window under Xvfb -------------------------------------------------------------------
