@@ -537,8 +537,7 @@ class Camera:
         self.name = device if isinstance(device, str) and _is_url(device) else f"camera:{device}"
         path = Path(f"/dev/video{device}") if isinstance(device, int) else Path(device)
         if open_capture is None:
-            if not path.exists():
-                raise DeviceIOError(f"no camera at {path}", fix=_camera_fix())
+            _check_camera_node(path)
             open_capture = cv2.VideoCapture
         self.cap = open_capture(device if isinstance(device, int) else str(device))
         if not self.cap.isOpened():
@@ -636,15 +635,23 @@ def list_cameras(probe: bool = True) -> list[dict]:
 
 def check_source(spec: str) -> None:
     """Raise the InputError open_source would for a missing file or a folder without images (cheap, and opens
-    nothing: an app can check all its sources before it loads a model). Cameras and URLs are checked when
-    opened."""
-    if _is_camera(spec) or _is_url(spec):
+    nothing: an app can check all its sources before it loads a model). A camera's device node must exist
+    (DeviceIOError); whether it opens, and URLs, are found when opened."""
+    if _is_camera(spec):
+        _check_camera_node(Path(f"/dev/video{spec}") if spec.isdigit() else Path(spec))
+        return
+    if _is_url(spec):
         return
     path = Path(spec).expanduser()
     if path.is_dir():
         _folder_images(path)
     elif not path.exists():
         raise InputError(f"no such file or folder: {spec}", fix="check the path, or pass a camera index")
+
+
+def _check_camera_node(path: Path) -> None:
+    if not path.exists():
+        raise DeviceIOError(f"no camera at {path}", fix=_camera_fix())
 
 
 def _is_camera(spec: str) -> bool:

@@ -236,12 +236,15 @@ def test_camera_that_stops_or_stalls_raises_instead_of_hanging():
     assert time.perf_counter() - t0 < 5
 
 
-def test_missing_camera_is_a_device_error_with_exit_code_5():
+def test_missing_camera_is_a_device_error_with_exit_code_5(monkeypatch):
     with pytest.raises(DeviceIOError, match="no camera at /dev/video47"):
         vision.Camera(47)
+    loads = []
+    monkeypatch.setattr(vision, "ImageClassifier", lambda *a, **k: loads.append(a))
     r = runner.invoke(app, ["classify", "--camera", "47", "--headless", "--model", str(VISION / "vit"),
                             "--device", "cpu"])
     assert r.exit_code == 5 and "no camera" in r.stderr and "fix:" in r.stderr and r.stdout == ""
+    assert loads == []  # found before the model loads, as dictate finds a missing microphone
 
 
 def make_video(path: Path, frames_per_photo: int = 4, size=(160, 120), fps: float = 10.0) -> int:
