@@ -13,7 +13,6 @@ score, inference ms and a smoothed FPS; `q` or Esc closes it.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from collections import deque
@@ -26,7 +25,7 @@ import typer
 from sdk import settings as sdk_settings
 from sdk.errors import InputError, UsageError
 
-from .cli import DeviceOpt, app, command, err, utf8_argument
+from .cli import DeviceOpt, app, command, err, report_error, utf8_argument
 
 WINDOW = "aie-apps classify"
 IMAGE_SECONDS = 1.0  # how long the window shows each still image
@@ -42,9 +41,10 @@ def gui_available() -> tuple[bool, str]:
                 if line.strip().startswith("GUI:")), "NONE").upper()
     if gui == "NONE":
         return False, "this OpenCV has no GUI (opencv-python-headless?); install opencv-python for the window"
-    if not sdk_settings.load().has_display:
+    settings = sdk_settings.load()
+    if not settings.has_display:
         return False, "no display (DISPLAY is not set)"
-    if not os.environ.get("DISPLAY") and gui not in ("GTK3", "WAYLAND"):
+    if not settings.x11_display and gui not in ("GTK3", "WAYLAND"):
         return False, f"DISPLAY is not set and OpenCV's {gui} window needs X11 (XWayland on a Wayland desktop)"
     return True, ""
 
@@ -152,7 +152,7 @@ def classify(
         _print_cameras(vision.list_cameras(), jsonl)
         return
     specs = list(sources or [])
-    if camera and not any(s.isdigit() or s.startswith("/dev/video") for s in specs):
+    if camera and not any(vision.is_camera(s) for s in specs):
         specs.append("0")  # bare --camera; `--camera 2` arrives as the SOURCE "2"
     if not specs:
         raise UsageError("nothing to classify", fix="pass a SOURCE (image, folder, video, camera index) or --camera")
@@ -161,7 +161,7 @@ def classify(
 
     def on_error(e: InputError):
         failures.append(e)
-        err(f"error: {e.message}" + (f"\n  fix: {e.fix}" if e.fix else ""))
+        report_error(e)
 
     usable = []
     for spec in specs:  # before the model loads (seconds): a run with nothing to read ends at once

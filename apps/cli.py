@@ -28,6 +28,11 @@ def err(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def report_error(e: SdkError) -> None:
+    """A typed error as the CLI shows it: the message, then the fix."""
+    err(f"error: {e.message}" + (f"\n  fix: {e.fix}" if e.fix else ""))
+
+
 def utf8_argument(text: str, what: str, fix: str) -> str:
     """`text` if it is valid UTF-8. A command-line argument that is not arrives with surrogates in place of its
     bytes, which the tokenizers reject with a TypeError: an InputError naming the argument instead."""
@@ -63,9 +68,7 @@ def command(fn):
         try:
             return fn(*args, **kwargs)
         except SdkError as e:
-            err(f"error: {e.message}")
-            if e.fix:
-                err(f"  fix: {e.fix}")
+            report_error(e)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
             err("interrupted")

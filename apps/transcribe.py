@@ -10,7 +10,7 @@ import typer
 
 from sdk.errors import InputError, UsageError
 
-from .cli import DeviceOpt, app, command, err
+from .cli import DeviceOpt, app, command, err, report_error
 
 
 class Format(str, Enum):
@@ -75,7 +75,7 @@ def transcribe(
             check_audio_path(path)
             usable.append(path)
         except InputError as e:
-            _report(e)
+            report_error(e)
     if not usable:
         raise typer.Exit(1)
     if output_dir is not None:
@@ -87,7 +87,7 @@ def transcribe(
         try:
             result = transcriber.transcribe(path)
         except InputError as e:
-            _report(e)
+            report_error(e)
             failed += 1
             continue
         text = render(result, fmt)
@@ -111,11 +111,6 @@ def transcribe(
         print("]" if printed else "[]", flush=True)
     if failed:
         raise typer.Exit(1)
-
-
-def _report(e: InputError) -> None:
-    """A file that is skipped: the error on stderr, and the run goes on."""
-    err(f"error: {e.message}" + (f"\n  fix: {e.fix}" if e.fix else ""))
 
 
 def _target(output_dir: Path, path: Path, fmt: Format) -> Path:

@@ -20,6 +20,7 @@ class Settings:
     hf_cache: Path         # HF_HUB_CACHE, else ${HF_HOME:-~/.cache/huggingface}/hub
     runtime_dir: Path      # XDG_RUNTIME_DIR (dictation control socket), else the cache home
     session_type: str      # the desktop session: "x11", "wayland" or "tty" (XDG_SESSION_TYPE, else the displays)
+    x11_display: bool      # DISPLAY is set: an X server (or XWayland) can be reached
     threads: int           # AIE_APPS_THREADS: the cpu backend's workers, default the CPUs this process may use
 
     @property
@@ -47,6 +48,7 @@ def load(environ=None) -> Settings:
         hf_cache=Path(env.get("HF_HUB_CACHE") or hf_home / "hub"),
         runtime_dir=Path(env.get("XDG_RUNTIME_DIR") or home),
         session_type=_session_type(env),
+        x11_display=bool(env.get("DISPLAY")),
         threads=_threads(env.get("AIE_APPS_THREADS")),
     )
 
