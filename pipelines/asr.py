@@ -70,6 +70,8 @@ class TranscribeOptions:
     seed: int = 0                     # for sampling at temperature > 0
 
     def __post_init__(self):
+        if self.task not in ("transcribe", "translate"):
+            raise UsageError(f"unknown task {self.task!r}", fix="use transcribe or translate")
         if not self.temperatures or min(self.temperatures) < 0:
             raise UsageError(f"temperatures must be a non-empty tuple of values >= 0, got {self.temperatures!r}",
                              fix="e.g. (0.0,) for greedy only, or the default (0.0, 0.2, ..., 1.0)")
@@ -143,8 +145,6 @@ class WhisperRecognizer:
         self.cfg, weights = whisper.load(folder)
         self.tokenizer = tok = WhisperTokenizer(folder, self.cfg.vocab_size)
         self.english_only = not tok.multilingual
-        if options.task not in ("transcribe", "translate"):
-            raise UsageError(f"unknown task {options.task!r}", fix="use transcribe or translate")
         if options.language and options.language not in tok.languages:
             raise UsageError(f"unknown language {options.language!r}",
                              fix=f"use one of {', '.join(sorted(tok.languages))}")

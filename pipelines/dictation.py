@@ -795,7 +795,7 @@ class FileSource:
                 self._loaded = to_mono(float_samples(self.audio)), int(self.sample_rate)
             else:
                 audio, rate = read_audio(self.audio)
-                self._loaded = to_mono(audio), rate
+                self._loaded = to_mono(float_samples(audio, str(self.audio))), rate
         return self._loaded
 
     def run(self, push: Callable[[np.ndarray, int], None], stop: threading.Event) -> None:
@@ -882,10 +882,10 @@ class Stream:
             raise self.error
         if self.ring.closed:
             raise UsageError("this dictation stream has stopped; feed a new Stream")
-        self._push(samples, sample_rate, block)
+        self._push(float_samples(samples, "the fed audio"), sample_rate, block)
 
     def _push(self, samples: np.ndarray, sample_rate: int, block: bool) -> None:
-        samples = float_samples(samples, "the fed audio")
+        samples = np.asarray(samples, np.float32)  # the sources' blocks are float already (checked once)
         if self._wall_start is None:  # the wall-clock moment audio time 0 was captured
             self._wall_start = time.monotonic() - len(samples) / sample_rate
         if samples.ndim == 2:

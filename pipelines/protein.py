@@ -14,6 +14,7 @@ output, negative layers count from the last.
 from __future__ import annotations
 
 import io
+import numbers
 import re
 import warnings
 from dataclasses import dataclass
@@ -240,7 +241,8 @@ class ProteinOptions:
             raise UsageError(f"unknown pooling {self.pooling!r}", fix=f"use one of {', '.join(POOLINGS)}")
         if self.on_long not in ON_LONG:
             raise UsageError(f"unknown on_long {self.on_long!r}", fix=f"use one of {', '.join(ON_LONG)}")
-        if not isinstance(self.layers, (tuple, list)) or not all(isinstance(k, int) for k in self.layers):
+        if not isinstance(self.layers, (tuple, list)) or not all(
+                isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in self.layers):
             raise UsageError(f"layers must be a tuple of layer numbers, got {self.layers!r}",
                              fix="e.g. layers=(-1,) for the last layer, or (0, 6, -1)")
         if not self.layers:

@@ -78,6 +78,8 @@ def test_whisper_window_scales_pcm_and_refuses_what_is_not_audio(whisper):
         whisper.decode_window(np.full(16000, np.nan, np.float32))
     with pytest.raises(UsageError, match="temperatures"):
         TranscribeOptions(temperatures=())
+    with pytest.raises(UsageError, match="unknown task 'translit'"):  # with the options, before any model loads
+        TranscribeOptions(task="translit")
 
 
 @pytest.mark.skipif(not CLIP.exists(), reason="needs Debian's pocketsphinx-testdata")

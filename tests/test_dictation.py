@@ -351,7 +351,6 @@ def test_cli_language_reaches_the_model(tmp_path):
     wav, reference = librivox_clips()[4]
     env = {"XDG_RUNTIME_DIR": str(tmp_path), "AIE_APPS_HOME": str(tmp_path / "home")}
     result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--language", "de"], env=env)
-    print(f"\n  {result.stderr!r}")
     assert result.exit_code == 2 and "English-only model" in result.stderr, result.output
     result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--language", "en"], env=env)
     assert result.exit_code == 0 and wer(reference, result.stdout) <= 0.2, result.output

@@ -234,6 +234,7 @@ def test_what_is_not_a_list_of_sequences_is_a_usage_error(embedder):
             list(embedder.embed_batches(bad))
     with pytest.raises(UsageError, match="layers must be a tuple"):
         ProteinOptions(layers=-1)
+    assert ProteinOptions(layers=(np.int64(-1), 0)).layers == (-1, 0)  # numpy integers are layer numbers too
 
 
 def test_the_sdk_facade_exports_the_embedder():
