@@ -534,7 +534,8 @@ class Camera:
                  frame_timeout: float = 2.0, open_capture: Callable | None = None):
         import cv2
         self.device = device
-        self.name = device if isinstance(device, str) and _is_url(device) else f"camera:{device}"
+        self.stream = isinstance(device, str) and _is_url(device)  # a live stream's faults are not a camera's
+        self.name = device if self.stream else f"camera:{device}"
         path = Path(f"/dev/video{device}") if isinstance(device, int) else Path(device)
         if open_capture is None:
             _check_camera_node(path)
@@ -591,10 +592,12 @@ class Camera:
                 ready = self._cond.wait_for(lambda: self._error or (self._latest and self._latest[0] > taken),
                                             timeout=timeout)
                 if self._error:
-                    raise DeviceIOError(self._error, fix="reconnect the camera and run again")
+                    raise DeviceIOError(self._error, fix="check that the stream is still up, and run again"
+                                        if self.stream else "reconnect the camera and run again")
                 if not ready:
                     raise DeviceIOError(f"{self.name} delivered no frame within {timeout:g} s (busy or stalled)",
-                                        fix="close other programs using the camera, or pick another one")
+                                        fix="check the stream in a video player" if self.stream
+                                        else "close other programs using the camera, or pick another one")
                 taken, seconds, image = self._latest
             yield Frame(index, seconds, cv2.cvtColor(image, cv2.COLOR_BGR2RGB), self.name,
                         (time.perf_counter() - t0) * 1e3)
@@ -637,7 +640,7 @@ def check_source(spec: str) -> None:
     """Raise the InputError open_source would for a missing file or a folder without images (cheap, and opens
     nothing: an app can check all its sources before it loads a model). A camera's device node must exist
     (DeviceIOError); whether it opens, and URLs, are found when opened."""
-    if _is_camera(spec):
+    if is_camera(spec):
         _check_camera_node(Path(f"/dev/video{spec}") if spec.isdigit() else Path(spec))
         return
     if _is_url(spec):
@@ -654,7 +657,8 @@ def _check_camera_node(path: Path) -> None:
         raise DeviceIOError(f"no camera at {path}", fix=_camera_fix())
 
 
-def _is_camera(spec: str) -> bool:
+def is_camera(spec: str) -> bool:
+    """A SOURCE that names a camera: an index or /dev/videoN."""
     return spec.isdigit() or spec.startswith("/dev/video")
 
 
@@ -689,7 +693,7 @@ def _folder_images(path: Path) -> list[Path]:
 def open_source(spec: str, on_error: Callable[[InputError], None] | None = None):
     """A SOURCE argument -> ImageFiles, VideoFile or Camera: a camera index or /dev/videoN, a video file,
     an image file, a folder of images, or a URL (http, rtsp, ...: a video file on a server, or a live stream)."""
-    if _is_camera(spec):
+    if is_camera(spec):
         return Camera(int(spec) if spec.isdigit() else spec)
     if _is_url(spec):
         return _open_url(spec)

@@ -234,6 +234,12 @@ def test_camera_that_stops_or_stalls_raises_instead_of_hanging():
         next(iter(cam))
     cam.close()
     assert time.perf_counter() - t0 < 5
+    stream = vision.Camera("rtsp://127.0.0.1/cam", open_capture=lambda d: FakeCapture(0, fail_after=3))
+    with pytest.raises(DeviceIOError, match="rtsp://127.0.0.1/cam stopped delivering") as e:
+        for _ in stream:  # a live stream that ends is not a camera to reconnect
+            pass
+    stream.close()
+    assert "stream" in e.value.fix and "camera" not in e.value.fix
 
 
 def test_missing_camera_is_a_device_error_with_exit_code_5(monkeypatch):
