@@ -196,6 +196,9 @@ def classify(
                     continue
                 try:
                     stop = _run(source, clf, stats, max_frames, top_k, show, jsonl, device_name)
+                except InputError as e:  # a stream that ended: the frames so far are out, the next source goes on
+                    on_error(e)
+                    stop = False
                 finally:
                     source.close()
                     if source.kind == "camera":

@@ -591,13 +591,15 @@ class Camera:
             with self._cond:
                 ready = self._cond.wait_for(lambda: self._error or (self._latest and self._latest[0] > taken),
                                             timeout=timeout)
+                # a stream that ends is a source that ended (skipped like an unreadable file), not a device fault
+                fault = InputError if self.stream else DeviceIOError
                 if self._error:
-                    raise DeviceIOError(self._error, fix="check that the stream is still up, and run again"
-                                        if self.stream else "reconnect the camera and run again")
+                    raise fault(self._error, fix="check that the stream is still up, and run again"
+                                if self.stream else "reconnect the camera and run again")
                 if not ready:
-                    raise DeviceIOError(f"{self.name} delivered no frame within {timeout:g} s (busy or stalled)",
-                                        fix="check the stream in a video player" if self.stream
-                                        else "close other programs using the camera, or pick another one")
+                    raise fault(f"{self.name} delivered no frame within {timeout:g} s (busy or stalled)",
+                                fix="check the stream in a video player" if self.stream
+                                else "close other programs using the camera, or pick another one")
                 taken, seconds, image = self._latest
             yield Frame(index, seconds, cv2.cvtColor(image, cv2.COLOR_BGR2RGB), self.name,
                         (time.perf_counter() - t0) * 1e3)

@@ -235,7 +235,7 @@ def test_camera_that_stops_or_stalls_raises_instead_of_hanging():
     cam.close()
     assert time.perf_counter() - t0 < 5
     stream = vision.Camera("rtsp://127.0.0.1/cam", open_capture=lambda d: FakeCapture(0, fail_after=3))
-    with pytest.raises(DeviceIOError, match="rtsp://127.0.0.1/cam stopped delivering") as e:
+    with pytest.raises(InputError, match="rtsp://127.0.0.1/cam stopped delivering") as e:
         for _ in stream:  # a live stream that ends is not a camera to reconnect
             pass
     stream.close()
@@ -309,17 +309,18 @@ def test_a_truncated_video_ends_cleanly_with_a_note(tmp_path):
 
 
 class _Server(http.server.SimpleHTTPRequestHandler):
-    """Files from the test's folder, and at /live an endless MJPEG stream (what IP cameras serve)."""
+    """Files from the test's folder, at /live an endless MJPEG stream (what IP cameras serve), and at /ends one
+    that stops after 10 frames (a camera switched off)."""
 
     def do_GET(self):
-        if self.path != "/live":
+        if self.path not in ("/live", "/ends"):
             return super().do_GET()
         self.send_response(200)
         self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
         self.end_headers()
         jpeg = cv2.imencode(".jpg", cv2.cvtColor(photo("chelsea"), cv2.COLOR_RGB2BGR))[1].tobytes()
         try:
-            while True:
+            for _ in range(10) if self.path == "/ends" else iter(int, 1):
                 self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n"
                                  % (len(jpeg), jpeg))
                 time.sleep(0.02)
@@ -351,6 +352,10 @@ def test_classify_a_video_url_and_a_live_stream(tmp_path):
         r = runner.invoke(app, ["classify", "http://127.0.0.1:9/nothing.mp4", f"{base}/photos.avi", *model])
         assert r.exit_code == 1 and "cannot open http://127.0.0.1:9/nothing.mp4" in r.stderr and "fix:" in r.stderr
         assert len(r.stdout.splitlines()) == 12
+        # so is a stream that ends: the sources after it are still classified
+        r = runner.invoke(app, ["classify", f"{base}/ends", f"{base}/photos.avi", *model])
+        assert r.exit_code == 1 and f"{base}/ends stopped delivering frames" in r.stderr, r.stderr
+        assert sum(json.loads(line)["source"] == f"{base}/photos.avi" for line in r.stdout.splitlines()) == 12
     finally:
         server.shutdown()
         server.server_close()
