@@ -1,4 +1,5 @@
-"""The cpu backend's own parallelism: every split step equals its numpy reference run whole."""
+"""The cpu backend's numpy engine and its own parallelism: every split step equals its numpy reference run whole.
+(Entries that lower to ONNX run on OpenCV by default; these tests ask for the numpy engine.)"""
 import contextlib
 import gc
 import mmap
@@ -146,7 +147,7 @@ def mlp_executable(threads=2):
 
     graph = trace(mlp, name="mlp", weights={k: v.shape for k, v in MLP_WEIGHTS.items()},
                   inputs={"x": ((1, 600, 256), "float32")})
-    exe = CpuBackend(threads).load(compile([graph], "cpu"), MLP_WEIGHTS)
+    exe = CpuBackend(threads, engine="numpy").load(compile([graph], "cpu"), MLP_WEIGHTS)
     try:
         yield exe
     finally:
@@ -267,12 +268,13 @@ def test_threads_setting():
     assert settings.load({}).threads >= 1
 
 
-def test_decoder_steps_stream_weights_and_forwards_split():
+def test_decoder_steps_stream_weights_and_forwards_split(monkeypatch):
     """Entries whose GEMMs all have <= GEMV_ROWS rows run with BLAS's own threads (memory-bound); the rest
     go to the workers. Both give the reference's numbers."""
     from sdk.graph import trace
     from sdk.session import Session
 
+    monkeypatch.setenv("AIE_APPS_CPU_ENGINE", "numpy")
     weights = MLP_WEIGHTS
     shapes = {k: v.shape for k, v in weights.items()}
     graphs = [trace(mlp, name=f"rows_{n}", weights=shapes, inputs={"x": ((1, n, 256), "float32")}) for n in (1, 600)]
@@ -320,7 +322,7 @@ def test_row_local_runs_become_one_chain_that_equals_the_steps(record_parity):
 
     x = f32(1, 300, 96)
     ref = block(BLOCK_WEIGHTS, x)
-    exe = CpuBackend(threads=3).load(program, BLOCK_WEIGHTS)
+    exe = CpuBackend(threads=3, engine="numpy").load(program, BLOCK_WEIGHTS)
     try:
         ours = exe.run("block", {"x": x})
     finally:

@@ -133,7 +133,8 @@ def test_eager_numpy_forward_equals_the_compiled_graph():
     eager = esm.forward(weights, golden["ids"], golden["mask"], cfg=cfg, layers=(1, 3))
     graphed = _run(cfg, weights, golden["ids"], golden["mask"], (1, 3))
     for k in ("layer_1", "layer_3"):
-        np.testing.assert_allclose(eager[k], graphed[k], atol=1e-6, rtol=0)
+        # the graph runs as one OpenCV network by default: the same math, summed in another order
+        np.testing.assert_allclose(eager[k], graphed[k], atol=5e-6, rtol=0)
 
 
 @pytest.mark.reference

@@ -1,4 +1,12 @@
-"""The cpu backend: runs each host step with its numpy reference from ops.py, on all the cores it may use.
+"""The cpu backend. Two engines, chosen per entry when a program loads (`engines` records which and why):
+
+- opencv (the default): an entry whose steps all have an ONNX form (encoders, whole forward passes) runs as
+  one OpenCV dnn network, see opencv_net.py; OpenCV's engine is faster than the numpy one on every encoder
+  we bench, and than ONNX Runtime on the BERT family.
+- numpy: everything else (decoder steps, which write KV caches in place; AIE_APPS_CPU_ENGINE=numpy asks for
+  it everywhere) runs each host step with its numpy reference from ops.py, on all the cores it may use.
+
+The rest of this module is the numpy engine.
 
 Parallelism is ours, not the BLAS library's: during a run BLAS is held to one thread and the big steps
 (GEMMs, attention, the multi-pass elementwise ops) are split into one piece per core, each piece the same
@@ -30,13 +38,15 @@ import weakref
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+import cv2
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
 from ..errors import SdkError, UsageError
 from ..ops import OPS, pair
 from ..program import Program, Usage
-from ..settings import load as load_settings
+from ..settings import CPU_ENGINES, load as load_settings
+from . import opencv_net
 from .backend import Counters, State, check_inputs, check_weights
 
 
@@ -48,7 +58,7 @@ MIN_GEMM_PIECE = 1 << 20  # multiply-adds per piece of a GEMM (~15 us on one cor
 MIN_GEMV_PIECE = 1 << 20  # weight elements per piece of a GEMV (a head over a pooled token) in a split entry
 
 
-def linear_layout(program: Program, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def linear_layout(program: Program, entries, weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Weights that a `linear` step multiplies with, copied in Fortran order into memory advised for huge pages.
 
     Fortran order: the same [out, in] array for ops.linear, but w.T is [in, out] contiguous, which OpenBLAS
@@ -60,9 +70,9 @@ def linear_layout(program: Program, weights: dict[str, np.ndarray]) -> dict[str,
     Huge pages: a forward pass streams every weight from memory, and with 4 KiB pages a GEMV misses the TLB
     once per 1024 multiply-adds. Paired against 4 KiB pages: Whisper tiny.en's decoder step 0.95-0.97x the
     time, MiniLM 0.99x, BERT-base 0.98-0.99x.
-    Chosen once, at load; the copies are the session's own, so a caller should not keep the loaded weights
+    Chosen once, at load, for the entries numpy runs; the copies are the session's own, so a caller should not keep the loaded weights
     beside it."""
-    linear = sorted({s.inputs[1] for e in program.entries.values() for s in e.steps
+    linear = sorted({s.inputs[1] for e in entries for s in e.steps
                      if s.op == "linear" and s.inputs[1] in weights})
     places = np.cumsum([0] + [-(-weights[name].nbytes // ALIGN) * ALIGN for name in linear])
     memory = _huge_pages(int(places[-1]))
@@ -667,26 +677,33 @@ class Workers:
 
 
 class CpuExecutable:
-    def __init__(self, program: Program, weights: Mapping[str, np.ndarray], threads: int):
+    def __init__(self, program: Program, weights: Mapping[str, np.ndarray], threads: int, engine: str = "opencv"):
         bad = [s.op for e in program.entries.values() for s in e.steps if s.kind != "host"]
         if bad:
             raise ValueError(f"the cpu backend runs host steps only; this program has {bad[:3]} (target "
                              f"{program.target})")
         self.program = program
-        self.weights = linear_layout(program, check_weights(program, weights))
+        self.threads = max(1, threads) if hasattr(os, "fork") else 1  # the other workers are forked processes
+        weights = check_weights(program, weights)
+        self.engines: dict[str, str] = {}  # entry -> "opencv", or "numpy: <why not opencv>"
+        nets = {name: _opencv_net(program, e, weights, engine, self.engines) for name, e in program.entries.items()}
+        self.nets = {name: net for name, net in nets.items() if net}
+        if self.nets:
+            cv2.setNumThreads(self.threads)  # process-wide: OpenCV has one thread pool
+        numpy_entries = {name: e for name, e in program.entries.items() if name not in self.nets}
+        self.weights = linear_layout(program, numpy_entries.values(), weights)
         self.counters = Counters()
         self.closed = False
-        self.threads = max(1, threads) if hasattr(os, "fork") else 1  # the other workers are forked processes
-        self.weight_streaming = {name for name, e in program.entries.items() if _weight_streaming(program, e)}
+        self.weight_streaming = {name for name, e in numpy_entries.items() if _weight_streaming(program, e)}
         self.lock = threading.Lock()  # a run fills the arena: threads running one session take turns
         self.blas = ThreadpoolController()
-        layouts = {name: _layout(program, e, self.weights, self.threads) for name, e in program.entries.items()
+        layouts = {name: _layout(program, e, self.weights, self.threads) for name, e in numpy_entries.items()
                    if self.threads > 1 and name not in self.weight_streaming}
         self.memory = mmap.mmap(-1, max([ALIGN] + [layout.size for layout in layouts.values()]))
         splits: list[Split] = []
         self.bound = {name: bind(program, e, layouts[name], np.frombuffer(self.memory, np.uint8), self.weights,
                                  self.threads, splits) if name in layouts
-                      else Bound(e.steps, {}, frozenset()) for name, e in program.entries.items()}
+                      else Bound(e.steps, {}, frozenset()) for name, e in numpy_entries.items()}
         self.workers = Workers(splits, self.threads)  # forked last: every piece exists by now
 
     def new_state(self) -> State:
@@ -702,6 +719,12 @@ class CpuExecutable:
         env: dict[str, np.ndarray] = {**self.weights, **check_inputs(self.program, entry, inputs)}
         if state is not None:
             env.update(state.buffers)
+        if program_entry.name in self.nets:
+            with self.lock:
+                outputs = self.nets[program_entry.name].run(env)
+            self.counters.host_ops += len(program_entry.steps)
+            self.counters.runs += 1
+            return {name: outputs[buf] for name, buf in program_entry.outputs.items()}
         bound = self.bound[program_entry.name]
         if program_entry.name in self.weight_streaming:
             outputs = self._steps(bound, env, program_entry)
@@ -768,13 +791,33 @@ def keep_freed_memory() -> None:
     libc.mallopt(M_TRIM_THRESHOLD, 256 << 20)  # the heap keeps up to 256 MiB of freed memory
 
 
+def _opencv_net(program: Program, entry, weights: dict, engine: str, engines: dict) -> opencv_net.OpencvEntry | None:
+    """The entry as one OpenCV network, or None with the reason numpy runs it in `engines`."""
+    how = opencv_net.plan(program, entry) if engine == "opencv" else "the numpy engine was asked for"
+    if isinstance(how, str):
+        engines[entry.name] = f"numpy: {how}"
+        return None
+    try:
+        net = opencv_net.OpencvEntry(program, entry, how, weights)
+    except cv2.error as e:  # an OpenCV build that lacks a layer
+        engines[entry.name] = f"numpy: OpenCV cannot load it: {str(e).strip().splitlines()[-1]}"
+        return None
+    engines[entry.name] = "opencv"
+    return net
+
+
 class CpuBackend:
     name = "cpu"
     target = "cpu"
 
-    def __init__(self, threads: int | None = None):
-        self.threads = threads or load_settings().threads
+    def __init__(self, threads: int | None = None, engine: str | None = None):
+        settings = load_settings()
+        self.threads = threads or settings.threads
+        self.engine = engine or settings.cpu_engine
+        if self.engine not in CPU_ENGINES:
+            source = "" if engine else " (from AIE_APPS_CPU_ENGINE)"
+            raise UsageError(f"unknown cpu engine {self.engine!r}{source}", fix=f"use one of {', '.join(CPU_ENGINES)}")
 
     def load(self, program: Program, weights: Mapping[str, np.ndarray]) -> CpuExecutable:
         keep_freed_memory()
-        return CpuExecutable(program, weights, self.threads)
+        return CpuExecutable(program, weights, self.threads, self.engine)

@@ -1,0 +1,319 @@
+"""A cpu entry as one OpenCV dnn network: the entry's steps written as an ONNX model, run by OpenCV's engine.
+
+Why: numpy runs one op at a time, each a pass over memory, and our workers cut every GEMM by rows, so each
+core streams every weight. OpenCV's dnn engine (OpenCV is already a runtime dependency) packs the weights
+once, splits GEMMs across its threads, and fuses the elementwise ops; on this machine's 2 cores it runs
+MiniLM and BERT-base in less time than ONNX Runtime (bench/bert.py). An entry goes this way when every step
+has an ONNX form below and it carries no state or runtime parameters (decoder steps stay on numpy: their
+KV caches are written in place).
+
+The model is written with a few lines of protobuf rather than the `onnx` package, which would add protobuf to
+the runtime for a schema this small; tests read what we write back with `onnx` and check it.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..ops import OPS
+from ..program import Entry, Program, Step, Usage
+
+OPSET = 17  # LayerNormalization arrived in 17; OpenCV reads it
+_DTYPES = {"float32": 1, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
+
+
+# ---- protobuf, the few wire forms ONNX models use ------------------------------------------------
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1  # negative int64s are ten bytes of two's complement
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _message(*fields: tuple[int, object]) -> bytes:
+    """Fields (number, value): int -> varint, float -> 32-bit, str/bytes (and sub-messages) -> length-delimited.
+    A repeated field is the same number given again."""
+    out = bytearray()
+    for number, value in fields:
+        if isinstance(value, int):
+            out += _varint(number << 3) + _varint(value)
+        elif isinstance(value, float):
+            out += _varint(number << 3 | 5) + struct.pack("<f", value)
+        else:
+            value = value.encode() if isinstance(value, str) else value
+            out += _varint(number << 3 | 2) + _varint(len(value)) + value
+    return bytes(out)
+
+
+# ---- ONNX messages (field numbers from onnx.proto) -----------------------------------------------
+
+def _tensor(name: str, array: np.ndarray) -> bytes:
+    array = np.ascontiguousarray(array)
+    return _message(*((1, d) for d in array.shape), (2, _DTYPES[array.dtype.name]), (8, name),
+                    (9, array.tobytes()))
+
+
+def _value_info(name: str, shape: tuple[int, ...], dtype: str) -> bytes:
+    dims = _message(*((1, _message((1, d))) for d in shape))
+    return _message((1, name), (2, _message((1, _message((1, _DTYPES[dtype]), (2, dims))))))
+
+
+def _attribute(name: str, value) -> bytes:
+    if isinstance(value, float):
+        return _message((1, name), (20, 1), (2, value))
+    if isinstance(value, int):
+        return _message((1, name), (20, 2), (3, value))
+    return _message((1, name), (20, 7), *((8, int(v)) for v in value))  # ints
+
+
+def _node(op_type: str, inputs, outputs, **attrs) -> bytes:
+    return _message(*((1, i) for i in inputs), *((2, o) for o in outputs), (3, outputs[0]), (4, op_type),
+                    *((5, _attribute(k, v)) for k, v in attrs.items()))
+
+
+# ---- our ops in ONNX -----------------------------------------------------------------------------
+
+class _Writer:
+    """Collects the nodes and initializers of one graph; each lowering below appends the nodes of one step."""
+
+    def __init__(self, weight: Callable[[str], np.ndarray]):
+        self.weight = weight
+        self.nodes: list[bytes] = []
+        self.initializers: dict[str, bytes] = {}
+
+    def node(self, op_type: str, inputs, out: str | None = None, **attrs) -> str:
+        out = out or f"{op_type}.{len(self.nodes)}"
+        self.nodes.append(_node(op_type, inputs, [out], **attrs))
+        return out
+
+    def const(self, array) -> str:
+        name = f"const.{len(self.initializers)}"
+        self.initializers[name] = _tensor(name, np.asarray(array))
+        return name
+
+    def initializer(self, name: str, array: np.ndarray) -> str:
+        if name not in self.initializers:
+            self.initializers[name] = _tensor(name, array)
+        return name
+
+
+def _ints(values) -> np.ndarray:
+    return np.asarray(values, np.int64).reshape(-1)
+
+
+def _f32(value: float) -> np.ndarray:
+    return np.float32(value)
+
+
+def _gelu(w, out, x):  # the erf form, as exporters write it (OpenCV fuses it into one GELU layer)
+    half = w.node("Mul", [w.node("Add", [w.node("Erf", [w.node("Div", [x, w.const(_f32(math.sqrt(2)))])]),
+                                         w.const(_f32(1))]), x])
+    return w.node("Mul", [half, w.const(_f32(0.5))], out)
+
+
+def _gelu_tanh(w, out, x):  # in the order exporters write it: OpenCV 5.0 crashed on a form with x*x*x
+    cube = w.node("Pow", [x, w.const(_f32(3))])
+    inner = w.node("Add", [x, w.node("Mul", [w.const(_f32(0.044715)), cube])])
+    t = w.node("Tanh", [w.node("Mul", [w.const(_f32(math.sqrt(2 / math.pi))), inner])])
+    return w.node("Mul", [w.node("Mul", [w.const(_f32(0.5)), x]), w.node("Add", [w.const(_f32(1)), t])], out)
+
+
+def _linear(w, out, x, weight, bias=None):
+    # [out, in] -> [in, out] once, when the network is written; MatMul then Add, which OpenCV fuses
+    y = w.node("MatMul", [x, w.initializer(weight + ".T", w.weight(weight).T)], None if bias else out)
+    return w.node("Add", [y, bias], out) if bias else y
+
+
+def _swap_last(w, x, rank):
+    return w.node("Transpose", [x], perm=list(range(rank - 2)) + [rank - 1, rank - 2])
+
+
+def _attention(w, out, q, k, v, mask=None, *, scale, rank):
+    scores = w.node("Mul", [w.node("MatMul", [q, _swap_last(w, k, rank)]), w.const(_f32(scale))])
+    if mask:
+        scores = w.node("Add", [scores, mask])
+    return w.node("MatMul", [w.node("Softmax", [scores], axis=-1), v], out)
+
+
+def _rotary(w, out, x, cos, sin, *, size):
+    half = size // 2
+    first, second = (_slice(w, None, x, axis=-1, start=a, stop=b) for a, b in ((0, half), (half, size)))
+    rotated = w.node("Concat", [w.node("Neg", [second]), first], axis=-1)
+    return w.node("Add", [w.node("Mul", [x, cos]), w.node("Mul", [rotated, sin])], out)
+
+
+def _rms_norm(w, out, x, weight, *, eps):
+    mean_square = w.node("ReduceMean", [w.node("Mul", [x, x])], axes=[-1], keepdims=1)
+    root = w.node("Sqrt", [w.node("Add", [mean_square, w.const(_f32(eps))])])
+    return w.node("Mul", [w.node("Div", [x, root]), weight], out)
+
+
+def _slice(w, out, x, *, axis, start, stop, step=1):
+    return w.node("Slice", [x, w.const(_ints(start)), w.const(_ints(stop)), w.const(_ints(axis)),
+                            w.const(_ints(step))], out)
+
+
+def _glu(w, out, x, *, axis, size):
+    half = size // 2
+    a, b = (_slice(w, None, x, axis=axis, start=s, stop=s + half) for s in (0, half))
+    return w.node("Mul", [a, w.node("Sigmoid", [b])], out)
+
+
+def _conv(w, out, x, weight, bias=None, *, stride=1, padding=0, groups=1, dilation=1, dims):
+    def each(v):
+        return [int(v)] * dims if np.isscalar(v) else [int(a) for a in v]
+    return w.node("Conv", [x, weight] + ([bias] if bias else []), out, strides=each(stride),
+                  pads=each(padding) * 2, group=int(groups), dilations=each(dilation))
+
+
+def _lowerings() -> dict[str, Callable]:
+    """op name -> lower(writer, out, *input names, shapes=..., **attrs); shapes are the step's input shapes
+    then its output shape, for the forms that need them."""
+    def same(op_type):
+        return lambda w, out, *xs, shapes: w.node(op_type, list(xs), out)
+
+    return {
+        **{name: same(t) for name, t in [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"),
+                                         ("sigmoid", "Sigmoid"), ("relu", "Relu"), ("tanh", "Tanh"),
+                                         ("exp", "Exp"), ("embedding", "Gather")]},
+        "scale": lambda w, out, x, *, factor, shapes: w.node("Mul", [x, w.const(_f32(factor))], out),
+        "gelu": lambda w, out, x, *, shapes: _gelu(w, out, x),
+        "gelu_tanh": lambda w, out, x, *, shapes: _gelu_tanh(w, out, x),
+        "silu": lambda w, out, x, *, shapes: w.node("Mul", [x, w.node("Sigmoid", [x])], out),
+        "softmax": lambda w, out, x, *, axis=-1, shapes: w.node("Softmax", [x], out, axis=axis),
+        "log_softmax": lambda w, out, x, *, axis=-1, shapes: w.node("LogSoftmax", [x], out, axis=axis),
+        "layer_norm": lambda w, out, x, g, b, *, eps, shapes: w.node("LayerNormalization", [x, g, b], out,
+                                                                     axis=-1, epsilon=float(eps)),
+        "rms_norm": lambda w, out, x, g, *, eps, shapes: _rms_norm(w, out, x, g, eps=float(eps)),
+        "rotary": lambda w, out, x, cos, sin, *, shapes: _rotary(w, out, x, cos, sin, size=shapes[0][-1]),
+        "mean": lambda w, out, x, *, axis, keepdims=False, shapes: w.node(
+            "ReduceMean", [x], out, axes=list(np.atleast_1d(axis)), keepdims=int(keepdims)),
+        "linear": lambda w, out, x, weight, bias=None, *, shapes: _linear(w, out, x, weight, bias),
+        "matmul": lambda w, out, a, b, *, transpose_b=False, shapes: w.node(
+            "MatMul", [a, _swap_last(w, b, len(shapes[1])) if transpose_b else b], out),
+        "attention": lambda w, out, q, k, v, mask=None, *, scale, shapes: _attention(
+            w, out, q, k, v, mask, scale=scale, rank=len(shapes[1])),
+        "reshape": lambda w, out, x, *, shape, shapes: w.node("Reshape", [x, w.const(_ints(shapes[-1]))], out),
+        "transpose": lambda w, out, x, *, perm, shapes: w.node("Transpose", [x], out, perm=list(perm)),
+        "slice_axis": lambda w, out, x, *, shapes, **at: _slice(w, out, x, **at),
+        "concat": lambda w, out, *xs, axis, shapes: w.node("Concat", list(xs), out, axis=axis),
+        "pad": lambda w, out, x, *, pads, value=0.0, shapes: w.node(
+            "Pad", [x, w.const(_ints([a for a, _ in pads] + [b for _, b in pads])), w.const(_f32(value))], out),
+        "glu": lambda w, out, x, *, axis, shapes: _glu(w, out, x, axis=axis, size=shapes[0][axis]),
+        "conv1d": lambda w, out, *xs, shapes, **at: _conv(w, out, *xs, dims=1, **at),
+        "conv2d": lambda w, out, *xs, shapes, **at: _conv(w, out, *xs, dims=2, **at),
+        "max_pool2d": lambda w, out, x, *, kernel, stride, padding=0, shapes: w.node(
+            "MaxPool", [x], out, kernel_shape=[kernel] * 2, strides=[stride] * 2, pads=[padding] * 4),
+    }
+
+
+LOWERINGS = _lowerings()
+
+
+# Steps the network does not run: masks and positions made from runtime parameters (numbers, which a network
+# cannot take) are made on the host first and go in as inputs; `assign` writes state the caller keeps, so the
+# network outputs the value and the host copies it into the state buffer.
+PRELUDE_OPS = ("length_mask", "causal_cache_mask", "positions")
+
+
+@dataclass(frozen=True)
+class Plan:
+    prelude: tuple[Step, ...]        # host steps before the network
+    body: tuple[Step, ...]           # the network
+    assigns: tuple[tuple[str, str], ...]  # (state buffer, value) copied after it
+    inputs: tuple[str, ...]          # buffers the network reads from the host
+    outputs: tuple[str, ...]         # buffers it hands back
+
+
+def plan(program: Program, entry: Entry) -> Plan | str:
+    """How the entry runs as one network, or why it cannot (a str)."""
+    def usage(name):
+        return program.buffers[name].usage
+
+    prelude, body, assigns = [], [], []
+    for step in entry.steps:
+        names = [i for i in step.inputs if i is not None]
+        if step.op in PRELUDE_OPS and all(i in entry.inputs.values() for i in names):
+            prelude.append(step)
+        elif step.op == "assign" and usage(step.inputs[1]) is not Usage.STATE:
+            assigns.append((step.inputs[0], step.inputs[1]))
+        elif step.op not in LOWERINGS:
+            return f"op {step.op} has no ONNX form here"
+        elif any(usage(i) is Usage.STATE for i in names):
+            return f"step {step.op} reads state {next(i for i in names if usage(i) is Usage.STATE)}"
+        else:
+            body.append(step)
+    read = {i for s in body for i in s.inputs if i is not None}
+    made = {o for s in prelude for o in s.outputs}
+    inputs = [b for b in entry.inputs.values() if b in read] + [b for b in made if b in read]
+    for name in inputs:
+        if program.buffers[name].shape == () or program.buffers[name].dtype not in _DTYPES:
+            return f"the network would read runtime parameter {name}"
+    made_by_body = {o for s in body for o in s.outputs}
+    outputs = [b for b in dict.fromkeys(entry.outputs.values()) if usage(b) is not Usage.STATE]
+    outputs += [v for _, v in assigns if v not in outputs]
+    if any(b not in made_by_body for b in outputs):
+        return "an output is not computed by the network"
+    return Plan(tuple(prelude), tuple(body), tuple(assigns), tuple(inputs), tuple(outputs))
+
+
+def onnx_model(program: Program, steps, inputs, outputs, weights: Mapping[str, np.ndarray], name: str) -> bytes:
+    """Steps as a serialised ONNX ModelProto; weights (and the program's constants) are initializers."""
+    w = _Writer(lambda name: weights[name])
+    for step in steps:
+        args = [i or "" for i in step.inputs]
+        for arg in args:
+            if arg and program.buffers[arg].usage is Usage.WEIGHTS:
+                w.initializer(arg, weights[arg])
+        if step.op == "linear":  # the [out, in] weight itself is not an input of the network, its transpose is
+            w.initializers.pop(args[1], None)
+        shapes = [program.buffers[i].shape if i else None for i in step.inputs] + \
+                 [program.buffers[step.outputs[0]].shape]
+        while args and not args[-1]:
+            args.pop()  # absent optional inputs at the end
+        LOWERINGS[step.op](w, step.outputs[0], *(a or None for a in args), shapes=shapes, **step.attrs)
+
+    def info(b):
+        return _value_info(b, program.buffers[b].shape, program.buffers[b].dtype)
+    graph = _message(*((1, n) for n in w.nodes), (2, name), *((5, t) for t in w.initializers.values()),
+                     *((11, info(b)) for b in inputs), *((12, info(b)) for b in outputs))
+    return _message((1, 8), (2, "aie-apps"), (7, graph), (8, _message((1, ""), (2, OPSET))))
+
+
+class OpencvEntry:
+    """One entry, loaded as an OpenCV dnn network around its host prelude and state writes.
+    cv2.error when OpenCV cannot read the network (the cpu backend then runs the entry with numpy)."""
+
+    def __init__(self, program: Program, entry: Entry, plan: Plan, weights: Mapping[str, np.ndarray]):
+        import cv2
+        self.program, self.entry, self.plan = program, entry, plan
+        model = onnx_model(program, plan.body, plan.inputs, plan.outputs, weights, entry.name)
+        self.net = cv2.dnn.readNetFromONNX(np.frombuffer(model, np.uint8))
+
+    def run(self, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """env: the entry's inputs and the state buffers by buffer name; returns the entry's outputs by
+        buffer name (arrays of their own) after writing the assigned state."""
+        missing = [state for state, _ in self.plan.assigns if state not in env]
+        if missing:
+            raise ValueError(f"entry {self.entry.name} writes state {missing[0]}: it needs a State "
+                             f"(session.new_state())")
+        for step in self.plan.prelude:
+            env[step.outputs[0]] = OPS[step.op].ref(*(env[i] for i in step.inputs), **step.attrs)
+        for name in self.plan.inputs:
+            self.net.setInput(env[name], name)
+        results = self.net.forward(list(self.plan.outputs))
+        for name, r in zip(self.plan.outputs, results):
+            buf = self.program.buffers[name]
+            env[name] = np.asarray(r, buf.dtype).reshape(buf.shape)
+        for state, value in self.plan.assigns:
+            env[state][...] = env[value]
+        return {b: np.array(env[b]) if self.program.buffers[b].usage is Usage.STATE else env[b]
+                for b in self.entry.outputs.values()}

@@ -1,0 +1,171 @@
+"""The cpu backend's OpenCV engine: an entry whose steps all have an ONNX form runs as one OpenCV dnn network.
+Every lowering is checked against the op's numpy reference, every model family against the numpy engine."""
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from sdk import compiler
+from sdk.errors import UsageError
+from sdk.models import bert, clip, conformer, esm, resnet, vit, whisper
+from sdk.runtime import opencv_net
+from sdk.runtime.cpu import CpuBackend
+
+from .test_backends import CASES, _build, _reference
+
+TOL = 1e-5  # rel-L2: float32 rounding in another order, nothing more
+
+
+def rel_l2(ours, ref):
+    return float(np.linalg.norm(ours - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+@pytest.mark.parametrize("name", sorted(opencv_net.LOWERINGS))
+def test_op_runs_as_a_network_and_matches_its_reference(name, record_parity):
+    graph, weights, inputs, initial = _build(name)
+    exe = CpuBackend(2, engine="opencv").load(compiler.compile([graph]), weights)
+    try:
+        assert exe.engines[graph.name] == "opencv"
+        out = exe.run(None, inputs)["out"]
+    finally:
+        exe.close()
+    expected = _reference(name, weights, inputs, initial)
+    assert out.shape == expected.shape and out.dtype == expected.dtype
+    finite = np.abs(expected) < 1e29  # masks: -1e30 is "minus infinity"
+    assert np.array_equal(finite, np.abs(out) < 1e29)
+    _, rel = record_parity(f"{name}.opencv", out[finite], expected[finite])
+    assert rel <= TOL
+
+
+def test_ops_without_an_onnx_form_are_the_state_and_argmax_ones():
+    # what keeps an entry on numpy; the masks and positions are made on the host before a network instead
+    assert set(CASES) - set(opencv_net.LOWERINGS) == {"argmax", "assign", "cache_write", *opencv_net.PRELUDE_OPS}
+
+
+def _rand(program, rng):
+    return {n: rng.normal(0, 0.2, b.shape).astype(np.float32) for n, b in program.buffers.items()
+            if b.usage.value == "weights" and n not in program.constants}
+
+
+def _inputs(program, entry, rng):
+    out = {}
+    for name, buf in program.entry(entry).inputs.items():
+        shape = program.buffers[buf].shape
+        if shape == ():
+            out[name] = np.int32(5)  # conformer lengths: frames past them are padding
+        elif program.buffers[buf].dtype == "int32":
+            out[name] = rng.integers(0, 2, shape).astype(np.int32)
+        elif name == "mask":
+            out[name] = (np.arange(shape[-1]) < shape[-1] - 3).astype(np.float32) * np.ones(shape, np.float32)
+        else:
+            out[name] = rng.normal(size=shape).astype(np.float32)
+    return out
+
+
+MODELS = {
+    "bert": (lambda: [bert.graph(bert.TINY, 2, 16)], None),
+    "clip-similarity": (lambda: [clip.similarity_graph(clip.TINY, 1, 2)], None),
+    "clip-image": (lambda: [clip.image_graph(clip.TINY, 1)], None),
+    "conformer-encoder": (lambda: [conformer.encoder_graph(conformer.TINY, 50)], None),
+    "esm": (lambda: [esm.graph(esm.TINY, 1, 16)], None),
+    "resnet": (lambda: [resnet.graph(resnet.TINY, 1)], None),
+    **{f"vit-{k}": (lambda c=c: [vit.graph(c, 1)], None) for k, c in vit.TINY.items()},
+    "whisper-encode": (lambda: whisper.graphs(whisper.TINY), "encode"),  # writes the cross K/V state
+}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_model_entry_runs_as_one_network_and_equals_the_numpy_engine(model, record_parity):
+    graphs, entry = MODELS[model]
+    program = compiler.compile(graphs())
+    rng = np.random.default_rng(0)
+    weights, inputs = _rand(program, rng), _inputs(program, entry, rng)
+    results = {}
+    for engine in ("opencv", "numpy"):
+        exe = CpuBackend(2, engine=engine).load(program, weights)
+        try:
+            state = exe.new_state()
+            results[engine] = exe.run(entry, dict(inputs), state), state.buffers
+            assert exe.engines[program.entry(entry).name].startswith(engine)
+        finally:
+            exe.close()
+    (ours, our_state), (ref, ref_state) = results["opencv"], results["numpy"]
+    for name in ref:
+        _, rel = record_parity(f"{model}.opencv-vs-numpy.{name}", ours[name], ref[name])
+        assert rel <= TOL
+    for name in ref_state:
+        assert rel_l2(our_state[name], ref_state[name]) <= TOL, name
+
+
+def test_decoder_steps_stay_on_numpy_and_say_why():
+    program = compiler.compile(whisper.graphs(whisper.TINY))
+    exe = CpuBackend(2).load(program, _rand(program, np.random.default_rng(0)))
+    try:
+        assert exe.engines["encode"] == "opencv"
+        assert exe.engines["decode_step"].startswith("numpy: ") and "cache_write" in exe.engines["decode_step"]
+    finally:
+        exe.close()
+
+
+def test_results_are_the_callers_own_arrays():
+    program = compiler.compile([bert.graph(bert.TINY, 1, 8)])
+    rng = np.random.default_rng(1)
+    exe = CpuBackend(2).load(program, _rand(program, rng))
+    try:
+        first_inputs = _inputs(program, None, rng)
+        first = exe.run(None, first_inputs)["hidden"]
+        kept = first.copy()
+        exe.run(None, _inputs(program, None, rng))
+        assert np.array_equal(first, kept)
+    finally:
+        exe.close()
+
+
+def test_an_entry_that_writes_state_asks_for_a_state():
+    program = compiler.compile(whisper.graphs(whisper.TINY))
+    rng = np.random.default_rng(2)
+    exe = CpuBackend(2).load(program, _rand(program, rng))
+    try:
+        with pytest.raises(ValueError, match="needs a State"):
+            exe.run("encode", _inputs(program, "encode", rng))
+    finally:
+        exe.close()
+
+
+def test_an_entry_opencv_cannot_load_runs_on_numpy_and_says_why(monkeypatch):
+    def refuse(*_):
+        raise cv2.error("OpenCV(5.0.0) layer_factory: Unsupported layer type")
+    monkeypatch.setattr(cv2.dnn, "readNetFromONNX", refuse)
+    program = compiler.compile([bert.graph(bert.TINY, 1, 8)])
+    rng = np.random.default_rng(3)
+    weights, inputs = _rand(program, rng), _inputs(program, None, rng)
+    exe = CpuBackend(2).load(program, weights)
+    try:
+        assert exe.engines[program.entry(None).name] == "numpy: OpenCV cannot load it: " \
+                                                        "OpenCV(5.0.0) layer_factory: Unsupported layer type"
+        out = exe.run(None, inputs)["hidden"]
+    finally:
+        exe.close()
+    ref = bert.forward(weights, inputs["ids"], inputs["token_types"], inputs["mask"], cfg=bert.TINY)["hidden"]
+    assert rel_l2(out, ref) <= TOL
+
+
+def test_the_written_model_is_valid_onnx():
+    onnx = pytest.importorskip("onnx", reason="the `reference` extra (pip install -e '.[reference]') has onnx")
+    program = compiler.compile(whisper.graphs(whisper.TINY))
+    entry = program.entry("encode")
+    how = opencv_net.plan(program, entry)
+    weights = {**_rand(program, np.random.default_rng(4)), **program.constants}
+    model = onnx.load_from_string(opencv_net.onnx_model(program, how.body, how.inputs, how.outputs, weights,
+                                                        entry.name))
+    onnx.checker.check_model(model, full_check=True)  # full_check: also infers every shape
+    assert [i.name for i in model.graph.input] == ["encode/mel"]
+    assert [tuple(d.dim_value for d in o.type.tensor_type.shape.dim) for o in model.graph.output] == \
+        [program.buffers[b].shape for b in how.outputs]
+
+
+def test_an_unknown_engine_is_a_usage_error(monkeypatch):
+    monkeypatch.setenv("AIE_APPS_CPU_ENGINE", "gpu")
+    with pytest.raises(UsageError, match="AIE_APPS_CPU_ENGINE"):
+        CpuBackend()
