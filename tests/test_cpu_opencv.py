@@ -169,3 +169,20 @@ def test_an_unknown_engine_is_a_usage_error(monkeypatch):
     monkeypatch.setenv("AIE_APPS_CPU_ENGINE", "gpu")
     with pytest.raises(UsageError, match="AIE_APPS_CPU_ENGINE"):
         CpuBackend()
+
+
+def test_a_weight_read_by_a_linear_and_another_op_reaches_both():
+    """Tied embeddings: the table is looked up and multiplied with (the linear takes its transpose)."""
+    from sdk import ops
+    from sdk.graph import trace
+
+    def tied(w, ids):
+        return {"logits": ops.linear(ops.embedding(w["table"], ids), w["table"])}
+    graph = trace(tied, name="tied", weights={"table": (11, 6)}, inputs={"ids": ((1, 4), "int32")})
+    table, ids = np.random.default_rng(5).normal(size=(11, 6)).astype(np.float32), np.array([[1, 4, 9, 0]], np.int32)
+    exe = CpuBackend(2).load(compiler.compile([graph]), {"table": table})
+    try:
+        assert exe.engines["tied"] == "opencv"
+        assert rel_l2(exe.run(None, {"ids": ids})["logits"], table[ids] @ table.T) <= TOL
+    finally:
+        exe.close()

@@ -270,11 +270,10 @@ def onnx_model(program: Program, steps, inputs, outputs, weights: Mapping[str, n
     w = _Writer(lambda name: weights[name])
     for step in steps:
         args = [i or "" for i in step.inputs]
-        for arg in args:
-            if arg and program.buffers[arg].usage is Usage.WEIGHTS:
+        for k, arg in enumerate(args):
+            # a linear's [out, in] weight is not an input of the network, its transpose is (see _linear)
+            if arg and program.buffers[arg].usage is Usage.WEIGHTS and not (step.op == "linear" and k == 1):
                 w.initializer(arg, weights[arg])
-        if step.op == "linear":  # the [out, in] weight itself is not an input of the network, its transpose is
-            w.initializers.pop(args[1], None)
         shapes = [program.buffers[i].shape if i else None for i in step.inputs] + \
                  [program.buffers[step.outputs[0]].shape]
         while args and not args[-1]:
