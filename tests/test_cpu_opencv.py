@@ -186,3 +186,15 @@ def test_a_weight_read_by_a_linear_and_another_op_reaches_both():
         assert rel_l2(exe.run(None, {"ids": ids})["logits"], table[ids] @ table.T) <= TOL
     finally:
         exe.close()
+
+
+def test_the_session_keeps_only_the_weights_numpy_reads():
+    """A network holds its own packed copies; the session's would be a second copy for nothing."""
+    program = compiler.compile(whisper.graphs(whisper.TINY))
+    exe = CpuBackend(2).load(program, _rand(program, np.random.default_rng(6)))
+    try:
+        read = {i for s in program.entry("decode_step").steps for i in s.inputs}
+        assert exe.weights and set(exe.weights) <= read
+        assert "model.encoder.conv1.weight" not in exe.weights  # the encoder's, in its network
+    finally:
+        exe.close()

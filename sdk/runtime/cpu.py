@@ -691,7 +691,9 @@ class CpuExecutable:
         if self.nets:
             cv2.setNumThreads(self.threads)  # process-wide: OpenCV has one thread pool
         numpy_entries = {name: e for name, e in program.entries.items() if name not in self.nets}
-        self.weights = linear_layout(program, numpy_entries.values(), weights)
+        read = {i for e in numpy_entries.values() for s in e.steps for i in s.inputs}
+        # the networks hold their own (packed) copies: keep only what numpy reads
+        self.weights = linear_layout(program, numpy_entries.values(), {n: a for n, a in weights.items() if n in read})
         self.counters = Counters()
         self.closed = False
         self.weight_streaming = {name for name, e in numpy_entries.items() if _weight_streaming(program, e)}
