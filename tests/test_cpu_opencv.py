@@ -198,3 +198,11 @@ def test_the_session_keeps_only_the_weights_numpy_reads():
         assert "model.encoder.conv1.weight" not in exe.weights  # the encoder's, in its network
     finally:
         exe.close()
+
+
+def test_an_entry_with_weights_past_the_limit_runs_on_numpy(monkeypatch):
+    program = compiler.compile([bert.graph(bert.TINY, 1, 8)])
+    size = sum(b.nbytes for b in program.buffers.values() if b.usage.value == "weights")
+    assert not isinstance(opencv_net.plan(program, program.entry(None)), str)
+    monkeypatch.setattr(opencv_net, "MAX_WEIGHT_BYTES", size - 1)
+    assert "GiB OpenCV's copies leave room for" in opencv_net.plan(program, program.entry(None))

@@ -222,6 +222,10 @@ LOWERINGS = _lowerings()
 # cannot take) are made on the host first and go in as inputs; `assign` writes state the caller keeps, so the
 # network outputs the value and the host copies it into the state buffer.
 PRELUDE_OPS = ("length_mask", "causal_cache_mask", "positions")
+# OpenCV keeps two copies of each weight (the initializer and its packed form) and, while it loads, about
+# four more besides the caller's (a BERT-base session peaked at 1.75 GB over its 0.42 GB of weights). Past
+# this size numpy runs the entry: ESM-2 650M would peak near 13 GB, 3B near 60 GB.
+MAX_WEIGHT_BYTES = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -252,6 +256,10 @@ def plan(program: Program, entry: Entry) -> Plan | str:
         else:
             body.append(step)
     read = {i for s in body for i in s.inputs if i is not None}
+    size = sum(program.buffers[i].nbytes for i in read if usage(i) is Usage.WEIGHTS)
+    if size > MAX_WEIGHT_BYTES:
+        return f"its weights ({size / 2**30:.1f} GiB) are over the {MAX_WEIGHT_BYTES / 2**30:.0f} GiB " \
+               f"OpenCV's copies leave room for"
     made = {o for s in prelude for o in s.outputs}
     inputs = [b for b in entry.inputs.values() if b in read] + [b for b in made if b in read]
     for name in inputs:
