@@ -70,7 +70,7 @@ def print_table(title: str, samples: dict[str, list[float]], *, ours: str = "our
     print(f"\n{title}  ({THREADS} threads; median of interleaved samples)")
     for name, m in med.items():
         p10 = sorted(samples[name])[len(samples[name]) // 10]
-        print(f"  {name:<14} {m * unit:9.2f} {unit_name}   (p10 {p10 * unit:.2f}, n={len(samples[name])})")
+        print(f"  {name:<20} {m * unit:9.2f} {unit_name}   (p10 {p10 * unit:.2f}, n={len(samples[name])})")
     for name, m in med.items():
         if name != ours:
             print(f"  ratio {ours}/{name}: {med[ours] / m:.2f}")
