@@ -206,3 +206,43 @@ def test_an_entry_with_weights_past_the_limit_runs_on_numpy(monkeypatch):
     assert not isinstance(opencv_net.plan(program, program.entry(None)), str)
     monkeypatch.setattr(opencv_net, "MAX_WEIGHT_BYTES", size - 1)
     assert "GiB OpenCV's copies leave room for" in opencv_net.plan(program, program.entry(None))
+
+
+def _buckets():
+    """Two length buckets of one encoder, as TextEmbedder compiles them."""
+    program = compiler.compile([bert.graph(bert.TINY, 1, 8), bert.graph(bert.TINY, 1, 16)])
+    rng = np.random.default_rng(7)
+    return program, _rand(program, rng), {n: _inputs(program, n, rng) for n in program.entries}
+
+
+def test_bucket_networks_are_built_on_first_run_and_the_least_recently_used_dropped_past_the_budget(monkeypatch):
+    program, weights, inputs = _buckets()
+    one = 2 * opencv_net.plan(program, program.entry("forward_b1_t8")).weight_bytes
+    monkeypatch.setattr(opencv_net, "NETWORK_BUDGET", one)  # room for one network
+    exe = CpuBackend(2).load(program, weights)
+    ref = CpuBackend(2, engine="numpy").load(program, weights)
+    try:
+        assert not exe.networks.live and set(exe.engines.values()) == {"opencv"}
+        for name in ("forward_b1_t8", "forward_b1_t16", "forward_b1_t8"):
+            out = exe.run(name, inputs[name])["hidden"]
+            assert list(exe.networks.live) == [name]
+            assert rel_l2(out, ref.run(name, inputs[name])["hidden"]) <= TOL
+    finally:
+        exe.close(), ref.close()
+
+
+def test_a_bucket_opencv_cannot_load_on_its_first_run_runs_on_numpy(monkeypatch):
+    program, weights, inputs = _buckets()
+    exe = CpuBackend(2).load(program, weights)
+    ref = CpuBackend(2, engine="numpy").load(program, weights)
+    try:
+        def refuse(*_):
+            raise cv2.error("OpenCV(5.0.0) layer_factory: Unsupported layer type")
+        monkeypatch.setattr(cv2.dnn, "readNetFromONNX", refuse)
+        for _ in range(2):
+            out = exe.run("forward_b1_t16", inputs["forward_b1_t16"])["hidden"]
+            assert rel_l2(out, ref.run("forward_b1_t16", inputs["forward_b1_t16"])["hidden"]) <= TOL
+        assert exe.engines["forward_b1_t16"].startswith("numpy: OpenCV cannot load it")
+        assert exe.engines["forward_b1_t8"] == "opencv"
+    finally:
+        exe.close(), ref.close()

@@ -686,14 +686,23 @@ class CpuExecutable:
         self.threads = max(1, threads) if hasattr(os, "fork") else 1  # the other workers are forked processes
         weights = check_weights(program, weights)
         self.engines: dict[str, str] = {}  # entry -> "opencv", or "numpy: <why not opencv>"
-        nets = {name: _opencv_net(program, e, weights, engine, self.engines) for name, e in program.entries.items()}
-        self.nets = {name: net for name, net in nets.items() if net}
-        if self.nets:
+        plans = {}
+        for name, e in program.entries.items():
+            how = opencv_net.plan(program, e) if engine == "opencv" else "the numpy engine was asked for"
+            self.engines[name] = f"numpy: {how}" if isinstance(how, str) else "opencv"
+            if not isinstance(how, str):
+                plans[name] = how
+        if plans:
             cv2.setNumThreads(self.threads)  # process-wide: OpenCV has one thread pool
-        numpy_entries = {name: e for name, e in program.entries.items() if name not in self.nets}
-        read = {i for e in numpy_entries.values() for s in e.steps for i in s.inputs}
-        # the networks hold their own (packed) copies: keep only what numpy reads
-        self.weights = linear_layout(program, numpy_entries.values(), {n: a for n, a in weights.items() if n in read})
+        self.networks = opencv_net.Networks(program, plans, weights)
+        if len(plans) == 1:  # one network (an encoder): built now, so that the first run is not the slow one,
+            (only,) = plans  # and the weights only it reads are left to its own copies
+            if self._network(only) is not None:
+                read = {i for n, e in program.entries.items() if n != only for s in e.steps for i in s.inputs}
+                weights = {n: a for n, a in weights.items() if n in read}
+        numpy_entries = {name: e for name, e in program.entries.items() if name not in self.networks.plans}
+        self.weights = linear_layout(program, numpy_entries.values(), weights)
+        self.networks.weights = self.weights  # networks not built yet are written from these
         self.counters = Counters()
         self.closed = False
         self.weight_streaming = {name for name, e in numpy_entries.items() if _weight_streaming(program, e)}
@@ -721,12 +730,16 @@ class CpuExecutable:
         env: dict[str, np.ndarray] = {**self.weights, **check_inputs(self.program, entry, inputs)}
         if state is not None:
             env.update(state.buffers)
-        if program_entry.name in self.nets:
+        if program_entry.name in self.networks.plans:
             with self.lock:
-                outputs = self.nets[program_entry.name].run(env)
-            self.counters.host_ops += len(program_entry.steps)
-            self.counters.runs += 1
-            return {name: outputs[buf] for name, buf in program_entry.outputs.items()}
+                net = self._network(program_entry.name)
+                outputs = net.run(env) if net else None
+            if outputs is not None:
+                self.counters.host_ops += len(program_entry.steps)
+                self.counters.runs += 1
+                return {name: outputs[buf] for name, buf in program_entry.outputs.items()}
+            self.bound[program_entry.name] = Bound(program_entry.steps, {}, frozenset())  # whole steps, BLAS's
+            self.weight_streaming.add(program_entry.name)  # threads: no worker holds pieces of this entry
         bound = self.bound[program_entry.name]
         if program_entry.name in self.weight_streaming:
             outputs = self._steps(bound, env, program_entry)
@@ -735,6 +748,16 @@ class CpuExecutable:
                 outputs = self._steps(bound, env, program_entry)
         self.counters.runs += 1
         return outputs
+
+    def _network(self, name: str) -> opencv_net.OpencvEntry | None:
+        """The entry's network, or None when OpenCV cannot load it (an OpenCV build that lacks a layer): from
+        then on numpy runs the entry, step by step on BLAS's threads, and `engines` says why."""
+        try:
+            return self.networks.get(name)
+        except cv2.error as e:
+            self.engines[name] = f"numpy: OpenCV cannot load it: {str(e).strip().splitlines()[-1]}"
+            del self.networks.plans[name]
+            return None
 
     def _steps(self, bound: Bound, env: dict, entry) -> dict:
         for name in bound.inputs:  # entry inputs a worker reads
@@ -772,6 +795,7 @@ class CpuExecutable:
     def close(self):
         self.closed = True
         self.weights, self.bound, self.memory = {}, {}, None  # the arena is unmapped with its last view
+        self.networks.live.clear()
         self.workers.close()
 
 
@@ -791,21 +815,6 @@ def keep_freed_memory() -> None:
         return
     libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)   # blocks below 32 MiB come from the heap and are reused
     libc.mallopt(M_TRIM_THRESHOLD, 256 << 20)  # the heap keeps up to 256 MiB of freed memory
-
-
-def _opencv_net(program: Program, entry, weights: dict, engine: str, engines: dict) -> opencv_net.OpencvEntry | None:
-    """The entry as one OpenCV network, or None with the reason numpy runs it in `engines`."""
-    how = opencv_net.plan(program, entry) if engine == "opencv" else "the numpy engine was asked for"
-    if isinstance(how, str):
-        engines[entry.name] = f"numpy: {how}"
-        return None
-    try:
-        net = opencv_net.OpencvEntry(program, entry, how, weights)
-    except cv2.error as e:  # an OpenCV build that lacks a layer
-        engines[entry.name] = f"numpy: OpenCV cannot load it: {str(e).strip().splitlines()[-1]}"
-        return None
-    engines[entry.name] = "opencv"
-    return net
 
 
 class CpuBackend:

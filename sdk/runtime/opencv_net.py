@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -38,35 +39,53 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _message(*fields: tuple[int, object]) -> bytes:
-    """Fields (number, value): int -> varint, float -> 32-bit, str/bytes (and sub-messages) -> length-delimited.
-    A repeated field is the same number given again."""
-    out = bytearray()
+class _Pieces:
+    """A serialised message kept as its pieces until the one final join: joining at every level of nesting
+    would copy each weight once per level (MiniLM's network took 0.5 s to write that way, 0.05 s this way)."""
+
+    def __init__(self):
+        self.parts: list = []
+        self.size = 0
+
+    def add(self, piece) -> None:
+        self.parts.append(piece)
+        self.size += len(piece)
+
+
+def _message(*fields: tuple[int, object]) -> _Pieces:
+    """Fields (number, value): int -> varint, float -> 32-bit, str/bytes/memoryview (and sub-messages) ->
+    length-delimited. A repeated field is the same number given again."""
+    out = _Pieces()
     for number, value in fields:
         if isinstance(value, int):
-            out += _varint(number << 3) + _varint(value)
+            out.add(_varint(number << 3) + _varint(value))
         elif isinstance(value, float):
-            out += _varint(number << 3 | 5) + struct.pack("<f", value)
+            out.add(_varint(number << 3 | 5) + struct.pack("<f", value))
+        elif isinstance(value, _Pieces):
+            out.add(_varint(number << 3 | 2) + _varint(value.size))
+            out.parts += value.parts
+            out.size += value.size
         else:
             value = value.encode() if isinstance(value, str) else value
-            out += _varint(number << 3 | 2) + _varint(len(value)) + value
-    return bytes(out)
+            out.add(_varint(number << 3 | 2) + _varint(len(value)))
+            out.add(value)
+    return out
 
 
 # ---- ONNX messages (field numbers from onnx.proto) -----------------------------------------------
 
-def _tensor(name: str, array: np.ndarray) -> bytes:
+def _tensor(name: str, array: np.ndarray) -> _Pieces:
     array = np.ascontiguousarray(array)
     return _message(*((1, d) for d in array.shape), (2, _DTYPES[array.dtype.name]), (8, name),
-                    (9, array.tobytes()))
+                    (9, memoryview(array).cast("B")))  # a view: the bytes are copied once, by the final join
 
 
-def _value_info(name: str, shape: tuple[int, ...], dtype: str) -> bytes:
+def _value_info(name: str, shape: tuple[int, ...], dtype: str) -> _Pieces:
     dims = _message(*((1, _message((1, d))) for d in shape))
     return _message((1, name), (2, _message((1, _message((1, _DTYPES[dtype]), (2, dims))))))
 
 
-def _attribute(name: str, value) -> bytes:
+def _attribute(name: str, value) -> _Pieces:
     if isinstance(value, float):
         return _message((1, name), (20, 1), (2, value))
     if isinstance(value, int):
@@ -74,7 +93,7 @@ def _attribute(name: str, value) -> bytes:
     return _message((1, name), (20, 7), *((8, int(v)) for v in value))  # ints
 
 
-def _node(op_type: str, inputs, outputs, **attrs) -> bytes:
+def _node(op_type: str, inputs, outputs, **attrs) -> _Pieces:
     return _message(*((1, i) for i in inputs), *((2, o) for o in outputs), (3, outputs[0]), (4, op_type),
                     *((5, _attribute(k, v)) for k, v in attrs.items()))
 
@@ -86,8 +105,8 @@ class _Writer:
 
     def __init__(self, weight: Callable[[str], np.ndarray]):
         self.weight = weight
-        self.nodes: list[bytes] = []
-        self.initializers: dict[str, bytes] = {}
+        self.nodes: list[_Pieces] = []
+        self.initializers: dict[str, _Pieces] = {}
 
     def node(self, op_type: str, inputs, out: str | None = None, **attrs) -> str:
         out = out or f"{op_type}.{len(self.nodes)}"
@@ -226,6 +245,10 @@ PRELUDE_OPS = ("length_mask", "causal_cache_mask", "positions")
 # four more besides the caller's (a BERT-base session peaked at 1.75 GB over its 0.42 GB of weights). Past
 # this size numpy runs the entry: ESM-2 650M would peak near 13 GB, 3B near 60 GB.
 MAX_WEIGHT_BYTES = 1 << 30
+# What the live networks of one session may hold (two copies of the weights each entry reads): a text embedder
+# has a dozen length buckets, each its own network with its own copies, and past this the least recently used
+# one is dropped (rebuilt on its next run: MiniLM's takes ~0.4 s).
+NETWORK_BUDGET = 2 << 30
 
 
 @dataclass(frozen=True)
@@ -235,6 +258,7 @@ class Plan:
     assigns: tuple[tuple[str, str], ...]  # (state buffer, value) copied after it
     inputs: tuple[str, ...]          # buffers the network reads from the host
     outputs: tuple[str, ...]         # buffers it hands back
+    weight_bytes: int                # of the weights the network reads
 
 
 def plan(program: Program, entry: Entry) -> Plan | str:
@@ -270,7 +294,7 @@ def plan(program: Program, entry: Entry) -> Plan | str:
     outputs += [v for _, v in assigns if v not in outputs]
     if any(b not in made_by_body for b in outputs):
         return "an output is not computed by the network"
-    return Plan(tuple(prelude), tuple(body), tuple(assigns), tuple(inputs), tuple(outputs))
+    return Plan(tuple(prelude), tuple(body), tuple(assigns), tuple(inputs), tuple(outputs), size)
 
 
 def onnx_model(program: Program, steps, inputs, outputs, weights: Mapping[str, np.ndarray], name: str) -> bytes:
@@ -292,7 +316,7 @@ def onnx_model(program: Program, steps, inputs, outputs, weights: Mapping[str, n
         return _value_info(b, program.buffers[b].shape, program.buffers[b].dtype)
     graph = _message(*((1, n) for n in w.nodes), (2, name), *((5, t) for t in w.initializers.values()),
                      *((11, info(b)) for b in inputs), *((12, info(b)) for b in outputs))
-    return _message((1, 8), (2, "aie-apps"), (7, graph), (8, _message((1, ""), (2, OPSET))))
+    return b"".join(_message((1, 8), (2, "aie-apps"), (7, graph), (8, _message((1, ""), (2, OPSET)))).parts)
 
 
 class OpencvEntry:
@@ -324,3 +348,21 @@ class OpencvEntry:
             env[state][...] = env[value]
         return {b: np.array(env[b]) if self.program.buffers[b].usage is Usage.STATE else env[b]
                 for b in self.entry.outputs.values()}
+
+
+class Networks:
+    """The OpenCV networks of one session, each built on its entry's first run (an embedder uses a few of its
+    length buckets) and dropped least recently used when they would hold more than NETWORK_BUDGET."""
+
+    def __init__(self, program: Program, plans: dict[str, Plan], weights: Mapping[str, np.ndarray]):
+        self.program, self.plans, self.weights = program, plans, weights
+        self.live: OrderedDict[str, OpencvEntry] = OrderedDict()
+
+    def get(self, name: str) -> OpencvEntry:
+        """cv2.error when OpenCV cannot load the network."""
+        net = self.live.pop(name, None) or OpencvEntry(self.program, self.program.entries[name], self.plans[name],
+                                                       self.weights)
+        self.live[name] = net
+        while len(self.live) > 1 and sum(2 * self.plans[n].weight_bytes for n in self.live) > NETWORK_BUDGET:
+            self.live.popitem(last=False)
+        return net
