@@ -26,6 +26,9 @@ def _backends() -> dict:
         try:
             choose_device(name)
             out[name] = {"available": True}
+            if name == "cpu":  # encoders as OpenCV networks, or everything on numpy (AIE_APPS_CPU_ENGINE)
+                from sdk.runtime.cpu import CpuBackend
+                out[name]["engine"] = CpuBackend().engine
         except SdkError as e:
             out[name] = {"available": False, "why": e.message}
     return out
@@ -62,7 +65,8 @@ def info(json: JsonOpt = False):
     print(f"aie-apps {report['aie_apps']} (Python {report['python']})")
     print("packages: " + ", ".join(f"{k} {v}" for k, v in report["packages"].items()))
     for name, b in report["backends"].items():
-        print(f"backend {name}: " + ("available" if b["available"] else f"unavailable ({b['why']})"))
+        engine = f", engine {b['engine']}" if "engine" in b else ""
+        print(f"backend {name}: " + (f"available{engine}" if b["available"] else f"unavailable ({b['why']})"))
     for k, v in report["paths"].items():
         print(f"{k}: {v}")
     print(f"offline: {report['offline']}")

@@ -59,6 +59,15 @@ def test_info_json_lists_backends_and_models():
     assert info["backends"]["cpu"]["available"] is True
     assert info["backends"]["npu"]["available"] is False and info["backends"]["npu"]["why"]
     assert info["models"]["all-MiniLM-L6-v2"]["origin"] == "package"
+    assert info["backends"]["cpu"]["engine"] == "opencv"
+
+
+def test_info_names_the_cpu_engine_and_refuses_an_unknown_one(monkeypatch):
+    monkeypatch.setenv("AIE_APPS_CPU_ENGINE", "numpy")
+    assert "backend cpu: available, engine numpy" in runner.invoke(app, ["info"]).stdout
+    monkeypatch.setenv("AIE_APPS_CPU_ENGINE", "gpu")
+    cpu = json.loads(runner.invoke(app, ["info", "--json"]).stdout)["backends"]["cpu"]
+    assert cpu["available"] is False and "AIE_APPS_CPU_ENGINE" in cpu["why"]
 
 
 def test_embed_text_stdin_or_arguments_that_are_not_utf8_are_input_errors():
