@@ -695,14 +695,12 @@ class CpuExecutable:
         if plans:
             cv2.setNumThreads(self.threads)  # process-wide: OpenCV has one thread pool
         self.networks = opencv_net.Networks(program, plans, weights)
-        if len(plans) == 1:  # one network (an encoder): built now, so that the first run is not the slow one,
-            (only,) = plans  # and the weights only it reads are left to its own copies
-            if self._network(only) is not None:
-                read = {i for n, e in program.entries.items() if n != only for s in e.steps for i in s.inputs}
-                weights = {n: a for n, a in weights.items() if n in read}
+        if len(plans) == 1:  # one network (an encoder): built now, so that the first run is not the slow one
+            self._network(next(iter(plans)))
         numpy_entries = {name: e for name, e in program.entries.items() if name not in self.networks.plans}
+        # all of them: networks not built yet are written from these, and numpy runs an entry whose network fails
         self.weights = linear_layout(program, numpy_entries.values(), weights)
-        self.networks.weights = self.weights  # networks not built yet are written from these
+        self.networks.weights = self.weights
         self.counters = Counters()
         self.closed = False
         self.weight_streaming = {name for name, e in numpy_entries.items() if _weight_streaming(program, e)}
@@ -732,8 +730,7 @@ class CpuExecutable:
             env.update(state.buffers)
         if program_entry.name in self.networks.plans:
             with self.lock:
-                net = self._network(program_entry.name)
-                outputs = net.run(env) if net else None
+                outputs = self._run_network(program_entry.name, env)
             if outputs is not None:
                 self.counters.host_ops += len(program_entry.steps)
                 self.counters.runs += 1
@@ -755,9 +752,22 @@ class CpuExecutable:
         try:
             return self.networks.get(name)
         except cv2.error as e:
-            self.engines[name] = f"numpy: OpenCV cannot load it: {str(e).strip().splitlines()[-1]}"
-            del self.networks.plans[name]
+            self._give_up(name, "cannot load it", e)
             return None
+
+    def _run_network(self, name: str, env: dict) -> dict | None:
+        """The entry's outputs from its network, or None when OpenCV fails (numpy runs it from then on)."""
+        net = self._network(name)
+        try:
+            return net.run(env) if net else None
+        except cv2.error as e:  # before any state is written: numpy starts the run again from the inputs
+            self._give_up(name, "failed to run it", e)
+            return None
+
+    def _give_up(self, name: str, what: str, error: Exception) -> None:
+        self.engines[name] = f"numpy: OpenCV {what}: {str(error).strip().splitlines()[0]}"  # the line with the cause
+        del self.networks.plans[name]
+        self.networks.live.pop(name, None)
 
     def _steps(self, bound: Bound, env: dict, entry) -> dict:
         for name in bound.inputs:  # entry inputs a worker reads

@@ -269,6 +269,8 @@ def plan(program: Program, entry: Entry) -> Plan | str:
     prelude, body, assigns = [], [], []
     for step in entry.steps:
         names = [i for i in step.inputs if i is not None]
+        if any(program.buffers[b].nbytes == 0 for b in (*names, *step.outputs)):
+            return f"step {step.op} has an empty tensor"  # OpenCV's layers do not take them
         if step.op in PRELUDE_OPS and all(i in entry.inputs.values() for i in names):
             prelude.append(step)
         elif step.op == "assign" and usage(step.inputs[1]) is not Usage.STATE:
