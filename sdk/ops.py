@@ -2,8 +2,8 @@
 
 This file is the living definition of each op. Model files call these functions; on numpy arrays they
 compute eagerly, on `graph.Tensor`s they record a node (see graph.py). Every backend is judged against
-these references: the cpu backend runs them as they are, the emulator runs the NPU numerics of the same
-op and is compared with them. They are numpy, except that float32 exp and a few of GELU's passes are OpenCV's.
+these references: the cpu backend's numpy engine runs them as they are (its OpenCV engine is tested against
+them), the emulator runs the NPU numerics of the same op and is compared with them. They are numpy, except that float32 exp and a few of GELU's passes are OpenCV's.
 
 Conventions: float tensors are float32; `linear` weights are stored [out, in] as in PyTorch; tensor
 arguments are positional (None for an absent optional tensor), everything else is a keyword attribute.

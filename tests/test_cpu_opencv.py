@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from sdk import compiler
+from sdk import compiler, ops
 from sdk.errors import UsageError
 from sdk.models import bert, clip, conformer, esm, resnet, vit, whisper
 from sdk.runtime import opencv_net
@@ -264,3 +264,76 @@ def test_a_bucket_opencv_cannot_load_on_its_first_run_runs_on_numpy(monkeypatch)
         assert exe.engines["forward_b1_t8"] == "opencv"
     finally:
         exe.close(), ref.close()
+
+
+def _one_op(fn, x, weights=None):
+    """fn traced over x, run on the opencv engine: (outputs, engine used, numpy reference)."""
+    from sdk.graph import trace
+
+    weights = weights or {}
+    graph = trace(lambda w, x: fn(w, x), name="one", weights={k: v.shape for k, v in weights.items()},
+                  inputs={"x": (x.shape, "float32")})
+    exe = CpuBackend(2).load(compiler.compile([graph]), weights)
+    try:
+        return exe.run(None, {"x": x}), exe.engines["one"], fn(weights, x)
+    finally:
+        exe.close()
+
+
+WIDE = np.linspace(-100, 100, 2001, dtype=np.float32).reshape(1, -1)
+GAPPED = np.array([[0, 88, -30], [0, -1.2676506e30, 5]], np.float32)  # the second: a masked logit
+SHIFTED = (np.random.default_rng(9).normal(size=(4, 64)) + 1e3).astype(np.float32)
+HARD_CASES = {  # inputs where OpenCV's own layers lose the answer
+    "tanh past |x| = 44": (lambda w, x: {"y": ops.tanh(x)}, WIDE, {}),
+    "gelu_tanh past x = 10": (lambda w, x: {"y": ops.gelu_tanh(x)}, WIDE, {}),
+    "log_softmax of far-apart logits": (lambda w, x: {"y": ops.log_softmax(x, axis=-1)},
+                                        GAPPED, {}),
+    # float32 rows near 1000 carry 1e-4 of rounding into their spread: both engines see it (it was 0.089 here)
+    "layer_norm of rows far from 0": (lambda w, x: {"y": ops.layer_norm(
+        x, w["g"], None, eps=1e-5)}, SHIFTED, {"g": np.ones(64, np.float32)}),
+    "slice backwards to the start": (lambda w, x: {"y": ops.slice_axis(
+        x, axis=1, start=2, stop=None, step=-1)}, SHIFTED, {}),
+}
+
+
+@pytest.mark.parametrize("case", HARD_CASES)
+def test_hard_inputs_give_the_references_numbers(case, record_parity):
+    fn, x, weights = HARD_CASES[case]
+    out, engine, ref = _one_op(fn, x, weights)
+    assert engine == "opencv"
+    finite = np.abs(ref["y"]) < 1e29
+    assert np.array_equal(finite, np.abs(out["y"]) < 1e29) and np.isfinite(out["y"]).all()
+    _, rel = record_parity(f"hard {case}", out["y"][finite], ref["y"][finite])
+    assert rel <= (1e-4 if case.startswith("layer_norm") else TOL)
+
+
+def test_an_output_opencv_fuses_away_is_still_given():
+    """x @ w and x @ w + b both returned: OpenCV folds the first into the second's layer."""
+    from sdk import ops
+
+    rng = np.random.default_rng(10)
+    weights = {"w": rng.normal(size=(6, 4)).astype(np.float32), "b": rng.normal(size=6).astype(np.float32)}
+
+    def both(w, x):
+        product = ops.linear(x, w["w"])
+        return {"product": product, "biased": ops.add(product, w["b"])}
+    out, engine, ref = _one_op(both, rng.normal(size=(2, 3, 4)).astype(np.float32), weights)
+    assert engine.startswith("numpy: OpenCV failed to run it: OpenCV returned")
+    for name in ref:
+        assert rel_l2(out[name], ref[name]) <= TOL
+
+
+def test_a_linear_over_an_activation_stays_on_numpy():
+    from sdk import ops
+
+    x = np.random.default_rng(11).normal(size=(3, 4)).astype(np.float32)
+    out, engine, ref = _one_op(lambda w, x: {"y": ops.linear(x, ops.relu(x))}, x)
+    assert engine == "numpy: a linear multiplies with an activation, not a weight"
+    assert rel_l2(out["y"], ref["y"]) <= TOL
+
+
+def test_a_closed_session_lets_go_of_the_weights():
+    program, weights, _ = _buckets()
+    exe = CpuBackend(2).load(program, weights)
+    exe.close()
+    assert not exe.weights and not exe.networks.weights and not exe.networks.live

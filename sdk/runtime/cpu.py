@@ -3,8 +3,9 @@
 - opencv (the default): an entry whose steps all have an ONNX form (encoders, whole forward passes) runs as
   one OpenCV dnn network, see opencv_net.py; OpenCV's engine is faster than the numpy one on every encoder
   we bench, and than ONNX Runtime on the BERT family.
-- numpy: everything else (decoder steps, which write KV caches in place; AIE_APPS_CPU_ENGINE=numpy asks for
-  it everywhere) runs each host step with its numpy reference from ops.py, on all the cores it may use.
+- numpy: everything else (Whisper's decoder steps, which write KV caches in place; entries OpenCV cannot load
+  or run; AIE_APPS_CPU_ENGINE=numpy asks for it everywhere) runs each host step with its numpy reference from
+  ops.py, on all the cores it may use.
 
 The rest of this module is the numpy engine.
 
@@ -695,6 +696,8 @@ class CpuExecutable:
         if plans:
             cv2.setNumThreads(self.threads)  # process-wide: OpenCV has one thread pool
         self.networks = opencv_net.Networks(program, plans, weights)
+        self.bound: dict[str, Bound] = {}  # numpy's plans: made below, and by _give_up after loading
+        self.weight_streaming: set[str] = set()
         if len(plans) == 1:  # one network (an encoder): built now, so that the first run is not the slow one
             self._network(next(iter(plans)))
         numpy_entries = {name: e for name, e in program.entries.items() if name not in self.networks.plans}
@@ -735,8 +738,6 @@ class CpuExecutable:
                 self.counters.host_ops += len(program_entry.steps)
                 self.counters.runs += 1
                 return {name: outputs[buf] for name, buf in program_entry.outputs.items()}
-            self.bound[program_entry.name] = Bound(program_entry.steps, {}, frozenset())  # whole steps, BLAS's
-            self.weight_streaming.add(program_entry.name)  # threads: no worker holds pieces of this entry
         bound = self.bound[program_entry.name]
         if program_entry.name in self.weight_streaming:
             outputs = self._steps(bound, env, program_entry)
@@ -756,7 +757,10 @@ class CpuExecutable:
             return None
 
     def _run_network(self, name: str, env: dict) -> dict | None:
-        """The entry's outputs from its network, or None when OpenCV fails (numpy runs it from then on)."""
+        """The entry's outputs from its network, or None when OpenCV fails (numpy runs it from then on).
+        Under the lock: another thread may have given up on this network while this one waited."""
+        if name not in self.networks.plans:
+            return None
         net = self._network(name)
         try:
             return net.run(env) if net else None
@@ -768,6 +772,9 @@ class CpuExecutable:
         self.engines[name] = f"numpy: OpenCV {what}: {str(error).strip().splitlines()[0]}"  # the line with the cause
         del self.networks.plans[name]
         self.networks.live.pop(name, None)
+        # whole steps on BLAS's threads: no worker holds pieces of this entry (at load, both are made anew below)
+        self.bound[name] = Bound(self.program.entries[name].steps, {}, frozenset())
+        self.weight_streaming.add(name)
 
     def _steps(self, bound: Bound, env: dict, entry) -> dict:
         for name in bound.inputs:  # entry inputs a worker reads
@@ -806,6 +813,7 @@ class CpuExecutable:
         self.closed = True
         self.weights, self.bound, self.memory = {}, {}, None  # the arena is unmapped with its last view
         self.networks.live.clear()
+        self.networks.weights = {}
         self.workers.close()
 
 

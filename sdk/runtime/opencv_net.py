@@ -4,8 +4,10 @@ Why: numpy runs one op at a time, each a pass over memory, and our workers cut e
 core streams every weight. OpenCV's dnn engine (OpenCV is already a runtime dependency) packs the weights
 once, splits GEMMs across its threads, and fuses the elementwise ops; on this machine's 2 cores it runs
 MiniLM and BERT-base in less time than ONNX Runtime (bench/bert.py). An entry goes this way when every step
-has an ONNX form below and it carries no state or runtime parameters (decoder steps stay on numpy: their
-KV caches are written in place).
+has an ONNX form below (see `plan`): masks made from runtime numbers are made on the host first, whole state
+buffers it assigns are written after it; steps that write KV caches in place (Whisper's decoder) keep the
+entry on numpy. Where OpenCV's own layers lose precision (its Tanh is NaN past |x| = 44, its LogSoftmax is
+log(softmax), its LayerNormalization takes E[x^2] - E[x]^2) the forms below avoid them.
 
 The model is written with a few lines of protobuf rather than the `onnx` package, which would add protobuf to
 the runtime for a schema this small; tests read what we write back with `onnx` and check it.
@@ -18,6 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+import cv2
 import numpy as np
 
 from ..ops import OPS
@@ -138,10 +141,26 @@ def _gelu(w, out, x):  # the erf form, as exporters write it (OpenCV fuses it in
     return w.node("Mul", [half, w.const(_f32(0.5))], out)
 
 
+def _tanh(w, out, x):  # OpenCV's Tanh is NaN from |x| = 44.2; in float32 tanh is +-1 from |x| = 9.1 on
+    return w.node("Tanh", [w.node("Clip", [x, w.const(_f32(-10)), w.const(_f32(10))])], out)
+
+
+def _log_softmax(w, out, x, *, axis):  # x - max - log(sum(exp(x - max))), as ops.log_softmax
+    # (OpenCV turns the spelled-out Exp, ReduceSum, Log back into its log(softmax) layer)
+    shifted = w.node("Sub", [x, w.node("ReduceMax", [x], axes=[axis], keepdims=1)])
+    return w.node("Sub", [shifted, w.node("ReduceLogSumExp", [shifted], axes=[axis], keepdims=1)], out)
+
+
+def _layer_norm(w, out, x, g, b, *, eps):
+    # centred first: OpenCV's one-pass variance loses the digits of a row whose mean is large against its spread
+    centred = w.node("Sub", [x, w.node("ReduceMean", [x], axes=[-1], keepdims=1)])
+    return w.node("LayerNormalization", [centred, g] + ([b] if b else []), out, axis=-1, epsilon=eps)
+
+
 def _gelu_tanh(w, out, x):  # in the order exporters write it: OpenCV 5.0 crashed on a form with x*x*x
     cube = w.node("Pow", [x, w.const(_f32(3))])
     inner = w.node("Add", [x, w.node("Mul", [w.const(_f32(0.044715)), cube])])
-    t = w.node("Tanh", [w.node("Mul", [w.const(_f32(math.sqrt(2 / math.pi))), inner])])
+    t = _tanh(w, None, w.node("Mul", [w.const(_f32(math.sqrt(2 / math.pi))), inner]))
     return w.node("Mul", [w.node("Mul", [w.const(_f32(0.5)), x]), w.node("Add", [w.const(_f32(1)), t])], out)
 
 
@@ -180,6 +199,14 @@ def _slice(w, out, x, *, axis, start, stop, step=1):
                             w.const(_ints(step))], out)
 
 
+def _bounds(start, stop, step, n) -> dict:
+    """Python's slice bounds (None, negative, past the end) as ONNX Slice takes them."""
+    start, stop, step = slice(start, stop, step).indices(n)
+    if step < 0 and stop < 0:
+        stop = -(1 << 63)  # before the first element: ONNX would read -1 as the last one
+    return {"start": start, "stop": stop, "step": step}
+
+
 def _glu(w, out, x, *, axis, size):
     half = size // 2
     a, b = (_slice(w, None, x, axis=axis, start=s, stop=s + half) for s in (0, half))
@@ -201,16 +228,16 @@ def _lowerings() -> dict[str, Callable]:
 
     return {
         **{name: same(t) for name, t in [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"),
-                                         ("sigmoid", "Sigmoid"), ("relu", "Relu"), ("tanh", "Tanh"),
+                                         ("sigmoid", "Sigmoid"), ("relu", "Relu"),
                                          ("exp", "Exp"), ("embedding", "Gather")]},
         "scale": lambda w, out, x, *, factor, shapes: w.node("Mul", [x, w.const(_f32(factor))], out),
         "gelu": lambda w, out, x, *, shapes: _gelu(w, out, x),
         "gelu_tanh": lambda w, out, x, *, shapes: _gelu_tanh(w, out, x),
         "silu": lambda w, out, x, *, shapes: w.node("Mul", [x, w.node("Sigmoid", [x])], out),
         "softmax": lambda w, out, x, *, axis=-1, shapes: w.node("Softmax", [x], out, axis=axis),
-        "log_softmax": lambda w, out, x, *, axis=-1, shapes: w.node("LogSoftmax", [x], out, axis=axis),
-        "layer_norm": lambda w, out, x, g, b, *, eps, shapes: w.node("LayerNormalization", [x, g, b], out,
-                                                                     axis=-1, epsilon=float(eps)),
+        "tanh": lambda w, out, x, *, shapes: _tanh(w, out, x),
+        "log_softmax": lambda w, out, x, *, axis=-1, shapes: _log_softmax(w, out, x, axis=axis),
+        "layer_norm": lambda w, out, x, g, b=None, *, eps, shapes: _layer_norm(w, out, x, g, b, eps=float(eps)),
         "rms_norm": lambda w, out, x, g, *, eps, shapes: _rms_norm(w, out, x, g, eps=float(eps)),
         "rotary": lambda w, out, x, cos, sin, *, shapes: _rotary(w, out, x, cos, sin, size=shapes[0][-1]),
         "mean": lambda w, out, x, *, axis, keepdims=False, shapes: w.node(
@@ -222,7 +249,8 @@ def _lowerings() -> dict[str, Callable]:
             w, out, q, k, v, mask, scale=scale, rank=len(shapes[1])),
         "reshape": lambda w, out, x, *, shape, shapes: w.node("Reshape", [x, w.const(_ints(shapes[-1]))], out),
         "transpose": lambda w, out, x, *, perm, shapes: w.node("Transpose", [x], out, perm=list(perm)),
-        "slice_axis": lambda w, out, x, *, shapes, **at: _slice(w, out, x, **at),
+        "slice_axis": lambda w, out, x, *, axis, start, stop, step=1, shapes: _slice(
+            w, out, x, axis=axis, **_bounds(start, stop, step, shapes[0][axis])),
         "concat": lambda w, out, *xs, axis, shapes: w.node("Concat", list(xs), out, axis=axis),
         "pad": lambda w, out, x, *, pads, value=0.0, shapes: w.node(
             "Pad", [x, w.const(_ints([a for a, _ in pads] + [b for _, b in pads])), w.const(_f32(value))], out),
@@ -277,6 +305,8 @@ def plan(program: Program, entry: Entry) -> Plan | str:
             assigns.append((step.inputs[0], step.inputs[1]))
         elif step.op not in LOWERINGS:
             return f"op {step.op} has no ONNX form here"
+        elif step.op == "linear" and usage(step.inputs[1]) is not Usage.WEIGHTS:
+            return "a linear multiplies with an activation, not a weight"  # _linear transposes it when written
         elif any(usage(i) is Usage.STATE for i in names):
             return f"step {step.op} reads state {next(i for i in names if usage(i) is Usage.STATE)}"
         else:
@@ -326,7 +356,6 @@ class OpencvEntry:
     cv2.error when OpenCV cannot read the network (the cpu backend then runs the entry with numpy)."""
 
     def __init__(self, program: Program, entry: Entry, plan: Plan, weights: Mapping[str, np.ndarray]):
-        import cv2
         self.program, self.entry, self.plan = program, entry, plan
         model = onnx_model(program, plan.body, plan.inputs, plan.outputs, weights, entry.name)
         self.net = cv2.dnn.readNetFromONNX(np.frombuffer(model, np.uint8))
@@ -345,6 +374,8 @@ class OpencvEntry:
         results = self.net.forward(list(self.plan.outputs))
         for name, r in zip(self.plan.outputs, results):
             buf = self.program.buffers[name]
+            if r is None or r.size != math.prod(buf.shape):  # OpenCV fused it into the next layer (x, x + b)
+                raise cv2.error(f"OpenCV returned {getattr(r, 'shape', r)} for {name}, which is {buf.shape}")
             env[name] = np.asarray(r, buf.dtype).reshape(buf.shape)
         for state, value in self.plan.assigns:
             env[state][...] = env[value]
