@@ -178,6 +178,8 @@ class Tensor:
             elif isinstance(ix, slice):
                 if ix != slice(None):
                     start, stop, step = ix.indices(self.shape[axis])
+                    if step < 0 and stop < 0:
+                        stop = None  # before the first element, which -1 (indices' answer) would not say
                     out = ops.slice_axis(out, axis=axis, start=start, stop=stop, step=step)
             else:
                 raise TypeError(f"unsupported index {ix!r} on a traced tensor")

@@ -337,3 +337,19 @@ def test_a_closed_session_lets_go_of_the_weights():
     exe = CpuBackend(2).load(program, weights)
     exe.close()
     assert not exe.weights and not exe.networks.weights and not exe.networks.live
+
+
+@pytest.mark.parametrize("engine", ["opencv", "numpy"])
+def test_traced_basic_slicing_matches_numpy_including_backwards(engine):
+    from sdk.graph import trace
+
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    cases = {"reversed": lambda t: t[:, ::-1], "every other back": lambda t: t[..., 3::-2],
+             "middle": lambda t: t[1:, 1:-1], "index": lambda t: t[:, -1]}
+    for label, index in cases.items():
+        graph = trace(lambda w, x: {"y": index(x)}, name="index", weights={}, inputs={"x": (x.shape, "float32")})
+        exe = CpuBackend(2, engine=engine).load(compiler.compile([graph]), {})
+        try:
+            assert np.array_equal(exe.run(None, {"x": x})["y"], index(x)), label
+        finally:
+            exe.close()
