@@ -106,12 +106,18 @@ def _node(op_type: str, inputs, outputs, **attrs) -> _Pieces:
 class _Writer:
     """Collects the nodes and initializers of one graph; each lowering below appends the nodes of one step."""
 
-    def __init__(self, weight: Callable[[str], np.ndarray]):
-        self.weight = weight
+    def __init__(self, weights: Mapping[str, np.ndarray]):
+        self.weights = weights
         self.nodes: list[_Pieces] = []
         self.initializers: dict[str, _Pieces] = {}
 
+    def weight(self, name: str) -> np.ndarray:
+        return self.weights[name]
+
     def node(self, op_type: str, inputs, out: str | None = None, **attrs) -> str:
+        for name in inputs:  # a weight becomes an initializer when a node reads it as it is (see _linear)
+            if name in self.weights:
+                self.initializer(name, self.weights[name])
         out = out or f"{op_type}.{len(self.nodes)}"
         self.nodes.append(_node(op_type, inputs, [out], **attrs))
         return out
@@ -217,11 +223,28 @@ def _glu(w, out, x, *, axis, size):
     return w.node("Mul", [a, w.node("Sigmoid", [b])], out)
 
 
-def _conv(w, out, x, weight, bias=None, *, stride=1, padding=0, groups=1, dilation=1, dims):
+def _conv(w, out, x, weight, bias=None, *, stride=1, padding=0, groups=1, dilation=1, dims, shapes):
     def each(v):
         return [int(v)] * dims if np.isscalar(v) else [int(a) for a in v]
+    o, c, *kernel = shapes[1]
+    if dims == 2 and groups == 1 and c <= 4 and 1 < math.prod(kernel) <= 49:
+        return _conv_columns(w, out, x, weight, bias, each(stride), each(padding), each(dilation), shapes[-1][2:])
     return w.node("Conv", [x, weight] + ([bias] if bias else []), out, strides=each(stride),
                   pads=each(padding) * 2, group=int(groups), dilations=each(dilation))
+
+
+def _conv_columns(w, out, x, weight, bias, stride, padding, dilation, size):
+    """A conv over a few channels (an image stem, a spectrogram's first conv) as a 1x1 conv over its kernel's
+    shifted, strided views: OpenCV's Conv runs ResNet's 7x7 stem over 3 channels at a quarter of its speed
+    on 64 (6.6 ms of ResNet-18's 31)."""
+    o, c, kh, kw = w.weight(weight).shape
+    padded = w.node("Pad", [x, w.const(_ints([0, 0, *padding, 0, 0, *padding]))])
+    starts = [(i * dilation[0], j * dilation[1]) for i in range(kh) for j in range(kw)]
+    views = [_slice(w, None, padded, axis=[2, 3], start=start, step=stride,
+                    stop=[a + (n - 1) * s + 1 for a, n, s in zip(start, size, stride)]) for start in starts]
+    columns = w.weight(weight).transpose(0, 2, 3, 1).reshape(o, kh * kw * c, 1, 1)  # (i, j, channel): the views' order
+    return w.node("Conv", [w.node("Concat", views, axis=1), w.initializer(weight + ".columns", columns)]
+                  + ([bias] if bias else []), out)
 
 
 def _lowerings() -> dict[str, Callable]:
@@ -259,8 +282,8 @@ def _lowerings() -> dict[str, Callable]:
         "pad": lambda w, out, x, *, pads, value=0.0, shapes: w.node(
             "Pad", [x, w.const(_ints([a for a, _ in pads] + [b for _, b in pads])), w.const(_f32(value))], out),
         "glu": lambda w, out, x, *, axis, shapes: _glu(w, out, x, axis=axis, size=shapes[0][axis]),
-        "conv1d": lambda w, out, *xs, shapes, **at: _conv(w, out, *xs, dims=1, **at),
-        "conv2d": lambda w, out, *xs, shapes, **at: _conv(w, out, *xs, dims=2, **at),
+        "conv1d": lambda w, out, *xs, shapes, **at: _conv(w, out, *xs, dims=1, shapes=shapes, **at),
+        "conv2d": lambda w, out, *xs, shapes, **at: _conv(w, out, *xs, dims=2, shapes=shapes, **at),
         "max_pool2d": lambda w, out, x, *, kernel, stride, padding=0, shapes: w.node(
             "MaxPool", [x], out, kernel_shape=[kernel] * 2, strides=[stride] * 2, pads=[padding] * 4),
     }
@@ -335,13 +358,9 @@ def plan(program: Program, entry: Entry) -> Plan | str:
 
 def onnx_model(program: Program, steps, inputs, outputs, weights: Mapping[str, np.ndarray], name: str) -> bytes:
     """Steps as a serialised ONNX ModelProto; weights (and the program's constants) are initializers."""
-    w = _Writer(lambda name: weights[name])
+    w = _Writer({b: weights[b] for s in steps for b in s.inputs if b and program.buffers[b].usage is Usage.WEIGHTS})
     for step in steps:
         args = [i or "" for i in step.inputs]
-        for k, arg in enumerate(args):
-            # a linear's [out, in] weight is not an input of the network, its transpose is (see _linear)
-            if arg and program.buffers[arg].usage is Usage.WEIGHTS and not (step.op == "linear" and k == 1):
-                w.initializer(arg, weights[arg])
         shapes = [program.buffers[i].shape if i else None for i in step.inputs] + \
                  [program.buffers[step.outputs[0]].shape]
         while args and not args[-1]:
