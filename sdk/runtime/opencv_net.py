@@ -185,16 +185,21 @@ def _swap_last(w, x, rank):
 
 
 def _attention(w, out, q, k, v, mask=None, *, scale, rank):
-    scores = w.node("Mul", [w.node("MatMul", [q, _swap_last(w, k, rank)]), w.const(_f32(scale))])
+    # q scaled rather than the scores: [T, d] products instead of [T, T] (ESM-2 35M: 2 % of its forward)
+    scores = w.node("MatMul", [w.node("Mul", [q, w.const(_f32(scale))]), _swap_last(w, k, rank)])
     if mask:
         scores = w.node("Add", [scores, mask])
     return w.node("MatMul", [w.node("Softmax", [scores], axis=-1), v], out)
 
 
 def _rotary(w, out, x, cos, sin, *, size):
+    # rotate_half(x) = [-x2, x1] as x @ R, R a signed permutation: one exact product per output (the rest are
+    # zeros) in one MatMul, where two Slices, a Neg and a Concat took 8 % of ESM-2 35M's forward
     half = size // 2
-    first, second = (_slice(w, None, x, axis=-1, start=a, stop=b) for a, b in ((0, half), (half, size)))
-    rotated = w.node("Concat", [w.node("Neg", [second]), first], axis=-1)
+    turn = np.zeros((size, size), np.float32)
+    turn[np.arange(half) + half, np.arange(half)] = -1
+    turn[np.arange(half), np.arange(half) + half] = 1
+    rotated = w.node("MatMul", [x, w.const(turn)])
     return w.node("Add", [w.node("Mul", [x, cos]), w.node("Mul", [rotated, sin])], out)
 
 
