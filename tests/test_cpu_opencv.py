@@ -325,34 +325,37 @@ def test_layer_norm_of_rows_with_outliers_is_as_exact_as_the_numpy_engine(record
     assert ours <= numpy_engine, (ours, numpy_engine)
 
 
-FEW_CHANNEL_CONVS = {  # written as a 1x1 conv over the kernel's shifted views (opencv_net._conv_columns)
-    "ResNet's stem: 3 channels, 7x7, stride 2": (3, 7, dict(stride=2, padding=3), True),
-    "FastConformer's first: 1 channel, 3x3, stride 2": (1, 3, dict(stride=2, padding=1), True),
-    "mixed strides, dilation, no bias": (2, 3, dict(stride=(1, 2), padding=(0, 1), dilation=2), False),
+REWRITTEN_CONVS = {  # forms OpenCV runs faster than its Conv (opencv_net._conv_columns, _conv_patches)
+    "ResNet's stem: 3 channels, 7x7, stride 2": (3, 7, dict(stride=2, padding=3), True, (23, 30)),
+    "FastConformer's first: 1 channel, 3x3, stride 2": (1, 3, dict(stride=2, padding=1), True, (23, 30)),
+    "few channels, mixed strides, dilation, no bias": (2, 3, dict(stride=(1, 2), padding=(0, 1), dilation=2),
+                                                       False, (23, 30)),
+    "ViT's patches: stride = kernel": (6, 8, dict(stride=8), True, (32, 48)),
+    "patches that leave a margin": (3, 7, dict(stride=7), False, (23, 30)),
 }
 
 
-@pytest.mark.parametrize("case", FEW_CHANNEL_CONVS)
-def test_a_conv_over_few_channels_gives_the_references_numbers(case, record_parity):
-    channels, k, attrs, bias = FEW_CHANNEL_CONVS[case]
+@pytest.mark.parametrize("case", REWRITTEN_CONVS)
+def test_a_rewritten_conv_gives_the_references_numbers(case, record_parity):
+    channels, k, attrs, bias, size = REWRITTEN_CONVS[case]
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((1, channels, 23, 30)).astype(np.float32)
+    x = rng.standard_normal((1, channels, *size)).astype(np.float32)
     weights = {"w": rng.standard_normal((8, channels, k, k)).astype(np.float32)}
     if bias:
         weights["b"] = rng.standard_normal(8).astype(np.float32)
     out, engine, ref = _one_op(lambda w, x: {"y": ops.conv2d(x, w["w"], w.get("b"), **attrs)}, x, weights)
     assert engine == "opencv" and out["y"].shape == ref["y"].shape
-    _, rel = record_parity(f"conv over few channels: {case}", out["y"], ref["y"])
+    _, rel = record_parity(f"rewritten conv: {case}", out["y"], ref["y"])
     assert rel <= TOL
 
 
 def test_a_network_holds_only_the_weights_its_nodes_read():
-    """A linear's weight goes in transposed and a few-channel conv's rearranged: not also as they were."""
+    """A linear's weight goes in transposed and a rewritten conv's rearranged: not also as they were."""
     onnx = pytest.importorskip("onnx", reason="the `reference` extra (pip install -e '.[reference]') has onnx")
     from sdk.graph import trace
-    shapes = {"conv": (8, 3, 7, 7), "fc": (5, 8)}
-    graph = trace(lambda w, x: {"y": ops.linear(ops.mean(ops.conv2d(x, w["conv"], stride=2, padding=3),
-                                                         axis=(2, 3)), w["fc"])},
+    shapes = {"conv": (8, 3, 7, 7), "patches": (4, 8, 2, 2), "fc": (5, 4)}
+    graph = trace(lambda w, x: {"y": ops.linear(ops.mean(ops.conv2d(ops.conv2d(
+                      x, w["conv"], stride=2, padding=3), w["patches"], stride=2), axis=(2, 3)), w["fc"])},
                   name="one", weights=shapes, inputs={"x": ((1, 3, 32, 32), "float32")})
     program = compiler.compile([graph])
     entry = program.entry(None)
@@ -361,7 +364,7 @@ def test_a_network_holds_only_the_weights_its_nodes_read():
     model = onnx.load_from_string(opencv_net.onnx_model(program, how.body, how.inputs, how.outputs, weights,
                                                         entry.name))
     held = {i.name: tuple(i.dims) for i in model.graph.initializer if not i.name.startswith("const.")}
-    assert sorted(held.values()) == [(8, 5), (8, 147, 1, 1)]
+    assert sorted(held.values()) == [(4, 5), (4, 32, 1, 1), (8, 147, 1, 1)]
 
 
 def test_an_output_opencv_fuses_away_is_still_given():

@@ -232,10 +232,24 @@ def _conv(w, out, x, weight, bias=None, *, stride=1, padding=0, groups=1, dilati
     def each(v):
         return [int(v)] * dims if np.isscalar(v) else [int(a) for a in v]
     o, c, *kernel = shapes[1]
+    patch = kernel[0] if dims == 2 and kernel[0] == kernel[1] and each(stride) == kernel else 1
+    if patch > 1 and groups == 1 and each(padding) == [0, 0] and each(dilation) == [1, 1]:
+        return _conv_patches(w, out, x, weight, bias, kernel[0], shapes[0][2:], shapes[-1][2:])
     if dims == 2 and groups == 1 and c <= 4 and 1 < math.prod(kernel) <= 49:
         return _conv_columns(w, out, x, weight, bias, each(stride), each(padding), each(dilation), shapes[-1][2:])
     return w.node("Conv", [x, weight] + ([bias] if bias else []), out, strides=each(stride),
                   pads=each(padding) * 2, group=int(groups), dilations=each(dilation))
+
+
+def _conv_patches(w, out, x, weight, bias, k, image, size):
+    """A conv whose stride is its kernel (ViT's patch embedding) as SpaceToDepth and a 1x1 conv: OpenCV's Conv
+    ran ViT-B/16's at 17 GMAC/s (7 ms of its forward), a 1x1 conv over 768 channels is a plain GEMM."""
+    o, c = w.weight(weight).shape[:2]
+    if [n * k for n in size] != list(image):  # rows and columns past the last whole patch are not read
+        x = _slice(w, None, x, axis=[2, 3], start=[0, 0], stop=[size[0] * k, size[1] * k], step=[1, 1])
+    columns = w.weight(weight).transpose(0, 2, 3, 1).reshape(o, k * k * c, 1, 1)  # SpaceToDepth's (i, j, channel)
+    return w.node("Conv", [w.node("SpaceToDepth", [x], blocksize=k), w.initializer(weight + ".patches", columns)]
+                  + ([bias] if bias else []), out)
 
 
 def _conv_columns(w, out, x, weight, bias, stride, padding, dilation, size):
