@@ -695,15 +695,10 @@ class CpuExecutable:
                 plans[name] = how
         if plans:
             cv2.setNumThreads(self.threads)  # process-wide: OpenCV has one thread pool
-        self.networks = opencv_net.Networks(program, plans, weights)
-        self.bound: dict[str, Bound] = {}  # numpy's plans: made below, and by _give_up after loading
-        self.weight_streaming: set[str] = set()
-        if len(plans) == 1:  # one network (an encoder): built now, so that the first run is not the slow one
-            self._network(next(iter(plans)))
-        numpy_entries = {name: e for name, e in program.entries.items() if name not in self.networks.plans}
-        # all of them: networks not built yet are written from these, and numpy runs an entry whose network fails
+        numpy_entries = {name: e for name, e in program.entries.items() if name not in plans}
+        # all of them: networks are written from these, and numpy runs an entry whose network fails
         self.weights = linear_layout(program, numpy_entries.values(), weights)
-        self.networks.weights = self.weights
+        self.networks = opencv_net.Networks(program, plans, self.weights)
         self.counters = Counters()
         self.closed = False
         self.weight_streaming = {name for name, e in numpy_entries.items() if _weight_streaming(program, e)}
@@ -716,7 +711,9 @@ class CpuExecutable:
         self.bound = {name: bind(program, e, layouts[name], np.frombuffer(self.memory, np.uint8), self.weights,
                                  self.threads, splits) if name in layouts
                       else Bound(e.steps, {}, frozenset()) for name, e in numpy_entries.items()}
-        self.workers = Workers(splits, self.threads)  # forked last: every piece exists by now
+        self.workers = Workers(splits, self.threads)  # forked once every piece exists
+        if len(plans) == 1:  # one network (an encoder): built now, so that the first run is not the slow one
+            self._network(next(iter(plans)))
 
     def new_state(self) -> State:
         return State({n: np.zeros(b.shape, b.dtype) for n, b in self.program.buffers_of(Usage.STATE).items()})
@@ -772,7 +769,7 @@ class CpuExecutable:
         self.engines[name] = f"numpy: OpenCV {what}: {str(error).strip().splitlines()[0]}"  # the line with the cause
         del self.networks.plans[name]
         self.networks.live.pop(name, None)
-        # whole steps on BLAS's threads: no worker holds pieces of this entry (at load, both are made anew below)
+        # whole steps on BLAS's threads: no worker holds pieces of this entry
         self.bound[name] = Bound(self.program.entries[name].steps, {}, frozenset())
         self.weight_streaming.add(name)
 

@@ -231,10 +231,10 @@ def _glu(w, out, x, *, axis, size):
 def _conv(w, out, x, weight, bias=None, *, stride=1, padding=0, groups=1, dilation=1, dims, shapes):
     def each(v):
         return [int(v)] * dims if np.isscalar(v) else [int(a) for a in v]
-    o, c, *kernel = shapes[1]
+    _, c, *kernel = shapes[1]
     patch = kernel[0] if dims == 2 and kernel[0] == kernel[1] and each(stride) == kernel else 1
     if patch > 1 and groups == 1 and each(padding) == [0, 0] and each(dilation) == [1, 1]:
-        return _conv_patches(w, out, x, weight, bias, kernel[0], shapes[0][2:], shapes[-1][2:])
+        return _conv_patches(w, out, x, weight, bias, patch, shapes[0][2:], shapes[-1][2:])
     if dims == 2 and groups == 1 and c <= 4 and 1 < math.prod(kernel) <= 49:
         return _conv_columns(w, out, x, weight, bias, each(stride), each(padding), each(dilation), shapes[-1][2:])
     return w.node("Conv", [x, weight] + ([bias] if bias else []), out, strides=each(stride),
@@ -244,26 +244,29 @@ def _conv(w, out, x, weight, bias=None, *, stride=1, padding=0, groups=1, dilati
 def _conv_patches(w, out, x, weight, bias, k, image, size):
     """A conv whose stride is its kernel (ViT's patch embedding) as SpaceToDepth and a 1x1 conv: OpenCV's Conv
     ran ViT-B/16's at 17 GMAC/s (7 ms of its forward), a 1x1 conv over 768 channels is a plain GEMM."""
-    o, c = w.weight(weight).shape[:2]
     if [n * k for n in size] != list(image):  # rows and columns past the last whole patch are not read
         x = _slice(w, None, x, axis=[2, 3], start=[0, 0], stop=[size[0] * k, size[1] * k], step=[1, 1])
-    columns = w.weight(weight).transpose(0, 2, 3, 1).reshape(o, k * k * c, 1, 1)  # SpaceToDepth's (i, j, channel)
-    return w.node("Conv", [w.node("SpaceToDepth", [x], blocksize=k), w.initializer(weight + ".patches", columns)]
-                  + ([bias] if bias else []), out)
+    return _conv_1x1(w, out, w.node("SpaceToDepth", [x], blocksize=k), weight, bias)
 
 
 def _conv_columns(w, out, x, weight, bias, stride, padding, dilation, size):
     """A conv over a few channels (an image stem, a spectrogram's first conv) as a 1x1 conv over its kernel's
     shifted, strided views: OpenCV's Conv runs ResNet's 7x7 stem over 3 channels at a quarter of its speed
     on 64 (6.6 ms of ResNet-18's 31)."""
-    o, c, kh, kw = w.weight(weight).shape
+    kh, kw = w.weight(weight).shape[2:]
     padded = w.node("Pad", [x, w.const(_ints([0, 0, *padding, 0, 0, *padding]))])
     starts = [(i * dilation[0], j * dilation[1]) for i in range(kh) for j in range(kw)]
     views = [_slice(w, None, padded, axis=[2, 3], start=start, step=stride,
                     stop=[a + (n - 1) * s + 1 for a, n, s in zip(start, size, stride)]) for start in starts]
-    columns = w.weight(weight).transpose(0, 2, 3, 1).reshape(o, kh * kw * c, 1, 1)  # (i, j, channel): the views' order
-    return w.node("Conv", [w.node("Concat", views, axis=1), w.initializer(weight + ".columns", columns)]
-                  + ([bias] if bias else []), out)
+    return _conv_1x1(w, out, w.node("Concat", views, axis=1), weight, bias)
+
+
+def _conv_1x1(w, out, columns, weight, bias):
+    """The conv as a 1x1 conv over `columns`, whose channels are the kernel's taps in (i, j, channel) order
+    (SpaceToDepth's, and the views' above); its weight is rearranged to match, once, when written."""
+    o, c, kh, kw = w.weight(weight).shape
+    taps = w.weight(weight).transpose(0, 2, 3, 1).reshape(o, kh * kw * c, 1, 1)
+    return w.node("Conv", [columns, w.initializer(weight + ".taps", taps)] + ([bias] if bias else []), out)
 
 
 def _lowerings() -> dict[str, Callable]:
