@@ -16,8 +16,21 @@ import typer
 from sdk.errors import InputError, SdkError
 from sdk.runtime import DeviceFallbackWarning
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Run models on the AMD Ryzen AI NPU (or the CPU where there is none).")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from sdk import __version__
+        print(f"aie-apps {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="print the version and exit")] = False) -> None:
+    """Run models on the AMD Ryzen AI NPU (or the CPU where there is none)."""
 
 DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", help="auto | npu | emu | cpu (default: $AIE_APPS_DEVICE or auto; npu is strict)")]

@@ -35,13 +35,18 @@ def parity(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 
 
 @pytest.fixture
-def record_parity(record_property, capsys):
-    """Call with (label, ours, ref); returns (max_abs, rel_l2) and prints them into the test output."""
+def record_parity(request, record_property, capsys):
+    """Call with (label, ours, ref); returns (max_abs, rel_l2). The numbers go to the JUnit properties always,
+    and into the terminal with -v or -s (`pytest -q` stays quiet)."""
+    config = request.config
+    show = config.getoption("verbose") > 0 or config.getoption("capture") == "no"
+
     def record(label, ours, ref):
         max_abs, rel_l2 = parity(ours, ref)
         record_property(f"{label}.max_abs", max_abs)
         record_property(f"{label}.rel_l2", rel_l2)
-        with capsys.disabled():
-            print(f"\n  parity {label}: max-abs {max_abs:.3g}  rel-L2 {rel_l2:.3g}", end="")
+        if show:
+            with capsys.disabled():
+                print(f"\n  parity {label}: max-abs {max_abs:.3g}  rel-L2 {rel_l2:.3g}", end="")
         return max_abs, rel_l2
     return record

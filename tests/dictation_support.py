@@ -60,10 +60,19 @@ def wer(reference: str, hypothesis: str) -> float:
     return float(d[len(hyp)]) / max(1, len(ref))
 
 
+# The Debian package that ships each binary the device tests run, where its name differs from the binary's.
+DEBIAN_PACKAGE = {"paplay": "pulseaudio-utils", "pactl": "pulseaudio-utils", "parec": "pulseaudio-utils",
+                  "Xvfb": "xvfb", "swaymsg": "sway", "wl-copy": "wl-clipboard", "wl-paste": "wl-clipboard",
+                  "setpriv": "util-linux", "xwd": "x11-apps", "convert": "imagemagick"}
+
+
 def need(*binaries: str) -> str | None:
-    """The skip reason when a required binary is absent, else None."""
+    """The skip reason when a required binary is absent, else None; it names the Debian packages to install."""
     missing = [b for b in binaries if shutil.which(b) is None]
-    return f"needs {', '.join(missing)} on PATH (Debian: apt install {' '.join(missing)})" if missing else None
+    if not missing:
+        return None
+    packages = dict.fromkeys(DEBIAN_PACKAGE.get(b, b) for b in missing)
+    return f"needs {', '.join(missing)} on PATH (Debian: apt install {' '.join(packages)})"
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 5.0) -> None:

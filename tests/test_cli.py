@@ -126,3 +126,14 @@ def test_bench_refuses_zero_length_or_runs_and_its_device_help_is_true():
         assert r.exit_code == 2 and option in r.stderr, r.output
     device = next(p for p in typer.main.get_command(app).commands["bench"].params if p.name == "device")
     assert device.default == "emu" and "or auto" not in device.help
+
+
+def test_version_and_help_pages_show_flags_as_flags():
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.stdout.startswith("aie-apps ")
+    commands = typer.main.get_command(app).commands
+    assert len(commands) >= 9
+    for name in commands:
+        r = runner.invoke(app, [name, "--help"])
+        assert r.exit_code == 0, (name, r.stderr)
+        assert "<bool>" not in r.stdout, (name, r.stdout)    # `--json`, never `--json <bool>`
