@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
-from dataclasses import replace
 
 from sdk import __version__, hub
 from sdk.errors import SdkError
@@ -36,12 +35,10 @@ def _backends() -> dict:
 
 def _models() -> dict:
     found = {}
-    for name in hub.KNOWN:
-        try:
-            src = hub.resolve(name, settings=replace(load(), offline=True))  # never download here
-            found[name] = {"path": str(src.path), "origin": src.origin}
-        except SdkError:
-            found[name] = {"path": None, "install": hub.KNOWN[name].install, "repo": hub.KNOWN[name].hf_repo}
+    for name, known in hub.KNOWN.items():
+        src = hub.find_installed(name)
+        found[name] = ({"path": str(src.path), "origin": src.origin} if src else
+                       {"path": None, "install": hub.how_to_get(name), "repo": known.hf_repo})
     return found
 
 
@@ -73,6 +70,5 @@ def info(json: JsonOpt = False):
     for name, m in report["models"].items():
         if m["path"]:
             print(f"model {name}: {m['path']} ({m['origin']})")
-        else:  # no package ships the download-only models: no install command to show
-            hint = m["install"] or f"downloaded from {m['repo']} on first use, when online"
-            print(f"model {name}: not installed ({hint})")
+        else:
+            print(f"model {name}: not installed (get it: {m['install']})")

@@ -8,6 +8,7 @@ from . import build  # noqa: F401
 from . import classify  # noqa: F401
 from . import transcribe  # noqa: F401
 from . import bench  # noqa: F401
+from . import models  # noqa: F401
 from .cli import app
 
 __all__ = ["app"]

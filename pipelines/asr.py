@@ -150,7 +150,7 @@ class WhisperRecognizer:
                              fix=f"use one of {', '.join(sorted(tok.languages))}")
         if self.english_only and options.language not in (None, "en"):
             raise UsageError(f"{self.source.name} is an English-only model; it cannot transcribe {options.language!r}",
-                             fix="use a multilingual model (e.g. whisper-tiny) or --language en")
+                             fix="use a multilingual model (e.g. whisper-base, or openai/whisper-tiny when online) or --language en")
         self.session = Session(whisper.graphs(self.cfg, timestamp_begin=tok.timestamp_begin), weights, device=device)
         self.state = self.session.new_state()
         self.session.run("set_suppress", self.state, bias=self._suppress_table(folder))

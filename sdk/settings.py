@@ -18,6 +18,8 @@ class Settings:
     device: str            # AIE_APPS_DEVICE, default auto
     home: Path             # AIE_APPS_HOME, default ${XDG_CACHE_HOME:-~/.cache}/aie-apps
     offline: bool          # AIE_APPS_OFFLINE or HF_HUB_OFFLINE
+    offline_switches: tuple[str, ...]  # which of those two are set (errors name only those)
+    hf_endpoint: str | None  # HF_ENDPOINT: the hub downloads come from (a mirror; a local server in tests)
     hf_cache: Path         # HF_HUB_CACHE, else ${HF_HOME:-~/.cache/huggingface}/hub
     runtime_dir: Path      # XDG_RUNTIME_DIR (dictation control socket), else the cache home
     session_type: str      # the desktop session: "x11", "wayland" or "tty" (XDG_SESSION_TYPE, else the displays)
@@ -47,6 +49,8 @@ def load(environ=None) -> Settings:
         device=(env.get("AIE_APPS_DEVICE") or "auto").strip().lower(),
         home=home,
         offline=_truthy(env.get("AIE_APPS_OFFLINE")) or _truthy(env.get("HF_HUB_OFFLINE")),
+        offline_switches=tuple(v for v in ("AIE_APPS_OFFLINE", "HF_HUB_OFFLINE") if _truthy(env.get(v))),
+        hf_endpoint=env.get("HF_ENDPOINT") or None,
         hf_cache=Path(env.get("HF_HUB_CACHE") or hf_home / "hub"),
         runtime_dir=Path(env.get("XDG_RUNTIME_DIR") or home),
         session_type=_session_type(env),

@@ -117,7 +117,7 @@ def test_info_gives_a_hint_for_every_model_not_installed(tmp_path, monkeypatch):
     missing = [line for line in r.stdout.splitlines() if line.startswith("model ") and "not installed" in line]
     assert any("esm2_" in line for line in missing)  # no package ships ESM-2
     for line in missing:
-        assert "()" not in line and ("pip install" in line or "downloaded from" in line), line
+        assert "()" not in line and ("pip install" in line or "aie-apps models pull" in line), line
 
 
 def test_bench_refuses_zero_length_or_runs_and_its_device_help_is_true():

@@ -27,6 +27,10 @@ def test_installed_package_then_hf_cache(tmp_path):
     assert hub.resolve("sentence-transformers/all-MiniLM-L6-v2", settings=s).origin == "package"
     snap = s.hf_cache / "models--org--tiny" / "snapshots" / "abc123"
     snap.mkdir(parents=True)
+    (snap / "config.json").write_text("{}")
+    with pytest.raises(ModelNotFound):                 # a download cut after config.json is not a model
+        hub.resolve("org/tiny", settings=s)
+    (snap / "model.safetensors").write_bytes(b"")
     (s.hf_cache / "models--org--tiny" / "refs").mkdir()
     (s.hf_cache / "models--org--tiny" / "refs" / "main").write_text("abc123")
     src = hub.resolve("org/tiny", settings=s)
