@@ -329,7 +329,9 @@ class ImageClassifier(_VisionModel):
     def __init__(self, model: str = DEFAULT_CLASSIFIER, *, labels: Sequence[str] | None = None,
                  device: str | None = None, options: VisionOptions = VisionOptions()):
         super().__init__(model, device, options)
-        if self.model_type == "clip":
+        self.zero_shot = (self.model_type == "clip"
+                          and "CLIPForImageClassification" not in (self.config.get("architectures") or ()))
+        if self.zero_shot:
             if not labels:
                 raise UsageError("CLIP classifies zero-shot and needs labels", fix="pass labels, e.g. --labels cat,dog")
             if isinstance(labels, str):  # list() would make each letter a class
@@ -340,7 +342,8 @@ class ImageClassifier(_VisionModel):
         if labels:
             raise UsageError(f"labels are for CLIP zero-shot; {self.source.name} has its own classes",
                              fix="drop --labels, or use a CLIP model")
-        self.module = {"vit": vit, "resnet": resnet}.get(self.model_type)
+        self.module = resnet if self.model_type == "resnet" else vit if self.model_type in (*vit.VARIANTS, "clip") \
+            else None
         self.cfg, weights = self.module.load(self.folder) if self.module else (None, None)
         if not self.module or not self.cfg.num_labels:
             raise UsageError(f"{self.source.name} ({self.model_type}) has no classification head",
@@ -389,7 +392,7 @@ class ImageClassifier(_VisionModel):
     def infer(self, pixels: np.ndarray) -> np.ndarray:
         """Preprocessed pixels [n, 3, S, S] -> class probabilities [n, classes]."""
         def run(batch, x):
-            if self.model_type == "clip":
+            if self.zero_shot:
                 embeds = self.session.run(f"image_b{batch}_s{self.size}", pixels=x)["embeds"]
                 return self.session.run(f"similarity_i{batch}_t{len(self.labels)}", image_embeds=embeds,
                                         text_embeds=self.text_embeds)["logits_per_image"]

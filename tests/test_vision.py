@@ -32,6 +32,50 @@ def test_vit_family_matches_transformers(name, record_parity):
             assert record_parity(f"{name}.{key}", out[key], g[key])[0] <= TOL
 
 
+HEADS = {"vit": "ViTForImageClassification", "dinov2_cls": "Dinov2ForImageClassification",
+         "dinov2_reg_cls": "Dinov2WithRegistersForImageClassification", "clip_cls": "CLIPForImageClassification",
+         "resnet18": "ResNetForImageClassification"}
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_every_image_classification_head_matches_transformers(name, record_parity):
+    """Each family's *ForImageClassification head (TINY random-init fixtures) through the ImageClassifier."""
+    from pipelines.vision import ImageClassifier
+    g = golden(name)
+    with ImageClassifier(str(VISION / name), device="cpu") as clf:
+        assert clf.labels[0] == "tabby cat" and len(clf.labels) == 10
+        logits = clf.session.run(f"image_b1_s{clf.size}", pixels=g["pixels"][:1])["logits"]
+    assert record_parity(f"{name}.head.logits", logits, g["logits"][:1])[0] <= TOL
+
+
+def test_a_head_we_do_not_run_is_named_with_what_to_use(tmp_path):
+    import json
+    import shutil
+    from pipelines.vision import ImageClassifier
+    shutil.copytree(VISION / "dinov2_cls", tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "architectures": ["Dinov2ForDepthEstimation"]}))
+    with pytest.raises(UsageError) as e:
+        ImageClassifier(str(tmp_path / "m"), device="cpu")
+    assert "Dinov2ForDepthEstimation head is not supported" in e.value.message
+    assert "Dinov2ForImageClassification" in e.value.message and "ImageEmbedder" in e.value.fix
+
+
+@pytest.mark.reference
+@pytest.mark.parametrize("name", HEADS)
+def test_live_transformers_classification_heads(name, record_parity):
+    import torch
+    import transformers
+    from pipelines.vision import ImageClassifier
+    model = getattr(transformers, HEADS[name]).from_pretrained(VISION / name).eval()
+    with ImageClassifier(str(VISION / name), device="cpu") as clf:
+        x = np.random.default_rng(11).normal(size=(1, 3, clf.size, clf.size)).astype(np.float32)
+        ours = clf.session.run(f"image_b1_s{clf.size}", pixels=x)["logits"]
+    with torch.no_grad():
+        ref = model(pixel_values=torch.tensor(x)).logits.numpy()
+    assert record_parity(f"live.{name}.logits", ours, ref)[0] <= TOL
+
+
 @pytest.mark.parametrize("name", ["dinov2", "dinov2_reg"])
 def test_dinov2_resamples_position_embeddings_at_other_sizes(name, record_parity):
     cfg, weights = vit.load(VISION / name)

@@ -32,6 +32,28 @@ _DEFAULTS = {"dinov2": dict(layer_norm_eps=1e-6, patch_size=14, mlp_ratio=4),
              "clip": dict(hidden_act="quick_gelu", layer_norm_eps=1e-5, patch_size=32)}
 
 
+# The image-classification heads of each variant, as transformers names them, and what each classifies:
+#   ViT: the CLS token after the final layernorm; DINOv2 (with or without registers): CLS beside the mean of the
+#   patch tokens, both after the layernorm; CLIP: the mean of the patch tokens before post_layernorm.
+HEADS = {"vit": ("ViTForImageClassification",),
+         "dinov2": ("Dinov2ForImageClassification", "Dinov2WithRegistersForImageClassification"),
+         "clip": ("CLIPForImageClassification",)}
+# Architectures whose weights are the bare tower (no head, or one that does not classify, which is ignored).
+TOWERS = ("ViTModel", "Dinov2Model", "Dinov2WithRegistersModel", "CLIPModel", "CLIPVisionModel",
+          "CLIPVisionModelWithProjection", "ViTForMaskedImageModeling")
+
+
+def _classification_head(d: dict, variant: str) -> bool:
+    """Whether the checkpoint carries a classification head we run; a head we do not run is a UsageError."""
+    for arch in d.get("architectures") or ():
+        if arch in HEADS[variant]:
+            return True
+        if arch not in TOWERS:
+            raise UsageError(f"the {arch} head is not supported (vit.py runs {', '.join(HEADS[variant])})",
+                             fix="use one of those checkpoints, or ImageEmbedder for the tower's embeddings")
+    return False
+
+
 @dataclass(frozen=True)
 class Config:
     variant: str = "vit"             # vit | dinov2 | clip
@@ -46,15 +68,17 @@ class Config:
     num_channels: int = 3
     qkv_bias: bool = True
     num_register_tokens: int = 0     # DINOv2 with registers
-    num_labels: int = 0              # a classification head (ViTForImageClassification); 0 = none
-    projection_dim: int = 0          # CLIP: visual_projection output size
+    num_labels: int = 0              # a classification head (*ForImageClassification); 0 = none
+    projection_dim: int = 0          # CLIP: visual_projection output size (0: a classification checkpoint)
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":
         model_type = d.get("model_type", "vit")
         if model_type == "clip":  # a whole CLIP checkpoint: the vision tower's part
+            classifier = "CLIPForImageClassification" in (d.get("architectures") or ())
             return cls.from_dict({**d["vision_config"], "model_type": "clip_vision_model",
-                                  "projection_dim": d.get("projection_dim", 512)})
+                                  "architectures": d.get("architectures"), "id2label": d.get("id2label"),
+                                  "projection_dim": 0 if classifier else d.get("projection_dim", 512)})
         if model_type not in VARIANTS:
             raise UsageError(f"vit.py does not implement model_type {model_type!r}",
                              fix=f"supported: {', '.join(sorted(VARIANTS))}, clip")
@@ -65,8 +89,7 @@ class Config:
         known["variant"] = VARIANTS[model_type]
         if known["variant"] == "dinov2":
             known["intermediate_size"] = int(d.get("hidden_size", 768) * d.get("mlp_ratio", 4))
-        classifier = any(a.endswith("ForImageClassification") for a in d.get("architectures") or ())
-        known["num_labels"] = len(d.get("id2label") or {}) if classifier and known["variant"] == "vit" else 0
+        known["num_labels"] = len(d.get("id2label") or {}) if _classification_head(d, known["variant"]) else 0
         return cls(**known)
 
     @property
@@ -119,8 +142,9 @@ def param_shapes(cfg: Config) -> dict[str, tuple]:
         shapes = {"embeddings.class_embedding": (h,), "embeddings.patch_embedding.weight": (h, c, p, p),
                   "embeddings.position_embedding.weight": (n + 1, h),
                   "pre_layrnorm.weight": (h,), "pre_layrnorm.bias": (h,),
-                  "post_layernorm.weight": (h,), "post_layernorm.bias": (h,),
-                  "visual_projection.weight": (cfg.projection_dim, h)}
+                  "post_layernorm.weight": (h,), "post_layernorm.bias": (h,)}
+        if cfg.projection_dim:
+            shapes["visual_projection.weight"] = (cfg.projection_dim, h)
     else:
         shapes = {"embeddings.cls_token": (1, 1, h), "embeddings.position_embeddings": (1, n + 1, h),
                   "embeddings.patch_embeddings.projection.weight": (h, c, p, p),
@@ -128,8 +152,9 @@ def param_shapes(cfg: Config) -> dict[str, tuple]:
                   "layernorm.weight": (h,), "layernorm.bias": (h,)}
         if cfg.num_register_tokens:
             shapes["embeddings.register_tokens"] = (1, cfg.num_register_tokens, h)
-        if cfg.num_labels:
-            shapes |= {"classifier.weight": (cfg.num_labels, h), "classifier.bias": (cfg.num_labels,)}
+    if cfg.num_labels:
+        width = 2 * h if cfg.variant == "dinov2" else h
+        shapes |= {"classifier.weight": (cfg.num_labels, width), "classifier.bias": (cfg.num_labels,)}
     for i in range(cfg.num_hidden_layers):
         pre = f"{nm['layers']}.{i}."
         for key in ("ln1", "ln2"):
@@ -146,12 +171,10 @@ def param_shapes(cfg: Config) -> dict[str, tuple]:
     return {(k if k.startswith(heads) else _PREFIX[cfg.variant] + k): v for k, v in shapes.items()}
 
 
-# (our name, checkpoint name) per variant; heads sit beside the model prefix in the checkpoint.
-WEIGHT_MAP = {
-    "vit": [("classifier.{name}", "classifier.{name}"), ("{name}", "vit.{name}")],
-    "dinov2": [("{name}", "{name}")],
-    "clip": [("{name}", "{name}")],  # CLIPModel / CLIPVisionModelWithProjection names as they are
-}
+# (our name, checkpoint name). A *ForImageClassification checkpoint nests the tower under its attribute name
+# ({tower}: "vit.", "dinov2.", "dinov2_with_registers."), with the head beside it; CLIP keeps its names as they are.
+WEIGHT_MAP = [("classifier.{name}", "classifier.{name}"), ("{name}", "{tower}{name}")]
+TOWER_PREFIXES = ("vit.", "dinov2.", "dinov2_with_registers.")
 IGNORED = [r"^(vit\.)?pooler\.", r"mask_token$", r"^text_model\.", r"^text_projection\.", r"^logit_scale$",
            r"position_ids$"]
 
@@ -234,11 +257,17 @@ def forward(w, pixels, *, cfg: Config):
 
     if cfg.variant == "clip":
         pooled = norm(x[:, 0], "post_layernorm")
-        return {"hidden": x, "pooled": pooled, "embeds": ops.linear(pooled, w["visual_projection.weight"])}
-    x = norm(x, "layernorm")
-    out = {"hidden": x, "pooled": x[:, 0]}
+        out = {"hidden": x, "pooled": pooled}
+        if cfg.projection_dim:
+            out["embeds"] = ops.linear(pooled, w["visual_projection.weight"])
+        head_input = ops.mean(x[:, 1:], axis=1) if cfg.num_labels else None
+    else:
+        x = norm(x, "layernorm")
+        out = {"hidden": x, "pooled": x[:, 0]}
+        patches = x[:, 1 + cfg.num_register_tokens:]
+        head_input = x[:, 0] if cfg.variant == "vit" else ops.concat([x[:, 0], ops.mean(patches, axis=1)], axis=1)
     if cfg.num_labels:
-        out["logits"] = ops.linear(x[:, 0], w["classifier.weight"], w["classifier.bias"])
+        out["logits"] = ops.linear(head_input, w["classifier.weight"], w["classifier.bias"])
     return out
 
 
@@ -255,10 +284,8 @@ def load(folder: str | Path) -> tuple[Config, dict[str, np.ndarray]]:
     folder = Path(folder)
     cfg = Config.from_dict(read_config(folder))
     ckpt = read_safetensors(folder / "model.safetensors")
-    table = WEIGHT_MAP[cfg.variant]
-    if cfg.variant == "vit" and not any(k.startswith("vit.") for k in ckpt):  # a bare ViTModel checkpoint
-        table = [(ours, theirs.removeprefix("vit.")) for ours, theirs in table]
-    prefixes = ("dinov2.", "") if cfg.variant == "dinov2" else ("",)
-    ignore = IGNORED + ([r"^classifier\."] if cfg.variant != "clip" and not cfg.num_labels else [])
-    weights = map_weights(ckpt, table, param_shapes(cfg), ignore=ignore, source=str(folder), prefixes=prefixes)
+    tower = next((p for p in TOWER_PREFIXES if any(k.startswith(p) for k in ckpt)), "")
+    table = [(ours, theirs.replace("{tower}", tower)) for ours, theirs in WEIGHT_MAP]
+    ignore = IGNORED + ([r"^classifier\."] if not cfg.num_labels else [])
+    weights = map_weights(ckpt, table, param_shapes(cfg), ignore=ignore, source=str(folder))
     return cfg, weights
