@@ -17,7 +17,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from sdk.errors import UsageError
+from sdk.errors import UsageError, WeightError
 
 from .cli import JsonOpt, app, command, err, out_json
 
@@ -59,15 +59,32 @@ def _load(model: str):
     """(family, config, weights or None)."""
     from sdk import hub
     from sdk.models import module_for
-    from sdk.weights import read_config
     presets = _presets()
     if model in presets:
         family, cfg = presets[model]
         return family, cfg, None
     folder = Path(model) if Path(model).is_dir() else hub.resolve(model).path
-    family = "whisper" if (folder / "model.bin").exists() else read_config(folder).get("model_type", "")
+    family = _family(folder)
     cfg, weights = module_for(family).load(folder)
     return family, cfg, weights
+
+
+def _family(folder: Path) -> str:
+    """A folder's architecture: its config.json's model_type, else a CTranslate2 Whisper model.bin (faster-whisper
+    folders have a config.json without model_type)."""
+    from sdk.weights import read_config, read_ctranslate2_spec
+    config = read_config(folder) if (folder / "config.json").is_file() else {}
+    if isinstance(config, dict) and config.get("model_type"):
+        return config["model_type"]
+    if (folder / "model.bin").is_file():
+        spec = read_ctranslate2_spec(folder / "model.bin")
+        if spec == "WhisperSpec":
+            return "whisper"
+        raise WeightError(f"{folder / 'model.bin'} is a CTranslate2 {spec or 'unnamed'} model, not Whisper",
+                          fix="bench runs CTranslate2 models of Whisper only (faster-whisper folders); for other "
+                              "architectures pass a Hugging Face folder (config.json + model.safetensors)")
+    raise WeightError(f"{folder} is not a model folder: no config.json naming a model_type, and no CTranslate2 "
+                      f"Whisper model.bin", fix="pass a Hugging Face model folder or a faster-whisper folder")
 
 
 def _inputs(graph, rng) -> dict:
