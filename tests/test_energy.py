@@ -1,0 +1,99 @@
+"""The package energy counter (sdk.powercap) against fake powercap trees."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sdk import powercap
+from sdk.errors import EnergyCounterUnavailable
+
+MAX_RANGE = 65_535_999_984  # a 32-bit counter in units of 2^-16 J (the energy unit AMD Zen reports)
+
+
+def zone(root: Path, folder: str, name: str, uj: int, max_range: int = MAX_RANGE) -> Path:
+    z = root / folder
+    z.mkdir(parents=True)
+    (z / "name").write_text(name + "\n")
+    (z / "energy_uj").write_text(f"{uj}\n")
+    (z / "max_energy_range_uj").write_text(f"{max_range}\n")
+    return z
+
+
+def set_uj(z: Path, uj: int) -> None:
+    (z / "energy_uj").write_text(f"{uj}\n")
+
+
+def add_uj(z: Path, uj: int) -> None:
+    set_uj(z, int((z / "energy_uj").read_text()) + uj)
+
+
+def test_counter_sums_package_zones_only(tmp_path):
+    p0 = zone(tmp_path, "intel-rapl:0", "package-0", 5_000_000)
+    p1 = zone(tmp_path, "intel-rapl:1", "package-1", 7_000_000)
+    core = zone(tmp_path, "intel-rapl:0:0", "core", 1_000)             # a sub-domain inside package 0
+    mmio = zone(tmp_path, "intel-rapl-mmio:0", "package-0", 5_000_000)  # Intel's second view of package 0
+    (tmp_path / "intel-rapl").mkdir()                                   # the control type itself has no counter
+    counter = powercap.PackageEnergy(tmp_path)
+    assert [d.name for d in counter.domains] == ["package-0", "package-1"]
+    assert counter.domains[0].max_range_uj == MAX_RANGE
+    with counter.measure() as interval:
+        add_uj(p0, 1_500_000)
+        add_uj(p1, 500_000)
+        add_uj(core, 99_000_000)
+        add_uj(mmio, 99_000_000)
+    assert interval.joules == pytest.approx(2.0)
+    assert interval.seconds > 0 and interval.watts == pytest.approx(2.0 / interval.seconds)
+
+
+def test_a_counter_that_wraps_to_zero_counts_across_the_wrap(tmp_path):
+    assert powercap.elapsed_uj(100, 350, 1000) == 250
+    assert powercap.elapsed_uj(900, 50, 1000) == 150
+    p0 = zone(tmp_path, "intel-rapl:0", "package-0", MAX_RANGE - 300_000)
+    counter = powercap.PackageEnergy(tmp_path)
+    with counter.measure() as interval:
+        set_uj(p0, 200_000)  # wrapped: 0.3 J up to the top, 0.2 J after it
+    assert interval.joules == pytest.approx(0.5)
+
+
+def test_missing_counter_says_how_to_load_the_driver(tmp_path):
+    with pytest.raises(EnergyCounterUnavailable) as e:
+        powercap.PackageEnergy(tmp_path / "powercap")
+    assert "does not exist" in e.value.message and "modprobe intel_rapl_msr" in e.value.fix
+    zone(tmp_path, "intel-rapl:0:0", "core", 0)  # a tree with no package zone
+    with pytest.raises(EnergyCounterUnavailable) as e:
+        powercap.PackageEnergy(tmp_path)
+    assert "no RAPL package zone" in e.value.message
+
+
+def deny_reading(monkeypatch, path: Path) -> None:
+    """energy_uj as the kernel ships it: mode 0400, root only. Root ignores file modes, so as root the open
+    is made to fail the way it fails for everyone else."""
+    path.chmod(0o400)
+    if os.geteuid() != 0:
+        return
+    real_open = open
+
+    def open_as_user(file, *args, **kwargs):
+        if Path(file) == path:
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+    monkeypatch.setattr(powercap, "open", open_as_user, raising=False)
+
+
+def test_an_unreadable_counter_gives_the_commands_that_allow_it(tmp_path, monkeypatch):
+    p0 = zone(tmp_path, "intel-rapl:0", "package-0", 0)
+    deny_reading(monkeypatch, p0 / "energy_uj")
+    with pytest.raises(EnergyCounterUnavailable) as e:
+        powercap.PackageEnergy(tmp_path)
+    assert "readable by root only" in e.value.message
+    assert f"chmod o+r {p0 / 'energy_uj'}" in e.value.fix
+    assert "/etc/udev/rules.d/" in e.value.fix and 'RUN+="/bin/chmod o+r /sys%p/energy_uj"' in e.value.fix
+
+
+def test_a_counter_that_is_not_a_number_is_unavailable_not_a_crash(tmp_path):
+    p0 = zone(tmp_path, "intel-rapl:0", "package-0", 0)
+    (p0 / "energy_uj").write_text("n/a\n")
+    with pytest.raises(EnergyCounterUnavailable, match="not a count of microjoules"):
+        powercap.PackageEnergy(tmp_path)
