@@ -1,4 +1,5 @@
-"""`aie-apps bench`: a model folder is recognised by what it holds, not by a file name."""
+"""`aie-apps bench` output: every row says what it is (estimate, emulated, measured) and nothing reads as a
+measurement that is not one; a model folder is recognised by what it holds, not by a file name."""
 from __future__ import annotations
 
 import shutil
@@ -12,6 +13,28 @@ from sdk.weights import read_ctranslate2_spec
 from .conftest import FIXTURES
 
 runner = CliRunner()
+
+
+def test_estimate_rows_name_only_the_parts_that_take_time():
+    r = runner.invoke(app, ["bench", "minilm", "--estimate-only", "--target", "npu2"])
+    assert r.exit_code == 0, r.output
+    (row,) = [line for line in r.stdout.splitlines() if "ESTIMATE" in line]
+    # at seq 128 every MiniLM kernel on npu2 waits on DRAM, not on its MACs: no "compute 0.0 ms" part
+    assert "in kernels bound by DRAM traffic" in row and "bound by compute" not in row
+    assert "0.0 ms" not in row and " 0 us" not in row and "1 dispatch," in row
+
+
+def test_measured_rows_say_where_they_were_measured():
+    args = ["bench", str(FIXTURES / "bert"), "--length", "8", "--runs", "2", "--device"]
+    emu = runner.invoke(app, [*args, "emu"])
+    assert emu.exit_code == 0, emu.output
+    (row,) = [line for line in emu.stdout.splitlines() if "emulated" in line]
+    assert row.startswith("  forward_b1_t8: emulated, per run: 1 dispatch, 0 host steps, 2 syncs,")
+    assert "not NPU time" in row and "measured on emulated" not in emu.stdout
+    cpu = runner.invoke(app, [*args, "cpu"])
+    assert cpu.exit_code == 0, cpu.output
+    (row,) = [line for line in cpu.stdout.splitlines() if "measured on" in line]
+    assert row.startswith("  forward_b1_t8: measured on the CPU: ") and row.endswith("per run (wall time, mean of 2)")
 
 
 def ct2_header(spec: str) -> bytes:

@@ -1,14 +1,22 @@
-"""The package energy counter (sdk.powercap) against fake powercap trees."""
+"""The package energy counter (sdk.powercap) against fake powercap trees, and `bench --energy` through the CLI."""
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
-from sdk import powercap
+from apps.main import app
+from sdk import powercap, runtime
 from sdk.errors import EnergyCounterUnavailable
+from sdk.session import Session
 
+from .conftest import FIXTURES
+
+runner = CliRunner()
 MAX_RANGE = 65_535_999_984  # a 32-bit counter in units of 2^-16 J (the energy unit AMD Zen reports)
 
 
@@ -97,3 +105,71 @@ def test_a_counter_that_is_not_a_number_is_unavailable_not_a_crash(tmp_path):
     (p0 / "energy_uj").write_text("n/a\n")
     with pytest.raises(EnergyCounterUnavailable, match="not a count of microjoules"):
         powercap.PackageEnergy(tmp_path)
+
+
+@pytest.fixture
+def no_npu(monkeypatch):
+    monkeypatch.setattr(runtime, "npu_problem", lambda: "no NPU device node (faked by the test)")
+
+
+def bench_energy(*extra):
+    return runner.invoke(app, ["bench", str(FIXTURES / "bert"), "--device", "cpu", "--length", "8", "--runs", "4",
+                               "--energy", *extra])
+
+
+def test_bench_energy_reports_joules_per_run_against_the_idle_baseline(tmp_path, monkeypatch, no_npu):
+    p0 = zone(tmp_path, "intel-rapl:0", "package-0", MAX_RANGE - 250_000)  # wraps during the measured runs
+    monkeypatch.setattr(powercap, "ROOT", tmp_path)
+    real_run = Session.run
+
+    def run_costing_a_tenth_of_a_joule(self, *args, **kwargs):
+        out = real_run(self, *args, **kwargs)
+        current = int((p0 / "energy_uj").read_text())
+        set_uj(p0, (current + 100_000) % MAX_RANGE)
+        return out
+    monkeypatch.setattr(Session, "run", run_costing_a_tenth_of_a_joule)
+    r = bench_energy("--json")
+    assert r.exit_code == 0, r.output
+    energy = json.loads(r.stdout)["energy"]
+    assert energy["counter"] == {"available": True, "domains": ["package-0"]}
+    assert energy["idle"]["joules"] == 0 and energy["idle"]["seconds"] > 0  # nothing ran while idle
+    (row,) = energy["cpu"]["entries"].values()
+    assert row["runs"] == 4 and row["joules_per_run"] == pytest.approx(0.1)
+    assert row["joules_per_run_above_idle"] == pytest.approx(0.1)
+    assert row["package_watts"] == pytest.approx(0.4 / row["seconds"], rel=1e-3)
+    assert energy["cpu"]["device"]["device_effective"] == "cpu"
+    assert "faked by the test" in energy["npu"]["unavailable"]
+
+    text = bench_energy()
+    assert text.exit_code == 0, text.output
+    assert "energy per run (package-0 energy counter; idle baseline 0.00 W" in text.stdout
+    assert "0.1 J per run (0.1 J above idle)" in text.stdout
+    assert "npu: unavailable: the NPU cannot be used: no NPU device node (faked by the test)" in text.stdout
+
+
+def test_bench_energy_without_a_counter_still_prints_the_timings(tmp_path, monkeypatch, no_npu):
+    monkeypatch.setattr(powercap, "ROOT", tmp_path / "no-powercap")
+    r = bench_energy()
+    assert r.exit_code == 0, r.output
+    assert f"energy counter unavailable: {tmp_path / 'no-powercap'} does not exist" in r.stdout
+    assert re.search(r"^  cpu forward_b1_t8: [\d.]+ (ms|us) per run$", r.stdout, re.M)
+    assert "npu: unavailable" in r.stdout
+    assert "modprobe intel_rapl_msr" in r.stderr and "Traceback" not in r.output
+
+    p0 = zone(tmp_path, "intel-rapl:0", "package-0", 0)
+    deny_reading(monkeypatch, p0 / "energy_uj")
+    monkeypatch.setattr(powercap, "ROOT", tmp_path)
+    r = bench_energy("--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    counter = report["energy"]["counter"]
+    assert not counter["available"] and "readable by root only" in counter["reason"]
+    assert f"chmod o+r {p0 / 'energy_uj'}" in counter["fix"]
+    (row,) = report["energy"]["cpu"]["entries"].values()
+    assert row["joules_per_run"] is None and row["ms_per_run"] > 0
+    assert report["energy"]["idle"] is None
+
+
+def test_energy_with_estimate_only_is_a_usage_error():
+    r = runner.invoke(app, ["bench", str(FIXTURES / "bert"), "--estimate-only", "--energy"])
+    assert r.exit_code == 2 and "--estimate-only" in r.stderr
