@@ -49,8 +49,9 @@ class Interval:
 
 
 def elapsed_uj(start: int, end: int, max_range_uj: int) -> int:
-    """Microjoules from reading `start` to reading `end` of one counter, across at most one wrap to 0
-    (at ~30 W a 32-bit RAPL counter wraps every few minutes; a shorter interval sees at most one)."""
+    """Microjoules from reading `start` to reading `end` of one counter, across at most one wrap to 0. The
+    range is 2^32 of the firmware's energy units (about 65.5 kJ with AMD's 15.3 uJ unit: over half an hour at
+    30 W), so one benchmark interval sees at most one wrap."""
     return end - start if end >= start else end + max_range_uj - start
 
 
