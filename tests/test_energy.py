@@ -15,6 +15,7 @@ from sdk.errors import EnergyCounterUnavailable
 from sdk.session import Session
 
 from .conftest import FIXTURES
+from .test_npu_backend import build, fake_npu  # noqa: F401  (a fixture)
 
 runner = CliRunner()
 MAX_RANGE = 65_535_999_984  # a 32-bit counter in units of 2^-16 J (the energy unit AMD Zen reports)
@@ -173,3 +174,30 @@ def test_bench_energy_without_a_counter_still_prints_the_timings(tmp_path, monke
 def test_energy_with_estimate_only_is_a_usage_error():
     r = runner.invoke(app, ["bench", str(FIXTURES / "bert"), "--estimate-only", "--energy"])
     assert r.exit_code == 2 and "--estimate-only" in r.stderr
+
+
+def test_bench_energy_puts_the_npu_row_beside_the_cpu_row(tmp_path, monkeypatch, fake_npu):
+    """With a (fake) Ryzen AI machine: both devices measured, each run charged its own energy. EMULATED."""
+    from apps import bench
+    prebuilt = fake_npu("npu2")
+    family, cfg, weights = bench._load(str(FIXTURES / "bert"))
+    build(bench._graphs(family, cfg, 8)[0], "npu2", prebuilt)
+    p0 = zone(tmp_path / "powercap", "intel-rapl:0", "package-0", 0)
+    monkeypatch.setattr(powercap, "ROOT", tmp_path / "powercap")
+    real_run = Session.run
+    cost_uj = {"cpu": 100_000, "npu": 40_000}
+
+    def run_charged_by_device(self, *args, **kwargs):
+        out = real_run(self, *args, **kwargs)
+        add_uj(p0, cost_uj[self.device_effective])
+        return out
+    monkeypatch.setattr(Session, "run", run_charged_by_device)
+    r = bench_energy("--json")
+    assert r.exit_code == 0, r.output
+    energy = json.loads(r.stdout)["energy"]
+    assert energy["npu"]["device"]["device_effective"] == "npu"
+    for device, uj in cost_uj.items():
+        (row,) = energy[device]["entries"].values()
+        assert row["joules_per_run"] == pytest.approx(uj / 1e6)
+    text = bench_energy()
+    assert re.search(r"^  npu forward_b1_t8: .* per run, 0\.04 J per run \(", text.stdout, re.M), text.stdout
