@@ -76,3 +76,8 @@ class DeviceBusy(DeviceUnavailable):
 
 class DispatchTimeout(DeviceUnavailable):
     """A dispatch did not complete: the driver's watchdog stopped it, or the device reported an error."""
+
+
+class EnergyCounterUnavailable(SdkError):
+    """The package energy counter (Linux powercap, RAPL) is missing or unreadable; timings still work."""
+    exit_code = 1

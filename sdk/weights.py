@@ -180,3 +180,24 @@ def read_ctranslate2(path: str | Path) -> dict[str, np.ndarray]:
             raise WeightError(f"{path}: alias {alias!r} points at missing variable {target!r}", fix=fix)
         out[alias] = out[target]
     return out
+
+
+def read_ctranslate2_spec(path: str | Path) -> str:
+    """The spec name in a CTranslate2 `model.bin`'s header ("WhisperSpec" for Whisper), reading only the
+    header, so a folder can be told apart before its weights are read."""
+    path = Path(path)
+    fix = f"the file is damaged: delete {path} and fetch or export it again"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(6 + 0xFFFF)
+    except OSError as e:
+        raise WeightError(f"cannot read checkpoint {path}: {e.strerror}", fix="check the path") from None
+    if len(head) < 6:
+        raise WeightError(f"{path} is truncated: its header needs 6 bytes, the file has {len(head)}", fix=fix)
+    version, length = struct.unpack_from("<IH", head)
+    if not 5 <= version <= 6:
+        raise WeightError(f"{path} is not a CTranslate2 model.bin we can read (format version {version}, "
+                          f"expected 5 or 6)", fix="convert the model with a CTranslate2 release from 2022 or later")
+    if len(head) < 6 + length:
+        raise WeightError(f"{path} is truncated inside its spec name", fix=fix)
+    return head[6:6 + length].rstrip(b"\0").decode("utf-8", "replace")
