@@ -16,7 +16,7 @@ import pytest
 from sdk import compiler, runtime
 from sdk.errors import (ArtifactMissing, ContextLimit, DeviceBusy, DeviceUnavailable, DispatchTimeout,
                         MemlockTooLow, UsageError)
-from sdk.runtime import checks, npu
+from sdk.runtime import checks, npu, npu_lock
 from sdk.runtime.emu import EmuBackend
 from sdk.session import Session
 
@@ -30,12 +30,11 @@ PCI_IDS = {"npu1": "0x1502", "npu2": "0x17f0"}
 @pytest.fixture
 def fake_npu(monkeypatch, tmp_path):
     """machine(target, **limits) -> the prebuilt/ folder of a fake Ryzen AI laptop: PCI id in sysfs, a device
-    node, pyxrt (the fake), a lock file, memlock as the fake pins it."""
+    node (whose flock is the NPU lock), pyxrt (the fake), memlock as the fake pins it."""
     monkeypatch.setitem(sys.modules, "pyxrt", fake_pyxrt)
     monkeypatch.setattr(checks, "SYSFS_PCI", tmp_path / "sys")
     monkeypatch.setattr(checks, "DEVICE_NODES", str(tmp_path / "accel*"))
     monkeypatch.setattr(npu, "prebuilt_dirs", lambda: [tmp_path / "prebuilt"])
-    monkeypatch.setattr(npu, "LOCK_FILE", tmp_path / "npu.lock")
     monkeypatch.setattr(npu, "memlock_limit", lambda: fake_pyxrt.FAKE.memlock)
     monkeypatch.setattr(runtime, "_warned", False)
     (tmp_path / "accel0").touch()
@@ -256,11 +255,10 @@ def test_contexts_held_by_other_programs_npu2(fake_npu):
 
 def test_device_busy_when_another_process_holds_the_npu(fake_npu):
     graphs, weights, runs = _bert_on(fake_npu)
-    fd = os.open(npu.LOCK_FILE, os.O_RDWR | os.O_CREAT)  # another program: its own open file, its own lock
+    fd = os.open(npu_lock.device_node(), os.O_RDONLY)  # another program: its own open file, its own lock
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, b"4242")
-        with pytest.raises(DeviceBusy, match="4242") as e:
+        with pytest.raises(DeviceBusy, match=f"process {os.getpid()}") as e:
             Session(graphs, weights, device="npu")
         assert "--device cpu" in e.value.fix
         with warnings.catch_warnings(record=True) as caught:  # auto falls back instead

@@ -15,8 +15,8 @@ What a session does on the device, in order:
   syncs only its operands;
 - a dispatch whose cost-model estimate could exceed the driver's watchdog is split into consecutive
   dispatches before anything runs (`device_program`; the build splits it the same way);
-- one process-wide lock serialises NPU work, and a lock file keeps other processes off the device
-  (the NPU is single-tenant).
+- one process-wide lock serialises NPU work, and an flock on the device node keeps every other process,
+  of any user, off the device (the NPU is single-tenant; npu_lock.py).
 Every failure is a typed error with its fix. pyxrt is imported when the backend is opened, not before.
 
 The manifest (this module reads and writes it: read_manifest, manifest_entry, record_artifact; kernels/build.py
@@ -46,7 +46,6 @@ firmware then resolves the shifted address. An npu1 artifact with words but no p
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import importlib
 import itertools
@@ -54,7 +53,6 @@ import json
 import os
 import re
 import resource
-import tempfile
 import threading
 import weakref
 from dataclasses import dataclass
@@ -69,7 +67,7 @@ from ..errors import (ArtifactMissing, ContextLimit, DeviceBusy, DeviceUnavailab
                       MemlockTooLow, ProgramError, UsageError)
 from ..ops import OPS
 from ..program import Program, Step, Usage
-from . import checks, npu_insts
+from . import checks, npu_insts, npu_lock
 from .backend import Counters, State, check_inputs
 from .emu import ARENAS, BF16, validate
 
@@ -87,7 +85,6 @@ WATCHDOG_MARGIN = 0.5          # plan each dispatch to half of it: the cost mode
 PAGE = 4096                    # BOs are pinned in whole pages
 SYNC_GAP = 64                  # ranges this close are synced as one (the memory plan aligns buffers to 64 B)
 PREBUILT = Path(__file__).resolve().parents[2] / "prebuilt"
-LOCK_FILE = Path(tempfile.gettempdir()) / "aie-apps-npu.lock"
 MANIFEST_FORMAT = 1
 BUILD_FIX = ("build them on a machine with the mlir-aie toolchain: `aie-apps build MODEL --target {target}` "
              "(see kernels/README.md), or run with --device emu / cpu")
@@ -343,15 +340,15 @@ def _pages(n: int) -> int:
 
 
 class _Device:
-    """pyxrt.device(0), the cross-process lock file, and what this process holds on the NPU."""
+    """pyxrt.device(0), the cross-process NPU lock (npu_lock), and what this process holds on the NPU."""
     current: "_Device | None" = None
 
     def __init__(self, pyxrt):
-        self.fd = _take_lock_file()
+        self.lock = npu_lock.acquire()
         try:
             self.handle = pyxrt.device(0)
         except Exception as e:
-            os.close(self.fd)
+            self.lock.release()
             raise DeviceUnavailable(f"XRT cannot open the NPU: {e}",
                                     fix="run `aie-apps doctor`; check the amdxdna driver, firmware and "
                                         "`xrt-smi examine`") from None
@@ -371,28 +368,7 @@ class _Device:
         if self.users == 0 and _Device.current is self:
             _Device.current = None
             self.handle = None
-            os.close(self.fd)
-
-
-def _take_lock_file() -> int:
-    try:
-        fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:
-        fd = os.open(LOCK_FILE, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise DeviceBusy(f"the NPU is in use by another program (process {holder}, lock {LOCK_FILE})",
-                         fix="close the other aie-apps program using the NPU, or run this one with --device cpu") \
-            from None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-    except OSError:
-        pass  # a read-only lock file still locks; the holder's pid is only shown in the message
-    return fd
+            self.lock.release()
 
 
 # ---- the backend --------------------------------------------------------------------------------------
