@@ -13,10 +13,11 @@ import warnings
 import numpy as np
 import pytest
 
-from sdk import compiler, runtime
+from sdk import compiler, runtime, smoke
+from sdk.compiler import watchdog
 from sdk.errors import (ArtifactMissing, ContextLimit, DeviceBusy, DeviceUnavailable, DispatchTimeout,
                         MemlockTooLow, UsageError)
-from sdk.runtime import checks, npu, npu_lock
+from sdk.runtime import checks, npu, npu_artifacts, npu_lock
 from sdk.runtime.emu import EmuBackend
 from sdk.session import Session
 
@@ -34,7 +35,7 @@ def fake_npu(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "pyxrt", fake_pyxrt)
     monkeypatch.setattr(checks, "SYSFS_PCI", tmp_path / "sys")
     monkeypatch.setattr(checks, "DEVICE_NODES", str(tmp_path / "accel*"))
-    monkeypatch.setattr(npu, "prebuilt_dirs", lambda: [tmp_path / "prebuilt"])
+    monkeypatch.setattr(npu_artifacts, "prebuilt_dirs", lambda: [tmp_path / "prebuilt"])
     monkeypatch.setattr(npu, "memlock_limit", lambda: fake_pyxrt.FAKE.memlock)
     monkeypatch.setattr(runtime, "_warned", False)
     (tmp_path / "accel0").touch()
@@ -136,16 +137,16 @@ def test_one_weight_upload_serves_many_runs_and_states(fake_npu):
 def test_a_dispatch_over_the_watchdog_is_split_and_still_matches(fake_npu, target):
     graphs, weights, runs = CASES["bert"]()
     program = compiler.compile(graphs, target)
-    whole = npu.dispatch_seconds(program, program.entry(None).steps[0])
+    whole = watchdog.dispatch_seconds(program, program.entry(None).steps[0])
     budget = whole / 3
     prebuilt = fake_npu(target, watchdog_s=budget * 1.001)  # the device stops anything over the budget
     build(graphs, target, prebuilt, budget_s=budget)
-    exe = npu.NpuBackend(budget_s=budget).load(program, weights)
+    exe = npu.NpuBackend().load(watchdog.split_dispatches(program, budget), weights)
     try:
         out = exe.run(None, runs[0][1])["hidden"]
-        chunks = [s for s in exe.device.entry(None).steps if s.kind == "dispatch"]
+        chunks = [s for s in exe.program.entry(None).steps if s.kind == "dispatch"]
         assert exe.counters.dispatches == len(chunks) >= 3
-        assert all(npu.dispatch_seconds(program, c) <= budget for c in chunks)
+        assert all(watchdog.dispatch_seconds(program, c) <= budget for c in chunks)
         assert (fake_pyxrt.FAKE.timeouts, fake_pyxrt.FAKE.runlists) == (0, 1)  # the chunks went as one batch
     finally:
         exe.close()
@@ -159,9 +160,9 @@ def test_a_split_dispatch_that_fails_is_a_typed_error(fake_npu, target, fault, s
     """A runlist's own runs have no defined state in XRT: its wait() raises, naming the failed run's state."""
     graphs, weights, runs = CASES["bert"]()
     program = compiler.compile(graphs, target)
-    budget = npu.dispatch_seconds(program, program.entry(None).steps[0]) / 3
+    budget = watchdog.dispatch_seconds(program, program.entry(None).steps[0]) / 3
     build(graphs, target, fake_npu(target), budget_s=budget)
-    exe = npu.NpuBackend(budget_s=budget).load(program, weights)
+    exe = npu.NpuBackend().load(watchdog.split_dispatches(program, budget), weights)
     try:
         fake_pyxrt.FAKE.faults.add(fault)
         with pytest.raises(DispatchTimeout, match=state) as e:
@@ -176,7 +177,7 @@ def test_a_split_dispatch_that_fails_is_a_typed_error(fake_npu, target, fault, s
 def test_an_unsplit_dispatch_over_the_watchdog_times_out_with_a_typed_error(fake_npu):
     graphs, weights, runs = CASES["bert"]()
     program = compiler.compile(graphs, "npu2")
-    whole = npu.dispatch_seconds(program, program.entry(None).steps[0])
+    whole = watchdog.dispatch_seconds(program, program.entry(None).steps[0])
     prebuilt = fake_npu("npu2", watchdog_s=whole / 2)
     build(graphs, "npu2", prebuilt)  # planned for the real watchdog, which this device does not honour
     with Session(graphs, weights, device="npu") as s:
@@ -285,7 +286,7 @@ def test_sessions_of_one_process_share_the_device(fake_npu):
 
 def test_missing_or_corrupt_artifacts_say_how_to_build_them(fake_npu):
     prebuilt = fake_npu("npu2")
-    build([npu.smoke_graph()], "npu2", prebuilt)  # artifacts exist for this target, not for this model
+    build([smoke.smoke_graph()], "npu2", prebuilt)  # artifacts exist for this target, not for this model
     graphs, weights, _ = CASES["bert"]()
     with pytest.raises(ArtifactMissing, match="no npu2 artifact for this program") as e:
         Session(graphs, weights, device="npu")
@@ -419,7 +420,7 @@ def test_auto_uses_the_npu_when_device_and_artifacts_are_present(fake_npu):
 
 def test_auto_falls_back_once_when_this_model_has_no_artifact(fake_npu):
     prebuilt = fake_npu("npu2")
-    build([npu.smoke_graph()], "npu2", prebuilt)  # the target has artifacts, this model has none
+    build([smoke.smoke_graph()], "npu2", prebuilt)  # the target has artifacts, this model has none
     graphs, weights, runs = CASES["bert"]()
     sessions, warned = _auto(lambda: [Session(graphs, weights, device="auto") for _ in range(2)])
     with Session(graphs, weights, device="cpu") as cpu:
@@ -442,7 +443,7 @@ def test_dictation_on_auto_falls_back_and_loses_no_audio(fake_npu):
     from .dictation_support import RATE, librivox_clips, wer
 
     prebuilt = fake_npu("npu2")
-    build([npu.smoke_graph()], "npu2", prebuilt)
+    build([smoke.smoke_graph()], "npu2", prebuilt)
     wav, reference = librivox_clips()[0]
     clip, _ = soundfile.read(str(wav), dtype="float32")
     made = []
@@ -466,16 +467,16 @@ def test_dictation_on_auto_falls_back_and_loses_no_audio(fake_npu):
 
 def test_doctor_checks_artifacts_and_runs_a_smoke_dispatch(fake_npu):
     prebuilt = fake_npu("npu1")
-    found = {c.name: c for c in checks.npu_runtime_checks([])}
+    found = {c.name: c for c in checks.npu_runtime_checks([], smoke.smoke_dispatch)}
     assert found["NPU artifacts"].status == "fail" and "aie-apps build" in found["NPU artifacts"].fix
     assert found["smoke dispatch"].status == "fail" and found["smoke dispatch"].fix
-    build([npu.smoke_graph()], "npu1", prebuilt)
-    found = {c.name: c for c in checks.npu_runtime_checks([])}
+    build([smoke.smoke_graph()], "npu1", prebuilt)
+    found = {c.name: c for c in checks.npu_runtime_checks([], smoke.smoke_dispatch)}
     assert found["NPU artifacts"].status == "ok"
     assert found["smoke dispatch"].status == "ok" and "1 dispatch on npu1" in found["smoke dispatch"].detail
     fake_pyxrt.FAKE.faults.add("timeout")
-    smoke = {c.name: c for c in checks.npu_runtime_checks([])}["smoke dispatch"]
-    assert smoke.status == "fail" and "TIMEOUT" in smoke.detail and smoke.fix
+    check = {c.name: c for c in checks.npu_runtime_checks([], smoke.smoke_dispatch)}["smoke dispatch"]
+    assert check.status == "fail" and "TIMEOUT" in check.detail and check.fix
 
 
 # ---- the same cases on a real NPU (skipped without one) ---------------------------------------------------
@@ -501,6 +502,6 @@ def test_real_npu_matches_cpu_one_dispatch_per_run(name, record_parity):
 
 @pytest.mark.npu
 def test_real_npu_doctor_passes_with_a_smoke_dispatch():
-    found = {c.name: c for c in checks.run_checks()}
+    found = {c.name: c for c in checks.run_checks(smoke.smoke_dispatch)}
     assert found["NPU artifacts"].status == "ok", found["NPU artifacts"]
     assert found["smoke dispatch"].status == "ok", found["smoke dispatch"]
