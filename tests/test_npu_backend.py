@@ -4,6 +4,7 @@ dispatch with the emulator's semantics. Everything here is EMULATED: no NPU is t
 `npu` at the end run the same cases on a real Ryzen AI NPU and skip elsewhere, saying why."""
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from sdk import compiler, runtime, smoke
 from sdk.compiler import watchdog
 from sdk.errors import (ArtifactMissing, ContextLimit, DeviceBusy, DeviceUnavailable, DispatchTimeout,
-                        MemlockTooLow, UsageError)
+                        MemlockTooLow, ProgramError, UsageError)
 from sdk.runtime import checks, npu, npu_artifacts, npu_lock
 from sdk.runtime.emu import EmuBackend
 from sdk.session import Session
@@ -184,6 +185,22 @@ def test_an_unsplit_dispatch_over_the_watchdog_times_out_with_a_typed_error(fake
         with pytest.raises(DispatchTimeout, match="watchdog") as e:
             s.run(**runs[0][1])
     assert e.value.exit_code == 3 and e.value.fix and fake_pyxrt.FAKE.timeouts == 1
+    assert f"estimated {whole * 1e3:.1f} ms" in e.value.message  # the compiler's estimate, from the program
+
+
+def test_the_watchdog_plan_is_recorded_in_the_program_and_required(fake_npu):
+    """The compiler's last pass plans every dispatch against the watchdog and records it; the runtime runs the
+    steps it is given and refuses a program that was never planned (it would not know a dispatch fits)."""
+    graphs, weights, _ = CASES["bert"]()
+    program = compiler.compile(graphs, "npu2")
+    plan = program.meta["watchdog"]
+    assert plan["budget_s"] == watchdog.WATCHDOG_S * watchdog.WATCHDOG_MARGIN and plan["driver_s"] == watchdog.WATCHDOG_S
+    assert plan["estimates_s"] == {s.op: watchdog.dispatch_seconds(program, s) for s in program.entry(None).steps}
+    build(graphs, "npu2", fake_npu("npu2"))
+    unplanned = dataclasses.replace(program, meta={k: v for k, v in program.meta.items() if k != "watchdog"})
+    with pytest.raises(ProgramError, match="watchdog") as e:
+        npu.NpuBackend().load(unplanned, weights)
+    assert "compile" in e.value.fix and fake_pyxrt.FAKE.contexts == 0
 
 
 # ---- faults -> typed errors, nothing left pinned or locked -------------------------------------------------

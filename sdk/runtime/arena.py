@@ -72,15 +72,15 @@ class ArenaState(State):
 
 
 class ArenaExecutable(ABC):
-    """A program over four arenas. Subclasses give `_arena(name)` (the host bytes of the weights, io and scratch
-    arenas) and run the steps; the state arena is the running State's."""
+    """A program over four arenas. Subclasses fill the weights arena with packing.weights_image, give
+    `_arena(name)` (the host bytes of the weights, io and scratch arenas) and run the steps; the state arena is
+    the running State's."""
     state_type: type[ArenaState] = ArenaState
 
-    def __init__(self, program: Program, weights: Mapping[str, np.ndarray]):
+    def __init__(self, program: Program):
         self.target = validate(program)
         self.program = program
         self.counters = Counters()
-        self.weights_image = packing.weights_image(program, weights)  # the weights are checked here, first
         self._state: ArenaState | None = None  # the state of the run in progress
         self._unpacked: dict[str, np.ndarray] = {}
 

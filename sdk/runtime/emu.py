@@ -28,6 +28,7 @@ import numpy as np
 from ..errors import InputError, UsageError
 from ..ops import ERFC_A, ERFC_P, OPS
 from ..program import Program, Step, apply_views
+from . import packing
 from .arena import BF16, NPU_TARGETS, ArenaExecutable, ArenaState
 from .backend import State
 # operands a kernel does not stream through the core: the packed GEMM weight (read tile by tile, decoded
@@ -122,8 +123,8 @@ class EmuExecutable(ArenaExecutable):
     state_type = EmuState
 
     def __init__(self, program: Program, weights: Mapping[str, np.ndarray]):
-        super().__init__(program, weights)
-        self.arenas = {"weights": self.weights_image,
+        super().__init__(program)
+        self.arenas = {"weights": packing.weights_image(program, weights),
                        "scratch": np.zeros(program.meta["arenas"]["scratch"], np.uint8),
                        "io": np.zeros(program.meta["arenas"]["io"], np.uint8)}
         # the one upload of the session: weights cross to the device here and never again

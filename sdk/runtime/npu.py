@@ -33,7 +33,7 @@ import numpy as np
 from ..errors import (ArtifactMissing, ContextLimit, DeviceBusy, DeviceUnavailable, DispatchTimeout, InputError,
                       MemlockTooLow, ProgramError, UsageError)
 from ..program import Program, Step
-from . import checks, npu_artifacts, npu_insts, npu_lock
+from . import checks, npu_artifacts, npu_insts, npu_lock, packing
 from .arena import ARENAS, NPU_TARGETS, ArenaExecutable, ArenaState
 from .backend import State
 from .npu_artifacts import BUILD_FIX, Artifact, find_artifact
@@ -193,7 +193,8 @@ class NpuExecutable(ArenaExecutable):
         if "watchdog" not in program.meta:
             raise ProgramError("this program's dispatches were not planned for the driver's watchdog",
                                fix="compile it with this SDK's compiler (sdk.compiler.compile), which does")
-        super().__init__(program, weights)  # the weights are packed and checked before the device is touched
+        super().__init__(program)
+        image = packing.weights_image(program, weights)  # checks the weights before the device is touched
         self.pyxrt = backend.pyxrt
         self._watchdog = program.meta["watchdog"]
         self._wait_ms = int(2 * self._watchdog["driver_s"] * 1000)  # the driver's watchdog fires first
@@ -214,7 +215,7 @@ class NpuExecutable(ArenaExecutable):
         with _LOCK:
             self._dev = _Device.acquire(self.pyxrt)
             try:
-                self._open(artifact, self.weights_image)
+                self._open(artifact, image)
             except BaseException:
                 self._release()
                 raise
