@@ -6,6 +6,7 @@ from dataclasses import asdict
 import typer
 
 from sdk.runtime.checks import npu_usable, run_checks
+from sdk.smoke import smoke_dispatch
 
 from .cli import JsonOpt, app, command, out_json
 
@@ -16,7 +17,7 @@ MARK = {"ok": "✔", "warn": "⚠", "fail": "✖"}
 @command
 def doctor(json: JsonOpt = False):
     """Check, layer by layer, whether this machine can run models on the NPU, and how to fix what fails."""
-    checks = run_checks()
+    checks = run_checks(smoke_dispatch)
     usable = npu_usable(checks)
     if json:
         out_json({"npu_usable": usable, "checks": [asdict(c) for c in checks]})

@@ -40,7 +40,7 @@ import numpy as np
 
 from sdk.compiler.hardware import TARGETS
 from sdk.errors import SdkError, UsageError
-from sdk.runtime.emu import ARENAS
+from sdk.runtime.arena import ARENAS
 from sdk.runtime.npu_insts import DdrPatch, InstructionStreamError, parse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def model_graphs(model: str):
     smaller; ASR windows as the model file says).
     `smoke` is the doctor's program (sdk.runtime.npu.smoke_graph)."""
     if model == SMOKE:
-        from sdk.runtime.npu import smoke_graph
+        from sdk.smoke import smoke_graph
         return [smoke_graph()]
     from sdk import hub
     from sdk.models import module_for
@@ -157,9 +157,10 @@ def build_program(program, model: str, out: Path, toolchain: Toolchain, budget_s
     """Build a compiled program's artifact as the npu backend loads it: from device_program(program, budget_s)
     (the backend's budget; default half the watchdog), under program.meta["content_key"]."""
     from kernels.fused import design as fused_design
-    from sdk.runtime import npu
+    from sdk.compiler import watchdog
+    from sdk.runtime import npu_artifacts as npu
     target, key = program.target, program.meta["content_key"]
-    device = npu.device_program(program, budget_s)
+    device = watchdog.split_dispatches(program, budget_s)
     dispatches = [s.op for e in device.entries.values() for s in e.steps if s.kind == "dispatch"]
     folder = out / target / key
     folder.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,8 @@ A Program is a set of named buffers (each with a usage: WEIGHTS, SCRATCH, STATE 
 entries (e.g. "forward", or "encode" and "decode_step"); an entry is an ordered list of steps over
 those buffers. A `host` step runs one op from ops.py on the host; a `dispatch` step is one NPU dispatch
 whose body lists the kernels it runs. Constants the compiler created travel with the program.
+A kernel reads each operand through a view chain (its access pattern): reshape / transpose / slice steps,
+applied by `apply_views` wherever a program is compiled or run.
 """
 from __future__ import annotations
 
@@ -39,6 +41,22 @@ class Buffer:
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+def apply_views(array: np.ndarray, views) -> np.ndarray:
+    """`array` seen through a view chain: ("reshape", shape), ("transpose", axes) or ("slice", axis, start,
+    stop, step), in order."""
+    for v in views:
+        if v[0] == "reshape":
+            array = array.reshape(v[1])
+        elif v[0] == "transpose":
+            array = np.transpose(array, v[1])
+        else:
+            _, axis, start, stop, step = v
+            index = [slice(None)] * array.ndim
+            index[axis] = slice(start, stop, step)
+            array = array[tuple(index)]
+    return array
 
 
 @dataclass(frozen=True)

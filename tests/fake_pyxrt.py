@@ -37,7 +37,7 @@ Faults to inject through FAKE.faults: "device" (no device), "context" (context c
 
 Artifacts for it are written by `write_artifacts(program, root)`: a program saved next to a JSON "xclbin"
 or "ELF" naming its dispatches, instruction streams that identify their dispatch, and a manifest entry written
-by the runtime's own writer (npu.manifest_entry / record_artifact), exactly where the npu backend looks.
+by the runtime's own writer (npu_artifacts.manifest_entry / record_artifact), exactly where the npu backend looks.
 """
 from __future__ import annotations
 
@@ -51,10 +51,12 @@ from pathlib import Path
 
 import numpy as np
 
+from sdk.compiler import watchdog
 from sdk.program import Program
-from sdk.runtime import npu
+from sdk.runtime import npu, npu_artifacts
 from sdk.runtime.backend import Counters
-from sdk.runtime.emu import ARENAS, EmuExecutable
+from sdk.runtime.arena import ARENAS
+from sdk.runtime.emu import EmuExecutable
 
 PAGE = 4096
 STREAM_MAGIC = 0x46414B45  # "FAKE": first word of every fake instruction stream
@@ -71,7 +73,7 @@ class World:
     """The fake machine: its NPU generation, limits, faults and a log of what crossed."""
     target: str = "npu2"
     memlock: float = float("inf")
-    watchdog_s: float = npu.WATCHDOG_S
+    watchdog_s: float = watchdog.WATCHDOG_S
     faults: set = field(default_factory=set)
     contexts: int = 0
     other_contexts: int = 0     # held by other processes
@@ -166,7 +168,7 @@ class _Design:
                         for s in doc.get("streams", [])]
         # a dispatch is named by its step (Step.op) or, as a toolchain names it, by its MLIR sequence symbol
         self.steps = {name: s for e in self.program.entries.values() for s in e.steps if s.kind == "dispatch"
-                      for name in (s.op, npu.sequence_name(s.op))}
+                      for name in (s.op, npu_artifacts.sequence_name(s.op))}
         self.executor = _DeviceExecutor(self.program)
 
 
@@ -492,7 +494,7 @@ def _dispatch(design: _Design, name: str, data: list, group_id, first: int) -> r
     if "error" in FAKE.faults:
         return run(state=ert_cmd_state.ERT_CMD_STATE_ERROR)
     step = design.steps[name]
-    if npu.dispatch_seconds(design.program, step) > FAKE.watchdog_s:
+    if watchdog.dispatch_seconds(design.program, step) > FAKE.watchdog_s:
         FAKE.timeouts += 1
         return run(state=ert_cmd_state.ERT_CMD_STATE_TIMEOUT)
     design.executor.dispatch(step, {a: b.device for a, b in zip(ARENAS, data)})
@@ -526,7 +528,7 @@ def write_artifacts(program: Program, root: Path, budget_s: float | None = None,
     operand is one static transfer. The manifest's "patches" come from kernels.build.patch_table on the files
     written, as the real build finds them."""
     from kernels import build as kbuild
-    dp = npu.device_program(program, budget_s)
+    dp = watchdog.split_dispatches(program, budget_s)
     key, target = program.meta["content_key"], program.target
     folder = Path(root) / target / key
     dp.save(folder / "program")
@@ -541,7 +543,7 @@ def write_artifacts(program: Program, root: Path, budget_s: float | None = None,
             files[f"insts/{s.op}"] = path
             streams.append({"dispatch": s.op, "file": path.name, "patches": patches,
                             "words": (scratchpad or {}).get(s.op, {})})
-        doc = {"fake_pyxrt": "xclbin", "uuid": key, "kernels": [npu.XCLBIN_KERNEL], "program": "program",
+        doc = {"fake_pyxrt": "xclbin", "uuid": key, "kernels": [npu_artifacts.XCLBIN_KERNEL], "program": "program",
                "streams": streams}
         (folder / "design.xclbin").write_text(json.dumps(doc))
         files["xclbin"] = folder / "design.xclbin"
@@ -550,10 +552,10 @@ def write_artifacts(program: Program, root: Path, budget_s: float | None = None,
                                 for d, words in scratchpad.items()}
     else:
         doc = {"fake_pyxrt": "elf", "program": "program", "scratchpad": scratchpad or {},
-               "sequences": {npu.sequence_name(s.op): s.op for s in dispatches}}
+               "sequences": {npu_artifacts.sequence_name(s.op): s.op for s in dispatches}}
         (folder / "design.elf").write_text(json.dumps(doc))
         files["elf"] = folder / "design.elf"
-    npu.record_artifact(root, key, npu.manifest_entry(dp, root, files, **extra))
+    npu_artifacts.record_artifact(root, key, npu_artifacts.manifest_entry(dp, root, files, **extra))
     return key
 
 

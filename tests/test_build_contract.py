@@ -8,8 +8,8 @@ so the names the runtime asks for are the names the design declares. Its output 
 tests/fake_pyxrt.py loads: where a real xclbin carries the compiled design, the fake one points at the device
 program, which the test saves next to it (the one thing the build itself does not write).
 
-Then, per target: sdk.runtime.npu.find_artifact(device_program(program)) finds and sha-verifies every required
-role of what the build recorded, and NpuBackend against the fake pyxrt loads that program from the built files
+Then, per target: sdk.runtime.npu_artifacts.find_artifact(program) (its dispatches as the watchdog pass split
+them) finds and sha-verifies every required role of what the build recorded, and NpuBackend against the fake pyxrt loads that program from the built files
 and runs it (EMULATED: outputs equal the emu backend's). Nothing here touches an NPU or the real toolchain.
 """
 from __future__ import annotations
@@ -24,9 +24,11 @@ import numpy as np
 import pytest
 
 from kernels import build as kbuild
+from sdk import smoke
 from sdk.compiler import compile as compile_graphs
+from sdk.compiler import watchdog
 from sdk.errors import ArtifactMissing
-from sdk.runtime import npu
+from sdk.runtime import npu, npu_artifacts
 from sdk.runtime.emu import EmuBackend
 
 from . import fake_pyxrt
@@ -103,27 +105,27 @@ def toolchain(tmp_path) -> kbuild.Toolchain:
 def _synthetic_budget(program) -> float:
     """A dispatch budget that splits the synthetic graph's single dispatch into a few (NAME.0, NAME.1, ...)."""
     step = next(s for e in program.entries.values() for s in e.steps if s.kind == "dispatch")
-    fixed = npu.dispatch_seconds(program, step) - sum(npu.kernel_seconds(program, k) for k in step.body)
-    biggest = max(npu.kernel_seconds(program, k) for k in step.body)
-    return 1.001 * max(npu.dispatch_seconds(program, step) / 3, fixed + biggest)
+    fixed = watchdog.dispatch_seconds(program, step) - sum(watchdog.kernel_seconds(program, k) for k in step.body)
+    biggest = max(watchdog.kernel_seconds(program, k) for k in step.body)
+    return 1.001 * max(watchdog.dispatch_seconds(program, step) / 3, fixed + biggest)
 
 
 def _dispatches(program) -> list[str]:
     return [s.op for e in program.entries.values() for s in e.steps if s.kind == "dispatch"]
 
 
-def _check_artifact(program, prebuilt: Path, budget_s=None) -> npu.Artifact:
+def _check_artifact(program, prebuilt: Path, budget_s=None) -> npu_artifacts.Artifact:
     """What the runtime finds for `program`: every required role present, under prebuilt/, sha-verified."""
-    device = npu.device_program(program, budget_s)
-    artifact = npu.find_artifact(device)
+    device = watchdog.split_dispatches(program, budget_s)
+    artifact = npu_artifacts.find_artifact(device)
     assert artifact.key == program.meta["content_key"] and artifact.target == program.target
-    assert list(artifact.files) == npu.required_roles(device)
+    assert list(artifact.files) == npu_artifacts.required_roles(device)
     for path in artifact.files.values():
         assert path.parent == prebuilt / program.target / artifact.key
     if program.target == "npu1":
         assert len(artifact.files) == 1 + len(_dispatches(device))
     else:
-        assert [artifact.sequence(d) for d in _dispatches(device)] == [npu.sequence_name(d) for d in
+        assert [artifact.sequence(d) for d in _dispatches(device)] == [npu_artifacts.sequence_name(d) for d in
                                                                        _dispatches(device)]
     # the fake device program stands in for the design the real xclbin / ELF would carry
     device.save(prebuilt / program.target / artifact.key / "program")
@@ -137,9 +139,9 @@ def test_built_smoke_artifact_is_found_and_runs(fake_npu, toolchain, monkeypatch
     monkeypatch.setattr(kbuild, "find_toolchain", lambda: toolchain)
     with standin.installed():
         assert kbuild.main(["smoke", "--target", target, "--out", str(prebuilt)]) == 0
-    program = compile_graphs([npu.smoke_graph()], target)  # compiled again: the key is deterministic
+    program = compile_graphs([smoke.smoke_graph()], target)  # compiled again: the key is deterministic
     _check_artifact(program, prebuilt)
-    assert "dispatch on " + target in npu.smoke_dispatch(target)  # the doctor's check, against the fake pyxrt
+    assert "dispatch on " + target in smoke.smoke_dispatch(target)  # the doctor's check, against the fake pyxrt
     assert fake_pyxrt.FAKE.dispatches == ["smoke#0"]
 
 
@@ -150,11 +152,11 @@ def test_built_split_program_is_found_and_runs_like_emu(fake_npu, toolchain, tar
     prebuilt = fake_npu(target)
     program = compile_graphs([synthetic_graph()], target)
     budget = _synthetic_budget(program)
-    assert len(_dispatches(npu.device_program(program, budget))) > len(_dispatches(program)) == 1
+    assert len(_dispatches(watchdog.split_dispatches(program, budget))) > len(_dispatches(program)) == 1
     with standin.installed():
         entry = kbuild.build_program(program, "synthetic", prebuilt, toolchain, budget)
     assert entry["key"] == program.meta["content_key"]
-    assert npu.read_manifest(prebuilt / "manifest.json")[entry["key"]]["files"] == entry["files"]
+    assert npu_artifacts.read_manifest(prebuilt / "manifest.json")[entry["key"]]["files"] == entry["files"]
     _check_artifact(program, prebuilt, budget)
 
     rng = np.random.default_rng(0)
@@ -162,7 +164,7 @@ def test_built_split_program_is_found_and_runs_like_emu(fake_npu, toolchain, tar
     inputs = {"x": rng.normal(size=(1, 16, 64)), "img": rng.normal(size=(1, 3, 16, 16)),
               "seq": rng.normal(size=(1, 16, 20)), "last": rng.normal(size=(1, 64))}
     inputs = {n: v.astype(np.float32) for n, v in inputs.items()} | {"length": np.int32(11)}
-    exe = npu.NpuBackend(target, budget_s=budget).load(program, weights)
+    exe = npu.NpuBackend(target).load(watchdog.split_dispatches(program, budget), weights)
     try:
         ours = exe.run(None, inputs)
     finally:
@@ -171,7 +173,7 @@ def test_built_split_program_is_found_and_runs_like_emu(fake_npu, toolchain, tar
     assert set(ours) == set(ref)
     for name in ref:
         np.testing.assert_array_equal(ours[name], ref[name], err_msg=name)
-    assert fake_pyxrt.FAKE.dispatches == _dispatches(npu.device_program(program, budget))
+    assert fake_pyxrt.FAKE.dispatches == _dispatches(watchdog.split_dispatches(program, budget))
 
 
 @pytest.mark.parametrize("target", ["npu2"])
@@ -182,7 +184,7 @@ def test_bert_fixture_builds_in_full_and_is_recorded(toolchain, tmp_path, target
     sdk/runtime/npu_insts.py, work in progress.)"""
     with standin.installed():
         entry = kbuild.build(str(FIXTURES / "bert"), target, tmp_path / "prebuilt", toolchain)
-    recorded = npu.read_manifest(tmp_path / "prebuilt" / "manifest.json")
+    recorded = npu_artifacts.read_manifest(tmp_path / "prebuilt" / "manifest.json")
     assert list(recorded) == [entry["key"]] and recorded[entry["key"]]["target"] == target
     assert all((tmp_path / "prebuilt" / f["path"]).is_file() for f in recorded[entry["key"]]["files"].values())
 
@@ -193,14 +195,14 @@ def test_a_rebuild_replaces_its_entry_and_keeps_the_others(toolchain, tmp_path):
         first = {t: kbuild.build("smoke", t, prebuilt, toolchain)["key"] for t in TARGETS}
         again = kbuild.build("smoke", "npu2", prebuilt, toolchain)["key"]
     assert again == first["npu2"]
-    assert {k: a["target"] for k, a in npu.read_manifest(prebuilt / "manifest.json").items()} == \
+    assert {k: a["target"] for k, a in npu_artifacts.read_manifest(prebuilt / "manifest.json").items()} == \
         {first["npu1"]: "npu1", first["npu2"]: "npu2"}
 
 
 def test_committed_manifest_reads_with_the_runtime_reader(monkeypatch):
-    monkeypatch.setattr(npu, "prebuilt_dirs", lambda: [npu.PREBUILT])
-    assert npu.read_manifests() == [(npu.PREBUILT, {})]
-    assert npu.artifact_keys("npu1") == npu.artifact_keys("npu2") == []
+    monkeypatch.setattr(npu_artifacts, "prebuilt_dirs", lambda: [npu_artifacts.PREBUILT])
+    assert npu_artifacts.read_manifests() == [(npu_artifacts.PREBUILT, {})]
+    assert npu_artifacts.artifact_keys("npu1") == npu_artifacts.artifact_keys("npu2") == []
 
 
 @pytest.mark.parametrize("doc", [{"format": 1, "artifacts": []}, {"artifacts": {}},
@@ -208,12 +210,12 @@ def test_committed_manifest_reads_with_the_runtime_reader(monkeypatch):
 def test_a_manifest_of_another_shape_is_a_typed_error(tmp_path, doc):
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
     with pytest.raises(ArtifactMissing, match="not a format-1 manifest") as e:
-        npu.read_manifest(tmp_path / "manifest.json")
+        npu_artifacts.read_manifest(tmp_path / "manifest.json")
     assert "aie-apps build" in e.value.fix
 
 
 def test_manifest_entry_refuses_files_that_do_not_match_the_program(tmp_path):
-    program = npu.device_program(compile_graphs([npu.smoke_graph()], "npu1"))
+    program = watchdog.split_dispatches(compile_graphs([smoke.smoke_graph()], "npu1"))
     (tmp_path / "final.xclbin").write_bytes(b"x")
     with pytest.raises(Exception, match=r"missing \['insts/smoke#0'\]"):
-        npu.manifest_entry(program, tmp_path, {"xclbin": tmp_path / "final.xclbin"})
+        npu_artifacts.manifest_entry(program, tmp_path, {"xclbin": tmp_path / "final.xclbin"})

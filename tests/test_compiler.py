@@ -7,6 +7,7 @@ import pytest
 
 from sdk import compiler, ops
 from sdk.compiler import catalog, cost, layout
+from sdk.runtime import packing
 from sdk.compiler.hardware import TARGETS
 from sdk.errors import ProgramError
 from sdk.graph import trace
@@ -78,22 +79,22 @@ def test_tile_major_packing_transposes_pads_and_round_trips():
     rng = np.random.default_rng(0)
     w = rng.normal(size=(37, 20)).astype(np.float32)  # [out, in] as PyTorch stores it
     recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": 20, "n": [37], "tk": 16, "tn": 8}
-    packed = layout.pack(recipe, {"w": w})
-    assert packed.shape == (2, 5, 16, 8) and packed.dtype == layout.BF16  # K 20 -> 32, N 37 -> 40
-    b = layout.untile(packed.astype(np.float32))
-    assert np.array_equal(b[:20, :37], w.T.astype(layout.BF16).astype(np.float32))
+    packed = packing.pack(recipe, {"w": w})
+    assert packed.shape == (2, 5, 16, 8) and packed.dtype == packing.BF16  # K 20 -> 32, N 37 -> 40
+    b = packing.untile(packed.astype(np.float32))
+    assert np.array_equal(b[:20, :37], w.T.astype(packing.BF16).astype(np.float32))
     assert not b[20:].any() and not b[:, 37:].any()
-    assert np.array_equal(packed[0, 1], b[:16, 8:16].astype(layout.BF16))  # each tile contiguous, row-major
+    assert np.array_equal(packed[0, 1], b[:16, 8:16].astype(packing.BF16))  # each tile contiguous, row-major
 
 
 def test_split_weights_store_fp16_weights_exactly_as_two_bf16_planes(monkeypatch):
     w = np.random.default_rng(1).normal(size=(24, 16)).astype(np.float16).astype(np.float32)
     recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": 16, "n": [24], "tk": 16,
               "tn": 8, "planes": 2}
-    packed = layout.pack(recipe, {"w": w})
-    assert packed.shape == (2, 1, 3, 16, 8) and packed.dtype == layout.BF16
-    assert np.array_equal(layout.untile(packed)[:16, :24], w.T)  # hi + lo: 16 bits, an fp16 weight exactly
-    assert not np.array_equal(layout.untile(packed[0]), w.T)     # one bf16 plane is not
+    packed = packing.pack(recipe, {"w": w})
+    assert packed.shape == (2, 1, 3, 16, 8) and packed.dtype == packing.BF16
+    assert np.array_equal(packing.untile(packed)[:16, :24], w.T)  # hi + lo: 16 bits, an fp16 weight exactly
+    assert not np.array_equal(packing.untile(packed[0]), w.T)     # one bf16 plane is not
     monkeypatch.setitem(catalog.SPLIT_WEIGHTS, "npu2", True)
     p = compiler.compile(whisper.graphs(whisper.TINY), "npu2")
     planes = {name: {k.attrs["tiling"].get("weight_planes", 1) for s in e.steps for k in s.body if k.op == "gemm"}
@@ -105,9 +106,9 @@ def test_split_weights_store_fp16_weights_exactly_as_two_bf16_planes(monkeypatch
 def test_packing_is_cached_by_content_not_by_name():
     w = np.ones((8, 8), np.float32)
     recipe = {"kind": "plain", "sources": [["w", []]], "shape": [8, 8], "dtype": "bfloat16"}
-    first = layout.pack(recipe, {"w": w})
-    assert layout.pack(recipe, {"w": w.copy()}) is first
-    assert layout.pack(recipe, {"w": w * 2}) is not first
+    first = packing.pack(recipe, {"w": w})
+    assert packing.pack(recipe, {"w": w.copy()}) is first
+    assert packing.pack(recipe, {"w": w * 2}) is not first
 
 
 def test_memory_plan_uses_four_arenas_and_reuses_scratch():

@@ -417,10 +417,10 @@ def test_installed_aie_apps_build_finds_the_checkouts_kernels(tmp_path):
 
 def test_committed_manifest_is_empty_and_valid():
     """The committed manifest is the runtime's format with no artifact (nothing can be built here)."""
-    from sdk.runtime import npu
+    from sdk.runtime import npu_artifacts
     doc = json.loads((kbuild.PREBUILT / "manifest.json").read_text())
-    assert doc == {"format": npu.MANIFEST_FORMAT, "artifacts": {}}
-    assert npu.read_manifest(kbuild.PREBUILT / "manifest.json") == {}
+    assert doc == {"format": npu_artifacts.MANIFEST_FORMAT, "artifacts": {}}
+    assert npu_artifacts.read_manifest(kbuild.PREBUILT / "manifest.json") == {}
 
 
 def test_content_key_follows_every_kernel_source_and_the_target(synthetic_programs, monkeypatch, tmp_path):

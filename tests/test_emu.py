@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from sdk.compiler import layout
+from sdk.runtime import packing
 from sdk.errors import InputError, ProgramError, UsageError
 from sdk.models import ARCHITECTURES, bert, clip, conformer, esm, resnet, vit, whisper
 from sdk.session import Session
@@ -217,11 +217,11 @@ def test_a_wrong_tile_transpose_is_caught_by_parity(monkeypatch, record_parity):
     graphs, weights, runs = _bert()
     with Session(graphs, weights, device="cpu") as cpu:
         ref = cpu.run(**runs[0][1])["hidden"]
-    good = layout.tile_major
+    good = packing.tile_major
     # the bug: each tile stored transposed ([tn, tk] instead of [tk, tn]); same bytes, same shape
-    monkeypatch.setattr(layout, "tile_major", lambda b, tk, tn: good(b, tk, tn).swapaxes(2, 3).reshape(
+    monkeypatch.setattr(packing, "tile_major", lambda b, tk, tn: good(b, tk, tn).swapaxes(2, 3).reshape(
         b.shape[0] // tk, b.shape[1] // tn, tk, tn))
-    monkeypatch.setattr(layout, "_CACHE", type(layout._CACHE)())
+    monkeypatch.setattr(packing, "_CACHE", type(packing._CACHE)())
     with Session(graphs, weights, device="emu") as emu:
         broken = emu.run(**runs[0][1])["hidden"]
     _, rel = record_parity("bert.broken_layout", broken, ref)
@@ -246,12 +246,14 @@ def _tampered(program, change):
     (lambda a: a | {"tiling": a["tiling"] | {"epilogue_operands": 5}}, r"input DMA channels"),
 ], ids=["l1", "program-memory", "bd-dimensions", "dma-channels"])
 def test_a_program_over_a_hardware_limit_is_refused_naming_kernel_and_limit(change, limit):
-    from sdk.runtime.emu import EmuBackend
+    """The compiler's check of every kernel against its target (compile_npu runs it on what it emits)."""
+    from sdk.compiler.npu import check_limits
     graphs, weights, _ = _bert()
     with Session(graphs, weights, device="emu") as s:
         program = s.program
+    check_limits(program)
     with pytest.raises(ProgramError, match=r"kernel gemm .*" + limit):
-        EmuBackend().load(_tampered(program, change), weights)
+        check_limits(_tampered(program, change))
 
 
 def test_programs_round_trip_to_disk_and_run(tmp_path):

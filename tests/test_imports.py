@@ -70,3 +70,45 @@ def test_importing_the_sdk_touches_no_hardware_and_no_torch():
             "bad = [m for m in ('pyxrt', 'torch', 'transformers', 'aie') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+# The runtime runs a Program without the compiler, and each backend stands alone: a backend's modules are the
+# backend's own file and the files named after it (npu_lock.py, npu_artifacts.py, ...); the cpu backend's ONNX
+# writer is its own too. Shared runtime code (arena, packing, backend, checks) belongs to no backend.
+BACKENDS = {"cpu": ("sdk.runtime.cpu", "sdk.runtime.opencv_net"), "emu": ("sdk.runtime.emu",),
+            "npu": ("sdk.runtime.npu",)}
+
+
+def backend_of(module: str) -> str | None:
+    for backend, owned in BACKENDS.items():
+        if any(module == m or module.startswith(m + "_") or module.startswith(m + ".") for m in owned):
+            return backend
+    return None
+
+
+def runtime_imports():
+    for path in (ROOT / "sdk" / "runtime").rglob("*.py"):
+        for target in imports(path):
+            yield module_name(path), target
+
+
+def test_the_runtime_never_imports_the_compiler():
+    bad = sorted({f"{m} imports {t}" for m, t in runtime_imports() if layer(t) == layer("sdk.compiler")})
+    assert not bad, "runtime -> compiler imports:\n" + "\n".join(bad)
+
+
+def test_no_backend_imports_another_backend():
+    bad = sorted({f"{m} imports {t}" for m, t in runtime_imports()
+                  if backend_of(m) and backend_of(t) and backend_of(m) != backend_of(t)})
+    assert not bad, "backend -> backend imports:\n" + "\n".join(bad)
+
+
+def test_the_rules_see_the_imports_they_forbid():
+    """The two checks above classify real module names as they should (else they could pass vacuously)."""
+    assert layer("sdk.compiler.layout") == layer("sdk.compiler") != layer("sdk.runtime.emu")
+    assert [backend_of(m) for m in ("sdk.runtime.npu_lock", "sdk.runtime.npu", "sdk.runtime.emu",
+                                    "sdk.runtime.opencv_net", "sdk.runtime.arena", "sdk.runtime.packing")] == \
+        ["npu", "npu", "emu", "cpu", None, None]
+    found = dict(runtime_imports())
+    assert found and set(found) >= {"sdk.runtime.npu", "sdk.runtime.emu", "sdk.runtime.arena"}
+    assert "sdk.runtime.arena" in {t for m, t in runtime_imports() if m == "sdk.runtime.emu"}

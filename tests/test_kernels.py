@@ -19,6 +19,7 @@ import pytest
 from kernels import dataflow
 from sdk import ops
 from sdk.compiler import layout
+from sdk.runtime import packing
 from sdk.program import Step
 from sdk.runtime import emu
 
@@ -181,7 +182,7 @@ def test_gemm_tiles_match_emu(lib, record_parity, mac, epilogue):
         x = bf16(x)  # bf16 A; the other cases read an fp32 A (the residual stream), rounded by the MACs
     Kp = 48
     recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
-    packed = layout.pack(recipe, {"w": w})                                # [Kp/k, N/n, k, n] bf16
+    packed = packing.pack(recipe, {"w": w})                                # [Kp/k, N/n, k, n] bf16
     chain = chain_of(*epilogue)
     tiling = {"M": M, "K": K, "N": N, "m": m, "k": k, "n": n, "Kp": Kp, "Np": N, "precision": "bf16"}
     ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b}, chain=chain, tiling=tiling, n_head=3)
@@ -220,7 +221,7 @@ def test_gemm_residual_epilogue_matches_emu(lib, record_parity, mac):
     x, w, b = bf16(g.normal(size=(M, K))), g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
     res = g.normal(size=(M, N)).astype(np.float32)
     recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
-    packed = layout.pack(recipe, {"w": w})
+    packed = packing.pack(recipe, {"w": w})
     chain = chain_of(("add", 3, True))
     tiling = {"M": M, "K": K, "N": N, "m": m, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16"}
     ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b, "res": res}, out_dtype=np.float32,
@@ -255,7 +256,7 @@ def test_gemm_norm_prologue_matches_emu(lib, record_parity, op):
     w, b = g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
     gamma, beta = g.normal(size=K).astype(np.float32), g.normal(size=K).astype(np.float32)
     recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
-    packed = layout.pack(recipe, {"w": w})
+    packed = packing.pack(recipe, {"w": w})
     tiling = {"M": M, "K": K, "N": N, "m": m, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16"}
     norm_inputs = {"gamma": gamma, "beta": beta} if op == "layer_norm" else {"gamma": gamma}
     prologue = {"op": op, "attrs": {"eps": 1e-5}, "operands": list(range(3, 3 + len(norm_inputs)))}
@@ -340,7 +341,7 @@ def test_gemv_matches_emu(lib, record_parity):
     g = rng(2)
     x, w, b = bf16(g.normal(size=(1, K))), g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
     recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
-    packed = layout.pack(recipe, {"w": w})
+    packed = packing.pack(recipe, {"w": w})
     chain = chain_of(("gelu_tanh",))
     tiling = {"M": 1, "K": K, "N": N, "m": 4, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16"}
     ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b}, chain=chain, tiling=tiling, n_head=3)
@@ -367,7 +368,7 @@ def test_gemv_residual_epilogue_matches_emu(lib, record_parity):
     x, w, b = bf16(g.normal(size=(1, K))), g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
     res = g.normal(size=(1, N)).astype(np.float32)
     recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
-    packed = layout.pack(recipe, {"w": w})
+    packed = packing.pack(recipe, {"w": w})
     chain = chain_of(("add", 3, False))
     tiling = {"M": 1, "K": K, "N": N, "m": 4, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16"}
     ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b, "res": res}, out_dtype=np.float32,
@@ -395,7 +396,7 @@ def split_case(seed, M, K, N, k, n):
     x, w, b = bf16(g.normal(size=(M, K))), g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
     recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n,
               "planes": 2}
-    packed = layout.pack(recipe, {"w": w})
+    packed = packing.pack(recipe, {"w": w})
     tiling = {"M": M, "K": K, "N": N, "m": 4, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16",
               "weight_planes": 2}
     ref, hi_only = (golden("gemm", "linear", {"x": x, "w@packed": p, "bias": b}, out_dtype=np.float32, tiling=tiling,
@@ -467,7 +468,7 @@ def test_gemv_norm_prologue_matches_emu(lib, record_parity, op):
     w, b = g.normal(size=(N, K)).astype(np.float32), g.normal(size=N).astype(np.float32)
     gamma, beta = g.normal(size=K).astype(np.float32), g.normal(size=K).astype(np.float32)
     recipe = {"kind": "gemm_b", "sources": [["w", []]], "transpose_b": True, "k": K, "n": [N], "tk": k, "tn": n}
-    packed = layout.pack(recipe, {"w": w})
+    packed = packing.pack(recipe, {"w": w})
     tiling = {"M": 1, "K": K, "N": N, "m": 4, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16"}
     norm_inputs = {"gamma": gamma, "beta": beta} if op == "layer_norm" else {"gamma": gamma}
     prologue = {"op": op, "attrs": {"eps": 1e-5}, "operands": list(range(3, 3 + len(norm_inputs)))}

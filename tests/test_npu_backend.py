@@ -4,6 +4,7 @@ dispatch with the emulator's semantics. Everything here is EMULATED: no NPU is t
 `npu` at the end run the same cases on a real Ryzen AI NPU and skip elsewhere, saying why."""
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import subprocess
@@ -13,10 +14,11 @@ import warnings
 import numpy as np
 import pytest
 
-from sdk import compiler, runtime
+from sdk import compiler, runtime, smoke
+from sdk.compiler import watchdog
 from sdk.errors import (ArtifactMissing, ContextLimit, DeviceBusy, DeviceUnavailable, DispatchTimeout,
-                        MemlockTooLow, UsageError)
-from sdk.runtime import checks, npu
+                        MemlockTooLow, ProgramError, UsageError)
+from sdk.runtime import checks, npu, npu_artifacts, npu_lock
 from sdk.runtime.emu import EmuBackend
 from sdk.session import Session
 
@@ -30,12 +32,11 @@ PCI_IDS = {"npu1": "0x1502", "npu2": "0x17f0"}
 @pytest.fixture
 def fake_npu(monkeypatch, tmp_path):
     """machine(target, **limits) -> the prebuilt/ folder of a fake Ryzen AI laptop: PCI id in sysfs, a device
-    node, pyxrt (the fake), a lock file, memlock as the fake pins it."""
+    node (whose flock is the NPU lock), pyxrt (the fake), memlock as the fake pins it."""
     monkeypatch.setitem(sys.modules, "pyxrt", fake_pyxrt)
     monkeypatch.setattr(checks, "SYSFS_PCI", tmp_path / "sys")
     monkeypatch.setattr(checks, "DEVICE_NODES", str(tmp_path / "accel*"))
-    monkeypatch.setattr(npu, "prebuilt_dirs", lambda: [tmp_path / "prebuilt"])
-    monkeypatch.setattr(npu, "LOCK_FILE", tmp_path / "npu.lock")
+    monkeypatch.setattr(npu_artifacts, "prebuilt_dirs", lambda: [tmp_path / "prebuilt"])
     monkeypatch.setattr(npu, "memlock_limit", lambda: fake_pyxrt.FAKE.memlock)
     monkeypatch.setattr(runtime, "_warned", False)
     (tmp_path / "accel0").touch()
@@ -137,16 +138,16 @@ def test_one_weight_upload_serves_many_runs_and_states(fake_npu):
 def test_a_dispatch_over_the_watchdog_is_split_and_still_matches(fake_npu, target):
     graphs, weights, runs = CASES["bert"]()
     program = compiler.compile(graphs, target)
-    whole = npu.dispatch_seconds(program, program.entry(None).steps[0])
+    whole = watchdog.dispatch_seconds(program, program.entry(None).steps[0])
     budget = whole / 3
     prebuilt = fake_npu(target, watchdog_s=budget * 1.001)  # the device stops anything over the budget
     build(graphs, target, prebuilt, budget_s=budget)
-    exe = npu.NpuBackend(budget_s=budget).load(program, weights)
+    exe = npu.NpuBackend().load(watchdog.split_dispatches(program, budget), weights)
     try:
         out = exe.run(None, runs[0][1])["hidden"]
-        chunks = [s for s in exe.device.entry(None).steps if s.kind == "dispatch"]
+        chunks = [s for s in exe.program.entry(None).steps if s.kind == "dispatch"]
         assert exe.counters.dispatches == len(chunks) >= 3
-        assert all(npu.dispatch_seconds(program, c) <= budget for c in chunks)
+        assert all(watchdog.dispatch_seconds(program, c) <= budget for c in chunks)
         assert (fake_pyxrt.FAKE.timeouts, fake_pyxrt.FAKE.runlists) == (0, 1)  # the chunks went as one batch
     finally:
         exe.close()
@@ -160,9 +161,9 @@ def test_a_split_dispatch_that_fails_is_a_typed_error(fake_npu, target, fault, s
     """A runlist's own runs have no defined state in XRT: its wait() raises, naming the failed run's state."""
     graphs, weights, runs = CASES["bert"]()
     program = compiler.compile(graphs, target)
-    budget = npu.dispatch_seconds(program, program.entry(None).steps[0]) / 3
+    budget = watchdog.dispatch_seconds(program, program.entry(None).steps[0]) / 3
     build(graphs, target, fake_npu(target), budget_s=budget)
-    exe = npu.NpuBackend(budget_s=budget).load(program, weights)
+    exe = npu.NpuBackend().load(watchdog.split_dispatches(program, budget), weights)
     try:
         fake_pyxrt.FAKE.faults.add(fault)
         with pytest.raises(DispatchTimeout, match=state) as e:
@@ -177,13 +178,29 @@ def test_a_split_dispatch_that_fails_is_a_typed_error(fake_npu, target, fault, s
 def test_an_unsplit_dispatch_over_the_watchdog_times_out_with_a_typed_error(fake_npu):
     graphs, weights, runs = CASES["bert"]()
     program = compiler.compile(graphs, "npu2")
-    whole = npu.dispatch_seconds(program, program.entry(None).steps[0])
+    whole = watchdog.dispatch_seconds(program, program.entry(None).steps[0])
     prebuilt = fake_npu("npu2", watchdog_s=whole / 2)
     build(graphs, "npu2", prebuilt)  # planned for the real watchdog, which this device does not honour
     with Session(graphs, weights, device="npu") as s:
         with pytest.raises(DispatchTimeout, match="watchdog") as e:
             s.run(**runs[0][1])
     assert e.value.exit_code == 3 and e.value.fix and fake_pyxrt.FAKE.timeouts == 1
+    assert f"estimated {whole * 1e3:.1f} ms" in e.value.message  # the compiler's estimate, from the program
+
+
+def test_the_watchdog_plan_is_recorded_in_the_program_and_required(fake_npu):
+    """The compiler's last pass plans every dispatch against the watchdog and records it; the runtime runs the
+    steps it is given and refuses a program that was never planned (it would not know a dispatch fits)."""
+    graphs, weights, _ = CASES["bert"]()
+    program = compiler.compile(graphs, "npu2")
+    plan = program.meta["watchdog"]
+    assert plan["budget_s"] == watchdog.WATCHDOG_S * watchdog.WATCHDOG_MARGIN and plan["driver_s"] == watchdog.WATCHDOG_S
+    assert plan["estimates_s"] == {s.op: watchdog.dispatch_seconds(program, s) for s in program.entry(None).steps}
+    build(graphs, "npu2", fake_npu("npu2"))
+    unplanned = dataclasses.replace(program, meta={k: v for k, v in program.meta.items() if k != "watchdog"})
+    with pytest.raises(ProgramError, match="watchdog") as e:
+        npu.NpuBackend().load(unplanned, weights)
+    assert "compile" in e.value.fix and fake_pyxrt.FAKE.contexts == 0
 
 
 # ---- faults -> typed errors, nothing left pinned or locked -------------------------------------------------
@@ -256,11 +273,10 @@ def test_contexts_held_by_other_programs_npu2(fake_npu):
 
 def test_device_busy_when_another_process_holds_the_npu(fake_npu):
     graphs, weights, runs = _bert_on(fake_npu)
-    fd = os.open(npu.LOCK_FILE, os.O_RDWR | os.O_CREAT)  # another program: its own open file, its own lock
+    fd = os.open(npu_lock.device_node(), os.O_RDONLY)  # another program: its own open file, its own lock
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        os.write(fd, b"4242")
-        with pytest.raises(DeviceBusy, match="4242") as e:
+        with pytest.raises(DeviceBusy, match=f"process {os.getpid()}") as e:
             Session(graphs, weights, device="npu")
         assert "--device cpu" in e.value.fix
         with warnings.catch_warnings(record=True) as caught:  # auto falls back instead
@@ -287,7 +303,7 @@ def test_sessions_of_one_process_share_the_device(fake_npu):
 
 def test_missing_or_corrupt_artifacts_say_how_to_build_them(fake_npu):
     prebuilt = fake_npu("npu2")
-    build([npu.smoke_graph()], "npu2", prebuilt)  # artifacts exist for this target, not for this model
+    build([smoke.smoke_graph()], "npu2", prebuilt)  # artifacts exist for this target, not for this model
     graphs, weights, _ = CASES["bert"]()
     with pytest.raises(ArtifactMissing, match="no npu2 artifact for this program") as e:
         Session(graphs, weights, device="npu")
@@ -421,7 +437,7 @@ def test_auto_uses_the_npu_when_device_and_artifacts_are_present(fake_npu):
 
 def test_auto_falls_back_once_when_this_model_has_no_artifact(fake_npu):
     prebuilt = fake_npu("npu2")
-    build([npu.smoke_graph()], "npu2", prebuilt)  # the target has artifacts, this model has none
+    build([smoke.smoke_graph()], "npu2", prebuilt)  # the target has artifacts, this model has none
     graphs, weights, runs = CASES["bert"]()
     sessions, warned = _auto(lambda: [Session(graphs, weights, device="auto") for _ in range(2)])
     with Session(graphs, weights, device="cpu") as cpu:
@@ -444,7 +460,7 @@ def test_dictation_on_auto_falls_back_and_loses_no_audio(fake_npu):
     from .dictation_support import RATE, librivox_clips, wer
 
     prebuilt = fake_npu("npu2")
-    build([npu.smoke_graph()], "npu2", prebuilt)
+    build([smoke.smoke_graph()], "npu2", prebuilt)
     wav, reference = librivox_clips()[0]
     clip, _ = soundfile.read(str(wav), dtype="float32")
     made = []
@@ -468,16 +484,16 @@ def test_dictation_on_auto_falls_back_and_loses_no_audio(fake_npu):
 
 def test_doctor_checks_artifacts_and_runs_a_smoke_dispatch(fake_npu):
     prebuilt = fake_npu("npu1")
-    found = {c.name: c for c in checks.npu_runtime_checks([])}
+    found = {c.name: c for c in checks.npu_runtime_checks([], smoke.smoke_dispatch)}
     assert found["NPU artifacts"].status == "fail" and "aie-apps build" in found["NPU artifacts"].fix
     assert found["smoke dispatch"].status == "fail" and found["smoke dispatch"].fix
-    build([npu.smoke_graph()], "npu1", prebuilt)
-    found = {c.name: c for c in checks.npu_runtime_checks([])}
+    build([smoke.smoke_graph()], "npu1", prebuilt)
+    found = {c.name: c for c in checks.npu_runtime_checks([], smoke.smoke_dispatch)}
     assert found["NPU artifacts"].status == "ok"
     assert found["smoke dispatch"].status == "ok" and "1 dispatch on npu1" in found["smoke dispatch"].detail
     fake_pyxrt.FAKE.faults.add("timeout")
-    smoke = {c.name: c for c in checks.npu_runtime_checks([])}["smoke dispatch"]
-    assert smoke.status == "fail" and "TIMEOUT" in smoke.detail and smoke.fix
+    check = {c.name: c for c in checks.npu_runtime_checks([], smoke.smoke_dispatch)}["smoke dispatch"]
+    assert check.status == "fail" and "TIMEOUT" in check.detail and check.fix
 
 
 # ---- the same cases on a real NPU (skipped without one) ---------------------------------------------------
@@ -503,6 +519,6 @@ def test_real_npu_matches_cpu_one_dispatch_per_run(name, record_parity):
 
 @pytest.mark.npu
 def test_real_npu_doctor_passes_with_a_smoke_dispatch():
-    found = {c.name: c for c in checks.run_checks()}
+    found = {c.name: c for c in checks.run_checks(smoke.smoke_dispatch)}
     assert found["NPU artifacts"].status == "ok", found["NPU artifacts"]
     assert found["smoke dispatch"].status == "ok", found["smoke dispatch"]

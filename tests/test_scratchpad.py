@@ -16,6 +16,7 @@ from kernels import build as kbuild
 from kernels.fused import design as fused_design
 from sdk import ops
 from sdk.compiler import compile as compile_graphs
+from sdk.compiler import watchdog
 from sdk.errors import ArtifactMissing, InputError
 from sdk.graph import trace
 from sdk.runtime import npu
@@ -52,7 +53,7 @@ def weights():
 def built(target="npu2", n=1, with_sites=False, budget_s=None):
     """The program, and the scratchpad words per dispatch as kernels/build.py records them (and on npu1 the
     transfers of each dispatch, per dispatch, as kernels/build.py records them)."""
-    program = npu.device_program(compile_graphs([graph(n)], target), budget_s)
+    program = watchdog.split_dispatches(compile_graphs([graph(n)], target), budget_s)
     with standin.installed():
         fused, sites = kbuild.fused_build(program, target)
     dispatches = [s.op for e in program.entries.values() for s in e.steps if s.kind == "dispatch"]
@@ -165,15 +166,16 @@ def test_npu1_split_dispatches_patch_their_own_streams(fake_npu):
     """A dispatch split for the watchdog runs as a runlist; each part's stream carries its own patches."""
     program = compile_graphs([graph()], "npu1")
     step = next(s for s in program.entry("decode").steps if s.kind == "dispatch")
-    fixed = npu.dispatch_seconds(program, step) - sum(npu.kernel_seconds(program, k) for k in step.body)
-    budget = 1.001 * max(npu.dispatch_seconds(program, step) / 3, fixed + max(npu.kernel_seconds(program, k)
+    fixed = watchdog.dispatch_seconds(program, step) - sum(watchdog.kernel_seconds(program, k) for k in step.body)
+    budget = 1.001 * max(watchdog.dispatch_seconds(program, step) / 3, fixed + max(watchdog.kernel_seconds(program, k)
                                                                              for k in step.body))
     prebuilt = fake_npu("npu1")
     _, words, sites = built("npu1", with_sites=True, budget_s=budget)
     assert len(words) > 1 and sum(1 for w in words.values() if w) > 1   # the words are spread over the parts
     fake_pyxrt.write_artifacts(program, prebuilt, budget, scratchpad={d: w for d, w in words.items() if w},
                                sites=sites)
-    exe, emu = npu.NpuBackend(budget_s=budget).load(program, weights()), EmuBackend().load(program, weights())
+    exe = npu.NpuBackend().load(watchdog.split_dispatches(program, budget), weights())
+    emu = EmuBackend().load(program, weights())
     try:
         st, st_emu = exe.new_state(), emu.new_state()
         for pos, tok in ((0, 5), (4, 39), (CACHE - 1, 0)):
@@ -345,7 +347,7 @@ def test_npu1_every_design_places_its_transfers():
     """kernels/build.py finds the run operand behind every fill and drain of every design (test_designs' graph
     that uses all of them), each inside its arena."""
     from .test_designs import synthetic_graph
-    program = npu.device_program(compile_graphs([synthetic_graph()], "npu1"))
+    program = watchdog.split_dispatches(compile_graphs([synthetic_graph()], "npu1"))
     with standin.installed():
         with kbuild.static_transfers() as log:
             fused = fused_design.build(program, "npu1")
@@ -369,7 +371,7 @@ def test_insts_parser_names_the_older_ipu_format():
 def test_npu1_transfers_follow_a_recorded_sequence_order():
     """A design that records params["sequence"] (the run operand behind each runtime-sequence argument) is placed by
     it; without it the build matches the sequence's tensors to the run's operands by size and dtype in order."""
-    program = npu.device_program(compile_graphs([graph()], "npu1"))
+    program = watchdog.split_dispatches(compile_graphs([graph()], "npu1"))
     with standin.installed():
         with kbuild.static_transfers() as log:
             fused = fused_design.build(program, "npu1")

@@ -37,7 +37,7 @@ import numpy as np
 from kernels import dataflow as df
 from kernels import design_module, design_name
 from sdk.program import Program
-from sdk.runtime.npu import sequence_name
+from sdk.runtime.npu_artifacts import sequence_name
 
 ARENAS = ("weights", "state", "io", "scratch")
 MLIR_TYPES = {"bfloat16": "bf16", "float32": "f32", "int32": "i32"}
@@ -226,7 +226,7 @@ def _named(text: str, name: str) -> str:
 
 def sequence_symbol(dispatch: str) -> str:
     """The runtime sequence of a dispatch step in the main device: the runtime's kernel name for it
-    (sdk.runtime.npu.sequence_name, "forward#0.1" -> "main:forward_0_1") without the device."""
+    (sdk.runtime.npu_artifacts.sequence_name, "forward#0.1" -> "main:forward_0_1") without the device."""
     return sequence_name(dispatch).split(":", 1)[1]
 
 

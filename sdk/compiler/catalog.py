@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ProgramError
+from ..program import apply_views
 from .hardware import KB, Target
 
 # Core program size of each kind's kernel (bytes of the 16 KB program memory; DMA-only kinds run no core code)
@@ -226,7 +227,6 @@ def _contiguous_run(ref, shape_of, K: int) -> int:
     if not views:
         return 0
     from .fuse import Ref  # noqa: PLC0415
-    from .layout import apply_views  # noqa: PLC0415 - layout imports this module
     base = shape_of(Ref(ref.value))
     rows = apply_views(np.arange(math.prod(base)).reshape(base), views)
     if rows.shape[-1] != K:  # a convolution's K is its window, not A's row

@@ -6,11 +6,13 @@
   layout     stored form of every weight (bf16, tile-major, padded), packed at load time        layout.py
   memory     four arenas (weights, state, io, scratch), offsets, scratch reused by liveness      memory.py
   schedule   one dispatch per entry run when every op is on the NPU; emit the Program           schedule.py
+  watchdog   a dispatch estimated over half the driver's watchdog split into several            watchdog.py
 
 The program is the contract with the emu and npu backends and with kernels/:
 - buffers: each with an arena (weights | state | io | scratch) and a byte offset; dtypes as stored on the
   device (bf16 activations, fp32 residual stream and weight vectors, packed bf16 GEMM weights).
-- entry steps: `dispatch` (one NPU dispatch; attrs: params = runtime-parameter IO buffers it reads, kernels;
+- entry steps: `dispatch` (one NPU dispatch; attrs: params = runtime-parameter IO buffers it reads, kernels,
+  split_of when the watchdog pass split it;
   body = kernel steps in order) or `host` (one op from ops.py; attrs: attrs, views, reason).
 - kernel step: op = catalog kind; inputs / outputs = buffer names (None for an absent operand); attrs:
   name, head {op, attrs} (the graph op the kernel is built around), n_head (head operands come first),
@@ -19,9 +21,10 @@ The program is the contract with the emu and npu backends and with kernels/:
   weight_bytes; GEMMs also n_splits (outputs' widths), prologue {op, attrs, operands} (a norm of A),
   state_writes [{output, axis, views, pos}] (an output stored into a cache at a runtime position),
   stored_width (Np: the output buffer is padded to whole tiles, its readers slice it; memory.pad_to_tiles).
-- meta: layout (packing recipe per weights buffer, see layout.py; layout.weights_image builds the arena),
+- meta: layout (packing recipe per weights buffer, see layout.py; sdk/runtime/packing.py builds the arena),
   source_shapes, arenas (bytes per arena), npu_fraction, toolchain, content_key (kernels/ sources + steps +
-  placement + target + toolchain pin: what prebuilt artifacts are stored under).
+  placement + target + toolchain pin: what prebuilt artifacts are stored under), watchdog (the dispatch
+  budget and each dispatch's estimate, watchdog.py).
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ import numpy as np
 from ..errors import UsageError
 from ..graph import Graph
 from ..program import Program
-from . import TARGET_COMPILERS, catalog, layout, memory, schedule
+from . import TARGET_COMPILERS, catalog, layout, memory, schedule, watchdog
 from .fuse import fuse
 from .hardware import TARGETS
 from .partition import fraction, partition, shape_of
@@ -66,17 +69,25 @@ def compile_npu(graphs: Sequence[Graph], target: str) -> Program:
     weight_buffers, recipes = layout.plan(fused, hw, constants)
     buffers, arenas = memory.plan(fused, weight_buffers, hw)
     entries = {f.name: schedule.emit(f, buffers) for f in fused}
-    for e in entries.values():  # a tiling that cannot fit is a compiler bug or an impossible op: say which
-        for s in e.steps:
-            for k in s.body:
-                catalog.check(k, hw)
     source_shapes = {s[0]: list(np.shape(constants[s[0]]) if s[0] in constants else _source_shape(graphs, s[0]))
                      for r in recipes.values() for s in r["sources"] if s}  # layout may add constants (pads)
     meta = {"graphs": names, "layout": recipes, "source_shapes": source_shapes, "arenas": arenas,
             "npu_fraction": fraction(stats), "toolchain": TOOLCHAIN_PIN}
     program = Program(target, buffers, entries, constants, meta)
+    check_limits(program)
     meta["content_key"] = content_key(program)
-    return program
+    return watchdog.split_dispatches(program)
+
+
+def check_limits(program: Program) -> None:
+    """Every kernel of the program within its target's limits, or a ProgramError naming the kernel and the
+    limit (a tiling that cannot fit is a compiler bug or an impossible op). The runtime trusts a compiled
+    program's kernels: this is where they are checked."""
+    hw = TARGETS[program.target]
+    for e in program.entries.values():
+        for s in e.steps:
+            for k in s.body:
+                catalog.check(k, hw)
 
 
 def _source_shape(graphs, name):

@@ -11,6 +11,7 @@ import os
 import resource
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 # PCI device ids of AMD NPUs (vendor 0x1022) -> our target names. One table; unknown ids are reported, never guessed.
 NPU_PCI_IDS = {0x1502: "npu1", 0x17F0: "npu2"}
@@ -52,7 +53,9 @@ def find_npu_pci(sysfs: Path | None = None) -> list[NpuPci]:
     return found
 
 
-def run_checks() -> list[Check]:
+def run_checks(smoke_dispatch: Callable[[str], str]) -> list[Check]:
+    """Every check, in order; `smoke_dispatch(target)` runs the last one (sdk.smoke.smoke_dispatch: it compiles,
+    which the runtime does not)."""
     checks: list[Check] = []
     npus = find_npu_pci()
     if not npus:
@@ -111,32 +114,32 @@ def run_checks() -> list[Check]:
         checks.append(Check("mlir-aie toolchain", "warn", "mlir_aie is not installed (needed only to build kernels; "
                             "prebuilt artifacts run without it)", "see kernels/README.md for the pinned wheels"))
 
-    checks += npu_runtime_checks(checks)
+    checks += npu_runtime_checks(checks, smoke_dispatch)
     return checks
 
 
-def npu_runtime_checks(before: list[Check]) -> list[Check]:
+def npu_runtime_checks(before: list[Check], smoke_dispatch: Callable[[str], str]) -> list[Check]:
     """The last layer: prebuilt artifacts for this target, then one real dispatch (this one opens the device)."""
     from ..errors import SdkError
-    from . import npu
+    from . import npu, npu_artifacts
     blocking = [c.name for c in before if c.status == "fail" and c.name in ("device node", "XRT (pyxrt)")]
     try:
         target = npu.detect_target()
     except SdkError as e:
         return [Check("NPU artifacts", "fail", f"not checked: {e.message}", e.fix)]
-    keys = npu.artifact_keys(target)
+    keys = npu_artifacts.artifact_keys(target)
     if keys:
         out = [Check("NPU artifacts", "ok", f"{len(keys)} prebuilt {target} artifact(s)")]
     else:
         out = [Check("NPU artifacts", "fail", f"no prebuilt {target} artifacts in "
-                     + " or ".join(str(d / "manifest.json") for d in npu.prebuilt_dirs()),
-                     npu.BUILD_FIX.format(target=target))]
+                     + " or ".join(str(d / "manifest.json") for d in npu_artifacts.prebuilt_dirs()),
+                     npu_artifacts.BUILD_FIX.format(target=target))]
     if blocking or not keys:
         reason = ", ".join(blocking) if blocking else "NPU artifacts"
         return out + [Check("smoke dispatch", "fail", f"not run: {reason} failed",
                             "fix the failing checks above, then run `aie-apps doctor` again")]
     try:
-        detail = npu.smoke_dispatch(target)
+        detail = smoke_dispatch(target)
     except SdkError as e:
         return out + [Check("smoke dispatch", "fail", e.message, e.fix)]
     return out + [Check("smoke dispatch", "ok", detail)]

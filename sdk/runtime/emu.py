@@ -1,7 +1,7 @@
 """The emu backend: a functional emulator of an NPU program, run on the host.
 
-It does what the device does, in the device's terms: four arenas of bytes (weights uploaded once at load;
-scratch and io per executable; state per State object), each kernel step reading its operands out of the
+It does what the device does, in the device's terms: four arenas of bytes in host memory (weights uploaded
+once at load; scratch and io per executable; state per State object), each kernel step reading its operands out of the
 arenas through their access patterns and storing its result back, the packed weight layouts decoded the way
 the kernel's DMA reads them, and the NPU's numerics:
 - values stored in the dtypes the program gives their buffers: bf16 (round to nearest even) for activations,
@@ -14,26 +14,23 @@ the kernel's DMA reads them, and the NPU's numerics:
   sharing an exponent, 8-bit signed mantissas, round to nearest even);
 - exp as 2^(x log2 e) with a degree-6 polynomial for the fraction, and GELU / SiLU / sigmoid / tanh /
   softmax built on it: the approximations the kernels in kernels/ implement.
-It counts what crosses between host and device per run (dispatches, syncs, bytes each way, weight bytes)
-and refuses programs that break a hardware limit of their target, naming the kernel and the limit.
+It counts what crosses between host and device per run (dispatches, syncs, bytes each way, weight bytes).
+The arenas, views, weight packing and host steps are the runtime's shared arena executable (arena.py), the
+same ones the npu backend runs on; the kernels' hardware limits are checked by the compiler.
 Everything measured here is emulated, not timed on hardware.
 """
 from __future__ import annotations
 
 from typing import Mapping
 
-import ml_dtypes
 import numpy as np
 
-from ..compiler import catalog, layout
-from ..compiler.hardware import TARGETS
-from ..errors import InputError, ProgramError, UsageError
+from ..errors import InputError, UsageError
 from ..ops import ERFC_A, ERFC_P, OPS
-from ..program import Program, Step, Usage
-from .backend import Counters, State, check_inputs
-
-BF16 = np.dtype(ml_dtypes.bfloat16)
-ARENAS = ("weights", "state", "io", "scratch")
+from ..program import Program, Step, apply_views
+from . import packing
+from .arena import BF16, NPU_TARGETS, ArenaExecutable, ArenaState
+from .backend import State
 # operands a kernel does not stream through the core: the packed GEMM weight (read tile by tile, decoded
 # once below) and the cache a state write lands in
 NOT_STREAMED = {("gemm", 1), ("state_write", 0)}
@@ -115,43 +112,32 @@ def bfp16(x, axis):
 
 # ---- the backend -------------------------------------------------------------------------------------
 
-class EmuState(State):
-    """A stream's state arena; `buffers` are views into it (what State.reset() zeroes)."""
+class EmuState(ArenaState):
+    """A stream's state arena, in host memory."""
 
     def __init__(self, program: Program):
-        self.arena = np.zeros(program.meta["arenas"]["state"], np.uint8)
-        super().__init__({n: _view(self.arena, b) for n, b in program.buffers_of(Usage.STATE).items()})
+        super().__init__(program, np.zeros(program.meta["arenas"]["state"], np.uint8))
 
 
-def _view(arena: np.ndarray, buf) -> np.ndarray:
-    return arena[buf.offset:buf.offset + buf.nbytes].view(buf.dtype).reshape(buf.shape)
+class EmuExecutable(ArenaExecutable):
+    state_type = EmuState
 
-
-class EmuExecutable:
     def __init__(self, program: Program, weights: Mapping[str, np.ndarray]):
-        self.program = program
-        self.target = validate(program)
-        self.counters = Counters()
-        self.arenas = {"weights": layout.weights_image(program, weights),
+        super().__init__(program)
+        self.arenas = {"weights": packing.weights_image(program, weights),
                        "scratch": np.zeros(program.meta["arenas"]["scratch"], np.uint8),
                        "io": np.zeros(program.meta["arenas"]["io"], np.uint8)}
         # the one upload of the session: weights cross to the device here and never again
         self.counters.weight_bytes_to_device += self.arenas["weights"].nbytes
         self.counters.bytes_to_device += self.arenas["weights"].nbytes
         self.counters.syncs += 1
-        self._unpacked: dict[str, np.ndarray] = {}
 
     # -- protocol --
     def new_state(self) -> EmuState:
         return EmuState(self.program)
 
     def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None) -> dict:
-        e = self.program.entry(entry)
-        data = check_inputs(self.program, entry, inputs)
-        if state is None and any(b.arena == "state" for b in self._touched(e)):
-            raise UsageError(f"entry {e.name!r} reads or writes state", fix="pass state=session.new_state()")
-        if state is not None and not isinstance(state, EmuState):
-            raise UsageError("this state was not made by the emu backend", fix="use session.new_state()")
+        e, data = self._begin(entry, inputs, state)
         self._state = state
         for name, array in data.items():  # inputs and runtime parameters: one ranged sync of the io arena
             self._store(name, array)
@@ -166,8 +152,7 @@ class EmuExecutable:
                 self._host(step)
         out = {}
         for name, buf in e.outputs.items():
-            value = np.array(self._load(buf))
-            out[name] = value.astype(np.float32) if value.dtype == BF16 else value
+            out[name] = np.array(self._load(buf))
             self.counters.bytes_from_device += self.program.buffers[buf].nbytes
         self.counters.syncs += 1
         self.counters.runs += 1
@@ -177,32 +162,15 @@ class EmuExecutable:
     def close(self):
         self.arenas, self._unpacked = {}, {}
 
-    # -- memory --
-    def _touched(self, e):
-        names = [n for s in e.steps for k in (s.body or (s,)) for n in (*k.inputs, *k.outputs) if n]
-        return [self.program.buffers[n] for n in names] + [self.program.buffers[b] for b in e.outputs.values()]
-
-    def _raw(self, name: str) -> np.ndarray:
-        buf = self.program.buffers[name]
-        arena = self._state.arena if buf.arena == "state" else self.arenas[buf.arena]
-        return _view(arena, buf)
-
-    def _load(self, name: str, views=()) -> np.ndarray:
-        a = layout.apply_views(self._raw(name), views)
-        return a.astype(np.float32) if a.dtype == BF16 else a
-
-    def _store(self, name: str, value) -> None:
-        raw = self._raw(name)
-        raw[...] = np.asarray(value).astype(raw.dtype) if raw.dtype != BF16 else np.asarray(value, np.float32)
+    def _arena(self, arena: str) -> np.ndarray:
+        return self.arenas[arena]
 
     # -- steps --
     def _host(self, step: Step) -> None:
         """A host op between dispatches: its operands come back from the device and its result goes out."""
         args = [self._load(n, v) if n is not None else None for n, v in zip(step.inputs, step.attrs["views"])]
         self.counters.bytes_from_device += sum(a.nbytes for a in args if a is not None)
-        op = OPS[step.op]
-        result = op.ref(*([args] if op.variadic else args), **step.attrs["attrs"])
-        self._store(step.outputs[0], result)
+        self._store(step.outputs[0], self.host_result(step, args))
         self.counters.bytes_to_device += self.program.buffers[step.outputs[0]].nbytes
         self.counters.syncs += 2
         self.counters.host_ops += 1
@@ -222,7 +190,7 @@ class EmuExecutable:
             for i, (name, part) in enumerate(zip(k.outputs, parts)):
                 if i in writes:
                     w = writes[i]
-                    self._write_cache(name, layout.apply_views(part, w["views"]), int(args[w["pos"]]), w["axis"])
+                    self._write_cache(name, apply_views(part, w["views"]), int(args[w["pos"]]), w["axis"])
                 else:
                     self._store(name, part)
             return
@@ -250,12 +218,6 @@ class EmuExecutable:
         index = [slice(None)] * target.ndim
         index[axis] = slice(pos, pos + n)
         target[tuple(index)] = value.astype(target.dtype)
-
-    def weight_matrix(self, name: str) -> np.ndarray:
-        """A packed GEMM weight as the kernel reads it: tiles from the arena back to [Kp, Np] (decoded once)."""
-        if name not in self._unpacked:
-            self._unpacked[name] = layout.untile(self._load(name))
-        return self._unpacked[name]
 
 
 def _operand(k: Step, x, axis):
@@ -365,44 +327,12 @@ KERNELS = {"gemm": _gemm, "bmm": _bmm, "mha": _mha, "eltwise": _eltwise, "softma
            "conv": _conv, "gather": _gather}
 
 
-def validate(program: Program):
-    """The target's limits, checked before anything runs; a ProgramError names the kernel and the limit."""
-    if program.target not in TARGETS:
-        raise ProgramError(f"the emu backend runs npu1/npu2 programs; this one is for {program.target!r}",
-                           fix="compile for npu1 or npu2 (Session(device='emu') does)")
-    target = TARGETS[program.target]
-    arenas = {b.arena for b in program.buffers.values()}
-    if not arenas <= set(ARENAS):
-        raise ProgramError(f"buffers use arenas {sorted(arenas)}; a program has at most {list(ARENAS)}")
-    sizes = program.meta["arenas"]
-    for b in program.buffers.values():
-        if b.offset < 0 or b.offset + b.nbytes > sizes[b.arena]:
-            raise ProgramError(f"buffer {b.name} [{b.offset}, {b.offset + b.nbytes}) lies outside its "
-                               f"{b.arena} arena of {sizes[b.arena]} bytes")
-    for e in program.entries.values():
-        for s in e.steps:
-            if s.kind == "host":
-                if s.op not in OPS:
-                    raise ProgramError(f"host step {s.op} is not an op of this SDK")
-                continue
-            for k in s.body:
-                catalog.check(k, target)
-                if k.op == "gemm":
-                    t = k.attrs["tiling"]
-                    want = (t["Kp"] // t["k"], t["Np"] // t["n"], t["k"], t["n"])
-                    want = (t["weight_planes"], *want) if t.get("weight_planes", 1) > 1 else want
-                    if program.buffers[k.inputs[1]].shape != want:
-                        raise ProgramError(f"kernel gemm ({k.attrs['name']}): packed weight {k.inputs[1]} has "
-                                           f"shape {program.buffers[k.inputs[1]].shape}, its tiling reads {want}")
-    return target
-
-
 class EmuBackend:
     name = "emu"
 
     def __init__(self, target: str = "npu2"):
-        if target not in TARGETS:
-            raise UsageError(f"unknown NPU target {target!r}", fix=f"use one of {sorted(TARGETS)}")
+        if target not in NPU_TARGETS:
+            raise UsageError(f"unknown NPU target {target!r}", fix=f"use one of {list(NPU_TARGETS)}")
         self.target = target
 
     def load(self, program: Program, weights: Mapping[str, np.ndarray]) -> EmuExecutable:

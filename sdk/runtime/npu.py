@@ -4,74 +4,39 @@ What a session does on the device, in order:
 - the target (npu1 / npu2) comes from the NPU's PCI id through the one table, checks.NPU_PCI_IDS;
   an unknown id is an error, never a guess;
 - the program's artifact is looked up in prebuilt/manifest.json under the program's content key and its
-  files are checked against their sha256: an xclbin plus one instruction stream per dispatch (npu1), or
-  one full ELF holding every dispatch as a runtime sequence (npu2);
+  files are checked against their sha256 (npu_artifacts.py, which also documents the manifest);
 - one hardware context and its kernel(s) per session; the instruction streams go to the device once (on
   npu1 a dispatch with runtime words then has those few words rewritten and synced before each start);
-  the data lives in four arena buffers (weights, state, io, scratch), passed to every runtime sequence
-  in that order;
+  the data lives in four arena buffers (weights, state, io, scratch: arena.py), passed to every runtime
+  sequence in that order;
 - weights are synced to the device once, at load; a run syncs only the byte ranges of its inputs and
   runtime parameters (to the device) and of its outputs (from it); a host op between two dispatches
   syncs only its operands;
-- a dispatch whose cost-model estimate could exceed the driver's watchdog is split into consecutive
-  dispatches before anything runs (`device_program`; the build splits it the same way);
-- one process-wide lock serialises NPU work, and a lock file keeps other processes off the device
-  (the NPU is single-tenant).
+- the dispatch steps run as the program has them: the compiler already split any whose estimate could
+  exceed the driver's watchdog (sdk/compiler/watchdog.py); consecutive ones go out as one runlist;
+- one process-wide lock serialises NPU work, and an flock on the device node keeps every other process,
+  of any user, off the device (the NPU is single-tenant; npu_lock.py).
 Every failure is a typed error with its fix. pyxrt is imported when the backend is opened, not before.
-
-The manifest (this module reads and writes it: read_manifest, manifest_entry, record_artifact; kernels/build.py
-and the tests' fake build both write through them):
-    {"format": 1, "artifacts": {CONTENT_KEY: {"target": "npu1" | "npu2",
-        "files": {ROLE: {"path": PATH relative to the manifest's folder, "sha256": HEX}},
-        "kernel": "MLIR_AIE",                    # npu1: the xclbin's kernel (optional)
-        "sequences": {DISPATCH: KERNEL_NAME},    # npu2: each dispatch's kernel in the ELF (optional)
-        "scratchpad": {DISPATCH: {WORD: {"index", "buffer", "element", "add", "scale", "limit"}}},  # optional
-        "patches": {DISPATCH: {WORD: [{"at", "base", "bytes"}]}}}}}             # npu1, with "scratchpad"
-CONTENT_KEY is the compiled program's meta["content_key"] (sdk/compiler/npu.py: kernels/** sources, steps,
-placement, target, toolchain pin). ROLE is "xclbin" and "insts/DISPATCH" for every dispatch step of
-device_program(program) on npu1, and "elf" on npu2. DISPATCH is a dispatch step's name (`Step.op`, e.g.
-"forward#0", or "forward#0.1" when split); an npu2 kernel name defaults to sequence_name(DISPATCH), e.g.
-"main:forward_0".
-"scratchpad" lists the per-run words a dispatch's DMAs add to their base addresses (IRON scratchpad parameters,
-kernels/README.md "Runtime parameters"): before each start the host writes word = (buffer[element] + add) * scale
-(an int32 io buffer it writes anyway, e.g. the position or a token id; the sum checked within 0..limit) as uint32
-number `index` of the run's control scratchpad (`run.get_ctrl_scratchpad_bo()`, which pyxrt binds from XRT 2.26 on) and
-syncs it. Only npu2 (full ELF) has a control scratchpad. npu1 gets the same words by patching its instruction
-streams (sdk/runtime/npu_insts.py): "patches" lists, per word, the DDR-patch ops of the dispatch's insts file that
-belong to the transfers the word shifts: `at` is the word index of the op's argplus, `base` its static value (the
-transfer at word 0, a byte offset in its arena), `bytes` the element size of the transfer's tensor. Before each
-start the host writes argplus = base + word * bytes into the dispatch's instruction BO and syncs those words; the
-firmware then resolves the shifted address. An npu1 artifact with words but no patch for one of them is refused.
 """
 from __future__ import annotations
 
-import dataclasses
-import fcntl
-import hashlib
 import importlib
 import itertools
-import json
-import os
-import re
 import resource
-import tempfile
 import threading
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
 
-from ..compiler import cost, layout
-from ..compiler.hardware import TARGETS
 from ..errors import (ArtifactMissing, ContextLimit, DeviceBusy, DeviceUnavailable, DispatchTimeout, InputError,
                       MemlockTooLow, ProgramError, UsageError)
-from ..ops import OPS
-from ..program import Program, Step, Usage
-from . import checks, npu_insts
-from .backend import Counters, State, check_inputs
-from .emu import ARENAS, BF16, validate
+from ..program import Program, Step
+from . import checks, npu_artifacts, npu_insts, npu_lock, packing
+from .arena import ARENAS, NPU_TARGETS, ArenaExecutable, ArenaState
+from .backend import State
+from .npu_artifacts import BUILD_FIX, Artifact, find_artifact
 
 # kernel(OPCODE_TRANSACTION, instruction BO, instruction count in 32-bit WORDS, *arena BOs): opcode 3 makes
 # the firmware execute the instruction stream (mlir-aie's host code; a byte count here is mlir-aie#1609)
@@ -79,18 +44,10 @@ OPCODE_TRANSACTION = 3
 INSTRUCTION_ARG = 1            # the instruction BO is argument 1 of an xclbin kernel: kernel.group_id(1)
 FIRST_ARENA_ARG = {"npu1": 3,  # xclbin kernel: (opcode, instructions, count, *arenas)
                    "npu2": 0}  # full-ELF kernel: the arenas are its only arguments
-XCLBIN_KERNEL = "MLIR_AIE"
 MAX_HOST_BUFFERS = 5           # more per kernel crashed or silently skipped a DMA (mlir-aie#3248)
 CONTEXT_LIMIT = {"npu1": 6, "npu2": 16}  # hardware contexts per NPU, shared by every process
-WATCHDOG_S = 4.0               # amdxdna's tdr_timeout_ms allows ~4-6 s per dispatch
-WATCHDOG_MARGIN = 0.5          # plan each dispatch to half of it: the cost model is an estimate
 PAGE = 4096                    # BOs are pinned in whole pages
 SYNC_GAP = 64                  # ranges this close are synced as one (the memory plan aligns buffers to 64 B)
-PREBUILT = Path(__file__).resolve().parents[2] / "prebuilt"
-LOCK_FILE = Path(tempfile.gettempdir()) / "aie-apps-npu.lock"
-MANIFEST_FORMAT = 1
-BUILD_FIX = ("build them on a machine with the mlir-aie toolchain: `aie-apps build MODEL --target {target}` "
-             "(see kernels/README.md), or run with --device emu / cpu")
 
 
 # ---- target ------------------------------------------------------------------------------------------
@@ -108,27 +65,20 @@ def detect_target() -> str:
     return n.target
 
 
-# ---- artifacts ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Artifact:
-    key: str
-    target: str
-    files: dict[str, Path]      # role -> checked file
-    kernel: str = XCLBIN_KERNEL
-    sequences: dict[str, str] = dataclasses.field(default_factory=dict)
-    scratchpad: dict[str, dict] = dataclasses.field(default_factory=dict)   # dispatch -> {word: spec}
-    patches: dict[str, dict] = dataclasses.field(default_factory=dict)      # npu1: dispatch -> {word: [site]}
-
-    def sequence(self, dispatch: str) -> str:
-        return self.sequences.get(dispatch, sequence_name(dispatch))
+def artifacts_problem() -> str:
+    """Why device="auto" must not pick the NPU even though a device node and pyxrt exist, or ""."""
+    try:
+        target = detect_target()
+        if not npu_artifacts.artifact_keys(target):
+            folders = " or ".join(map(str, npu_artifacts.prebuilt_dirs()))
+            return (f"no prebuilt NPU artifacts for {target} in {folders}; "
+                    f"build them with `aie-apps build MODEL --target {target}`")
+    except DeviceUnavailable as e:
+        return e.message
+    return ""
 
 
-def sequence_name(dispatch: str) -> str:
-    """The default kernel name of a dispatch in a full ELF: device "main", runtime sequence named after the
-    dispatch in MLIR symbol characters ("forward#0.1" -> "main:forward_0_1")."""
-    return "main:" + re.sub(r"[^A-Za-z0-9_]", "_", dispatch)
-
+# ---- per-run words: DMA addresses set by a run's values ---------------------------------------------
 
 def scratchpad_words(words: Mapping[str, dict], values: Mapping[str, np.ndarray]) -> dict[int, int]:
     """One dispatch's control-scratchpad words, {index: uint32} (word_values at each word's index)."""
@@ -152,182 +102,6 @@ def word_values(words: Mapping[str, dict], values: Mapping[str, np.ndarray]) -> 
     return table
 
 
-def prebuilt_dirs() -> list[Path]:
-    """Where manifests are read: the user's own folder ($AIE_APPS_HOME/prebuilt, for artifacts copied there)
-    first, then the repo's prebuilt/ (where kernels/build.py writes)."""
-    from ..settings import load
-    return [load().home / "prebuilt", PREBUILT]
-
-
-def read_manifests() -> list[tuple[Path, dict]]:
-    """(folder, {content key: artifact entry}) of every prebuilt folder that has a manifest.json."""
-    return [(folder, read_manifest(folder / "manifest.json")) for folder in prebuilt_dirs()
-            if (folder / "manifest.json").is_file()]
-
-
-def read_manifest(path: Path) -> dict:
-    """The artifacts of one manifest.json ({} when it does not exist); a manifest of another shape is an error."""
-    path = Path(path)
-    if not path.exists():
-        return {}
-    fix = "rebuild it: `aie-apps build MODEL --target ...` (or delete it)"
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ArtifactMissing(f"cannot read {path}: {e}", fix=fix)
-    arts = doc.get("artifacts") if isinstance(doc, dict) else None
-    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT or not isinstance(arts, dict) \
-            or not all(isinstance(a, dict) and isinstance(a.get("files"), dict) for a in arts.values()):
-        raise ArtifactMissing(f"{path} is not a format-{MANIFEST_FORMAT} manifest "
-                              '({"format": 1, "artifacts": {CONTENT_KEY: {"target", "files": {ROLE: ...}}}})', fix=fix)
-    return arts
-
-
-def manifest_entry(program: Program, root: Path, files: Mapping[str, Path], **extra) -> dict:
-    """The manifest entry of `program`'s artifact (program = device_program(...), as the build splits it):
-    `files` maps every required role to its file under `root` (the prebuilt folder); each is recorded with its
-    path relative to root and its sha256, exactly as find_artifact checks them. `extra`: kernel (npu1),
-    sequences (npu2: DISPATCH -> kernel name), and anything informative (model, toolchain, ...)."""
-    root = Path(root).resolve()
-    want, have = required_roles(program), set(files)
-    if set(want) != have:
-        raise ProgramError(f"the artifact's files do not match its program: missing {sorted(set(want) - have)}, "
-                           f"unexpected {sorted(have - set(want))}",
-                           fix="build from npu.device_program(program), one file per required role")
-    recorded = {}
-    for role in want:
-        path = Path(files[role]).resolve()
-        if not path.is_file():
-            raise ProgramError(f"artifact file {path} ({role}) was not written",
-                               fix=BUILD_FIX.format(target=program.target))
-        recorded[role] = {"path": path.relative_to(root).as_posix(), "sha256": _sha256(path)}
-    return {**extra, "target": program.target, "files": recorded}
-
-
-def record_artifact(root: Path, key: str, entry: dict) -> Path:
-    """Add (or replace) the artifact `key` in root/manifest.json, written atomically; returns the manifest's path."""
-    path = Path(root) / "manifest.json"
-    arts = read_manifest(path)
-    arts[key] = entry
-    doc = {"format": MANIFEST_FORMAT, "artifacts": dict(sorted(arts.items()))}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def artifact_keys(target: str) -> list[str]:
-    return [k for _, arts in read_manifests() for k, a in arts.items() if a.get("target") == target]
-
-
-def required_roles(program: Program) -> list[str]:
-    if program.target == "npu2":
-        return ["elf"]
-    return ["xclbin"] + [f"insts/{s.op}" for e in program.entries.values() for s in e.steps if s.kind == "dispatch"]
-
-
-def find_artifact(program: Program) -> Artifact:
-    """The checked artifact of a device program (its content key on its target), or ArtifactMissing."""
-    key, target = program.meta.get("content_key", ""), program.target
-    fix = BUILD_FIX.format(target=target)
-    manifests = read_manifests()
-    if not manifests:
-        raise ArtifactMissing(f"no prebuilt NPU artifacts: no manifest.json in {', '.join(map(str, prebuilt_dirs()))}",
-                              fix=fix)
-    for folder, arts in manifests:
-        a = arts.get(key)
-        if a is None or a.get("target") != target:
-            continue
-        files = {}
-        for role in required_roles(program):
-            entry = a.get("files", {}).get(role)
-            if entry is None:
-                raise ArtifactMissing(f"artifact {key} in {folder} has no {role!r} file", fix=fix)
-            path = folder / entry["path"]
-            if not path.is_file():
-                raise ArtifactMissing(f"artifact file {path} is missing", fix=fix)
-            if _sha256(path) != entry["sha256"]:
-                raise ArtifactMissing(f"artifact file {path} does not match its sha256 in the manifest (corrupt or "
-                                      "rebuilt without updating the manifest)", fix=fix)
-            files[role] = path
-        return Artifact(key, target, files, a.get("kernel", XCLBIN_KERNEL), dict(a.get("sequences", {})),
-                        dict(a.get("scratchpad", {})), dict(a.get("patches", {})))
-    entries = ", ".join(program.entries)
-    raise ArtifactMissing(f"no {target} artifact for this program (content key {key}; entries {entries}) in "
-                          f"{', '.join(str(f / 'manifest.json') for f, _ in manifests)}", fix=fix)
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def artifacts_problem() -> str:
-    """Why device="auto" must not pick the NPU even though a device node and pyxrt exist, or ""."""
-    try:
-        target = detect_target()
-        if not artifact_keys(target):
-            return (f"no prebuilt NPU artifacts for {target} in {' or '.join(map(str, prebuilt_dirs()))}; "
-                    f"build them with `aie-apps build MODEL --target {target}`")
-    except DeviceUnavailable as e:
-        return e.message
-    return ""
-
-
-# ---- the watchdog: dispatches planned to fit it --------------------------------------------------------
-
-def kernel_seconds(program: Program, k: Step) -> float:
-    tiling = k.attrs["tiling"]
-    kc = cost.KernelCost(k.op, k.attrs["flops"], cost.dram_bytes(program, k), tiling.get("cores", 1),
-                         tiling.get("precision", "bf16"))
-    overhead, compute, memory = cost.kernel_us(kc, TARGETS[program.target])
-    return (overhead + max(compute, memory)) / 1e6
-
-
-def dispatch_seconds(program: Program, step: Step) -> float:
-    """Cost-model estimate of one dispatch on the device (an estimate, not a measurement)."""
-    fixed = (cost.LAUNCH_US + 2 * cost.SYNC_US) / 1e6
-    return fixed + sum(kernel_seconds(program, k) for k in step.body)
-
-
-def device_program(program: Program, budget_s: float | None = None) -> Program:
-    """The program as the device runs it: every dispatch whose estimate exceeds `budget_s` (default: half
-    the driver's watchdog) split into consecutive dispatches that each fit, named "NAME.0", "NAME.1", ...
-    The build makes one runtime sequence per dispatch step of this program; the content key is unchanged."""
-    budget = WATCHDOG_S * WATCHDOG_MARGIN if budget_s is None else budget_s
-    fixed = (cost.LAUNCH_US + 2 * cost.SYNC_US) / 1e6
-    entries = {}
-    for name, e in program.entries.items():
-        steps = []
-        for s in e.steps:
-            if s.kind != "dispatch" or dispatch_seconds(program, s) <= budget:
-                steps.append(s)
-                continue
-            chunks, chunk, used = [], [], fixed
-            for k in s.body:
-                t = kernel_seconds(program, k)
-                if fixed + t > budget:
-                    raise ProgramError(f"kernel {k.op} ({k.attrs.get('name')}) of {s.op} is estimated at {t:.2f} s, "
-                                       f"over the {budget:.2f} s planned per dispatch (watchdog ~{WATCHDOG_S} s)",
-                                       fix="use a smaller shape bucket, or raise amdxdna's tdr_timeout_ms")
-                if chunk and used + t > budget:
-                    chunks.append(chunk)
-                    chunk, used = [], fixed
-                chunk.append(k)
-                used += t
-            chunks.append(chunk)
-            for i, body in enumerate(chunks):
-                params = [p for p in s.attrs.get("params", []) if any(p in k.inputs for k in body)]
-                steps.append(Step("dispatch", f"{s.op}.{i}", (), (),
-                                  {**s.attrs, "params": params, "kernels": len(body), "split_of": s.op}, tuple(body)))
-        entries[name] = dataclasses.replace(e, steps=tuple(steps))
-    return dataclasses.replace(program, entries=entries)
-
-
 # ---- the device, shared by every session of the process -----------------------------------------------
 
 _LOCK = threading.RLock()  # all NPU work of this process, one call at a time (the device actor)
@@ -343,15 +117,15 @@ def _pages(n: int) -> int:
 
 
 class _Device:
-    """pyxrt.device(0), the cross-process lock file, and what this process holds on the NPU."""
+    """pyxrt.device(0), the cross-process NPU lock (npu_lock), and what this process holds on the NPU."""
     current: "_Device | None" = None
 
     def __init__(self, pyxrt):
-        self.fd = _take_lock_file()
+        self.lock = npu_lock.acquire()
         try:
             self.handle = pyxrt.device(0)
         except Exception as e:
-            os.close(self.fd)
+            self.lock.release()
             raise DeviceUnavailable(f"XRT cannot open the NPU: {e}",
                                     fix="run `aie-apps doctor`; check the amdxdna driver, firmware and "
                                         "`xrt-smi examine`") from None
@@ -371,43 +145,21 @@ class _Device:
         if self.users == 0 and _Device.current is self:
             _Device.current = None
             self.handle = None
-            os.close(self.fd)
-
-
-def _take_lock_file() -> int:
-    try:
-        fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
-    except PermissionError:
-        fd = os.open(LOCK_FILE, os.O_RDONLY)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        raise DeviceBusy(f"the NPU is in use by another program (process {holder}, lock {LOCK_FILE})",
-                         fix="close the other aie-apps program using the NPU, or run this one with --device cpu") \
-            from None
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-    except OSError:
-        pass  # a read-only lock file still locks; the holder's pid is only shown in the message
-    return fd
+            self.lock.release()
 
 
 # ---- the backend --------------------------------------------------------------------------------------
 
-class NpuState(State):
+class NpuState(ArenaState):
     """A stream's state arena in its own device BO; the host copy goes to the device before the next run
     after it was created or reset, and stays on the device otherwise."""
 
     def __init__(self, exe: "NpuExecutable"):
-        size = exe.program.meta["arenas"]["state"]
-        self.bo, self.host = exe._alloc(size, "state")
+        self.bo, arena = exe._alloc(exe.program.meta["arenas"]["state"], "state")
         self.owner = weakref.ref(exe)
         self.dirty = True
-        self.host[:] = 0
-        super().__init__({n: _view(self.host, b) for n, b in exe.program.buffers_of(Usage.STATE).items()})
+        arena[:] = 0
+        super().__init__(exe.program, arena)
 
     def reset(self):
         super().reset()
@@ -431,21 +183,22 @@ def _check_patches(words: np.ndarray, sites: Mapping[str, list], path: Path) -> 
                                       fix=BUILD_FIX.format(target="npu1"))
 
 
-def _view(arena: np.ndarray, buf) -> np.ndarray:
-    return arena[buf.offset:buf.offset + buf.nbytes].view(buf.dtype).reshape(buf.shape)
+class NpuExecutable(ArenaExecutable):
+    state_type = NpuState
 
-
-class NpuExecutable:
     def __init__(self, backend: "NpuBackend", program: Program, weights: Mapping[str, np.ndarray]):
         if program.target != backend.target:
             raise ProgramError(f"this program was compiled for {program.target}; the NPU here is {backend.target}",
                                fix=f"compile for {backend.target} (Session(device='npu') does)")
-        validate(program)
-        self.program = program
-        self.device = device_program(program, backend.budget_s)
-        self.counters = Counters()
-        self.pyxrt, self.target = backend.pyxrt, backend.target
-        artifact = find_artifact(self.device)
+        if "watchdog" not in program.meta:
+            raise ProgramError("this program's dispatches were not planned for the driver's watchdog",
+                               fix="compile it with this SDK's compiler (sdk.compiler.compile), which does")
+        super().__init__(program)
+        image = packing.weights_image(program, weights)  # checks the weights before the device is touched
+        self.pyxrt = backend.pyxrt
+        self._watchdog = program.meta["watchdog"]
+        self._wait_ms = int(2 * self._watchdog["driver_s"] * 1000)  # the driver's watchdog fires first
+        artifact = find_artifact(program)
         self._scratchpad = {d: words for d, words in artifact.scratchpad.items() if words}
         self._patches = {d: artifact.patches.get(d, {}) for d in self._scratchpad} if self.target == "npu1" else {}
         for d, words in self._scratchpad.items() if self.target == "npu1" else ():
@@ -454,12 +207,10 @@ class NpuExecutable:
                 raise ArtifactMissing(f"the npu1 artifact {artifact.key} sets DMA addresses per run in {d} but "
                                       f"records no instruction patch for {', '.join(missing)} (built before npu1 "
                                       "instruction patching?)", fix=BUILD_FIX.format(target="npu1"))
-        image = layout.weights_image(program, weights)  # checks the weights before the device is touched
         self._bos: dict[str, object] = {}
         self._host: dict[str, np.ndarray] = {}
         self._pinned = 0
         self._context = None
-        self._state: NpuState | None = None  # the state of the run in progress
         self._closed = False
         with _LOCK:
             self._dev = _Device.acquire(self.pyxrt)
@@ -507,7 +258,7 @@ class NpuExecutable:
         self.counters.weight_bytes_to_device += image.nbytes
 
     def _dispatches(self):
-        return [s for e in self.device.entries.values() for s in e.steps if s.kind == "dispatch"]
+        return [s for e in self.program.entries.values() for s in e.steps if s.kind == "dispatch"]
 
     def _create_context(self, artifact: Artifact):
         x = self.pyxrt
@@ -583,14 +334,9 @@ class NpuExecutable:
             return NpuState(self)
 
     def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None) -> dict:
-        e = self.device.entry(entry)
-        data = check_inputs(self.program, entry, inputs)
+        e, data = self._begin(entry, inputs, state)
         for s in e.steps:  # a word out of range would move a DMA outside its tensor: refused before anything runs
             scratchpad_words(self._scratchpad.get(s.op, {}), data)
-        if state is None and any(b.arena == "state" for b in self._touched(e)):
-            raise UsageError(f"entry {e.name!r} reads or writes state", fix="pass state=session.new_state()")
-        if state is not None and (not isinstance(state, NpuState) or state.owner() is not self):
-            raise UsageError("this state was not made by this npu session", fix="use session.new_state()")
         to_dev = self.pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
         with _LOCK:
             self._check_open()
@@ -609,7 +355,7 @@ class NpuExecutable:
                         self._dispatch(tuple(steps))
                     else:
                         for step in steps:
-                            self._host_step(step)
+                            self._host(step)
                 out = {name: self._fetch(buf) for name, buf in e.outputs.items()}
             finally:
                 self._state = None
@@ -637,30 +383,23 @@ class NpuExecutable:
         if self._closed:
             raise UsageError("this npu session is closed", fix="open a new Session")
 
-    # -- memory --
-    def _touched(self, e):
-        names = [n for s in e.steps for k in (s.body or (s,)) for n in (*k.inputs, *k.outputs) if n]
-        return [self.program.buffers[n] for n in names] + [self.program.buffers[b] for b in e.outputs.values()]
+    def _owns(self, state: State) -> bool:
+        return isinstance(state, NpuState) and state.owner() is self
 
-    def _arena(self, arena: str):
-        """(bo, host view) of an arena, the state arena being the current run's State."""
+    # -- memory --
+    def _arena(self, arena: str) -> np.ndarray:
+        return self._host[arena]
+
+    def _bo_of(self, arena: str):
         if arena == "state":
             if self._state is None:
                 raise UsageError("this step needs a state", fix="pass state=session.new_state()")
-            return self._state.bo, self._state.host
-        return self._bos[arena], self._host[arena]
-
-    def _raw(self, name: str) -> np.ndarray:
-        buf = self.program.buffers[name]
-        return _view(self._arena(buf.arena)[1], buf)
-
-    def _store(self, name: str, value) -> None:
-        raw = self._raw(name)
-        raw[...] = np.asarray(value, np.float32) if raw.dtype == BF16 else np.asarray(value).astype(raw.dtype)
+            return self._state.bo
+        return self._bos[arena]
 
     def _sync(self, arena: str, direction, ranges) -> None:
         """Sync byte ranges of one arena, merging neighbours (the memory plan pads buffers to 64 B)."""
-        bo = self._arena(arena)[0]
+        bo = self._bo_of(arena)
         to_device = direction == self.pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE
         merged: list[list[int]] = []
         for start, n in sorted(r for r in ranges if r[1] > 0):
@@ -681,8 +420,7 @@ class NpuExecutable:
         buf = self.program.buffers[name]
         if buf.arena != "weights":  # weights are read-only: the host copy is what was uploaded
             self._sync(buf.arena, self.pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_FROM_DEVICE, [(buf.offset, buf.nbytes)])
-        a = np.array(layout.apply_views(self._raw(name), views))
-        return a.astype(np.float32) if a.dtype == BF16 else a
+        return np.array(self._load(name, views))
 
     # -- steps --
     def _dispatch(self, group: tuple[Step, ...]) -> None:
@@ -697,11 +435,11 @@ class NpuExecutable:
         try:
             if len(group) == 1 and (group[0].op not in self._scratchpad or self.target == "npu1"):
                 runs = [self._kernel_for(group[0].op)(*self._args(group[0], bos))]  # calling a kernel starts it
-                states = [runs[0].wait(int(2 * WATCHDOG_S * 1000))]  # the driver's watchdog fires first
+                states = [runs[0].wait(self._wait_ms)]  # the driver's watchdog fires first
             elif len(group) == 1:
                 runs = [self._run(group[0], bos)]
                 runs[0].start()
-                states = [runs[0].wait(int(2 * WATCHDOG_S * 1000))]
+                states = [runs[0].wait(self._wait_ms)]
             else:  # XRT leaves a listed run's own state undefined: wait() raises on the first one that failed
                 batch = x.runlist(self._context)
                 for step in group:
@@ -715,11 +453,12 @@ class NpuExecutable:
         self.counters.dispatches += len(group)
         for step, state in zip(group, states):
             if state != x.ert_cmd_state.ERT_CMD_STATE_COMPLETED:
-                estimate = dispatch_seconds(self.program, step)
+                estimate = self._watchdog["estimates_s"].get(step.op, float("nan"))
                 why = ("the driver's watchdog stopped it" if state == x.ert_cmd_state.ERT_CMD_STATE_TIMEOUT
                        else "the device reported a failure")
                 raise DispatchTimeout(f"dispatch {step.op} ended in {getattr(state, 'name', state)}: {why} "
-                                      f"(estimated {estimate * 1e3:.1f} ms; the watchdog allows ~{WATCHDOG_S:.0f} s)",
+                                      f"(estimated {estimate * 1e3:.1f} ms; the watchdog allows "
+                                      f"~{self._watchdog['driver_s']:.0f} s)",
                                       fix=self._dispatch_fix())
 
     def _args(self, step: Step, bos: list) -> list:
@@ -765,13 +504,11 @@ class NpuExecutable:
         return ("retry once; if it repeats, run `aie-apps doctor` and `xrt-smi validate` (a firmware/driver "
                 "mismatch aborts commands), use a smaller shape bucket, or run with --device cpu")
 
-    def _host_step(self, step: Step) -> None:
+    def _host(self, step: Step) -> None:
         """A host op between dispatches: only its operands come back, only its result goes out."""
         args = [self._fetch(n, v) if n is not None else None for n, v in zip(step.inputs, step.attrs["views"])]
-        op = OPS[step.op]
-        result = op.ref(*([args] if op.variadic else args), **step.attrs["attrs"])
         out = self.program.buffers[step.outputs[0]]
-        self._store(out.name, result)
+        self._store(out.name, self.host_result(step, args))
         self._sync(out.arena, self.pyxrt.xclBOSyncDirection.XCL_BO_SYNC_BO_TO_DEVICE, [(out.offset, out.nbytes)])
         self.counters.host_ops += 1
 
@@ -779,11 +516,10 @@ class NpuExecutable:
 class NpuBackend:
     name = "npu"
 
-    def __init__(self, target: str | None = None, *, budget_s: float | None = None):
+    def __init__(self, target: str | None = None):
         self.target = target or detect_target()
-        if self.target not in TARGETS:
-            raise UsageError(f"unknown NPU target {self.target!r}", fix=f"use one of {sorted(TARGETS)}")
-        self.budget_s = budget_s
+        if self.target not in NPU_TARGETS:
+            raise UsageError(f"unknown NPU target {self.target!r}", fix=f"use one of {list(NPU_TARGETS)}")
         try:
             self.pyxrt = importlib.import_module("pyxrt")
         except ImportError as e:
@@ -793,45 +529,3 @@ class NpuBackend:
 
     def load(self, program: Program, weights: Mapping[str, np.ndarray]) -> NpuExecutable:
         return NpuExecutable(self, program, weights)
-
-
-# ---- the doctor's last check ---------------------------------------------------------------------------
-
-SMOKE_WEIGHTS = {"w": (64, 64), "b": (64,)}
-
-
-def smoke_graph():
-    """The smallest real program: one GEMM with a bias and GELU epilogue, one dispatch. The build ships its
-    artifact for every target so that `aie-apps doctor` can prove a dispatch end to end."""
-    from .. import ops
-    from ..graph import trace
-
-    def smoke(w, x):
-        return {"y": ops.gelu(ops.linear(x, w["w"], w["b"]))}
-    return trace(smoke, name="smoke", weights=SMOKE_WEIGHTS, inputs={"x": ((8, 64), "float32")})
-
-
-def smoke_dispatch(target: str) -> str:
-    """Run the smoke program once on the NPU and compare it with numpy; a typed error says what failed."""
-    import time
-
-    from .. import compiler, ops
-    rng = np.random.default_rng(0)
-    weights = {n: rng.normal(0, 0.2, s).astype(np.float32) for n, s in SMOKE_WEIGHTS.items()}
-    x = rng.normal(size=(8, 64)).astype(np.float32)
-    program = compiler.compile([smoke_graph()], target)
-    exe = NpuBackend(target).load(program, weights)
-    try:
-        start = time.perf_counter()
-        y = exe.run(None, {"x": x})["y"]
-        ms = (time.perf_counter() - start) * 1e3
-        dispatches = exe.counters.dispatches
-    finally:
-        exe.close()
-    ref = ops.gelu(ops.linear(x, weights["w"], weights["b"]))
-    rel = float(np.linalg.norm(y - ref) / np.linalg.norm(ref))
-    if not rel <= 1e-2:
-        raise DeviceUnavailable(f"the smoke dispatch ran but its result is wrong (rel-L2 {rel:.2g} vs numpy)",
-                                fix="a firmware/driver mismatch or a stale artifact: check `xrt-smi validate`, "
-                                    "then rebuild with `aie-apps build smoke --target " + target + "`")
-    return f"{dispatches} dispatch on {target}, rel-L2 {rel:.1e} vs numpy, {ms:.2f} ms (includes the host syncs)"
