@@ -47,14 +47,19 @@ ROOT = Path(__file__).resolve().parents[1]
 KERNELS = ROOT / "kernels"
 PREBUILT = ROOT / "prebuilt"
 SMOKE = "smoke"   # the model name of `aie-apps doctor`'s one-GEMM program
-# Peano target triples and the aiecc flags of the pinned mlir-aie for each target's artifact.
+# Peano target triples, and the flags mlir-aie's programming_examples/makefile-common compiles kernels with
+# (PEANOWRAP2_FLAGS / PEANOWRAP2P_FLAGS: aie2p runs aie::mmul on bf16 through bfp16).
 TRIPLES = {"npu1": "aie2-none-unknown-elf", "npu2": "aie2p-none-unknown-elf"}
+PEANO_FLAGS = {"npu1": [], "npu2": ["-DAIE_API_EMULATE_BFLOAT16_MMUL_WITH_BFP16"]}
 # Output files (in prebuilt/<target>/<key>/) are named by the build, so their roles are known without a search.
 NPU1_XCLBIN, NPU1_INSTS, NPU2_ELF = "final.xclbin", "insts_{sequence}.bin", "aie.elf"
+# The aiecc flags of the pinned mlir-aie for each target's artifact: v1.4.5's declarative driver
+# (tools/aiecc/README.md) selects outputs with --get-<artifact>, compiles cores with Peano by default (v1.4.1) and
+# builds a host program only when asked (--get-host), so the Chess and host flags of older aiecc are gone.
 AIECC_FLAGS = {
-    "npu1": ["--aie-generate-xclbin", "--xclbin-name={folder}/" + NPU1_XCLBIN, "--aie-generate-npu-insts",
+    "npu1": ["--get-xclbin", "--xclbin-name={folder}/" + NPU1_XCLBIN, "--get-npu-insts",
              "--npu-insts-name={folder}/" + NPU1_INSTS, "--expand-load-pdis"],
-    "npu2": ["--aie-generate-full-elf", "--full-elf-name={folder}/" + NPU2_ELF],
+    "npu2": ["--get-full-elf", "--full-elf-name={folder}/" + NPU2_ELF],
 }
 
 
@@ -215,31 +220,38 @@ class Site:
 @contextlib.contextmanager
 def static_transfers():
     """While the fused design builds for npu1: every design's runtime sequence has its fills and drains recorded
-    ({"types", "data", "transfers": [(tensor argument, tap offset in elements, word or None, kind)]} per Runtime,
-    in the order they are built) and built at their static base: `offset_parameter` is dropped and
-    `sync_parameters()` issues nothing, since npu1 has no scratchpad (the host patches the instruction stream).
-    The IRON Runtime class is wrapped for the duration (the real one, or tests/iron_standin.py's)."""
+    ({"data", "transfers": [(tensor argument, tap offset in elements, word or None, kind)]} per Runtime, in the
+    order they are built) and built at their static base: `offset_parameter` is dropped and `sync_parameters()`
+    issues nothing, since npu1 has no scratchpad (the host patches the instruction stream). The IRON Runtime and
+    ObjectFifoHandle are wrapped for the duration (the real ones, or tests/iron_standin.py's): a Runtime's body,
+    its seq_fn, runs when its Program resolves, and moves data through the handles' fill / drain (v1.4.0)."""
     from kernels import dataflow as df
-    runtime, iron = df.iron().Runtime, sys.modules["aie.iron"]
-    saved = {n: getattr(runtime, n) for n in ("sequence", "fill", "drain")}
-    # module-level in mlir-aie >= v1.4.0 (what the designs import), a Runtime method before (PR #3387)
-    syncs = [(o, o.sync_parameters) for o in (iron, runtime) if hasattr(o, "sync_parameters")]
+    df.iron()   # the toolchain's DesignError when IRON is not importable
+    from aie.iron import Runtime, RuntimeData
+    from aie.iron.dataflow.objectfifo import ObjectFifoHandle
+    runtime_module = sys.modules["aie.iron.runtime"]
+    saved = {"__init__": Runtime.__init__, "fill": ObjectFifoHandle.fill, "drain": ObjectFifoHandle.drain,
+             "sync_parameters": runtime_module.sync_parameters}
     log: list[dict] = []
-    current: dict[int, dict] = {}
+    current: list[dict] = []   # the entry of the sequence body running now
 
-    @contextlib.contextmanager
-    def sequence(self, *types):
-        entry = {"types": types, "data": (), "transfers": []}
+    def init(self, seq_fn, fn_args=None, **kwargs):
+        entry = {"data": (), "transfers": []}
         log.append(entry)
-        current[id(self)] = entry
-        with saved["sequence"](self, *types) as data:
-            entry["data"] = data if isinstance(data, tuple) else (data,)
-            yield data
+
+        def body(*args):
+            entry["data"] = tuple(a for a in args if isinstance(a, RuntimeData))
+            current.append(entry)
+            try:
+                seq_fn(*args)
+            finally:
+                current.pop()
+        saved["__init__"](self, body, fn_args, **kwargs)
 
     def wrap(kind):
         original = saved[kind]
         signature = inspect.signature(original)
-        tensor = list(signature.parameters)[2]   # (self, fifo, tensor, tap, ...)
+        tensor = list(signature.parameters)[1]   # (self, source | dest, tap, ...)
 
         def transfer(self, *args, **kwargs):
             bound = signature.bind(self, *args, **kwargs)
@@ -247,7 +259,7 @@ def static_transfers():
             shift = a.get("offset_parameter")
             if shift is not None:
                 a["offset_parameter"] = None
-            entry = current[id(self)]
+            entry = current[-1]
             index = next(i for i, d in enumerate(entry["data"]) if d is a[tensor])
             tap = a.get("tap")
             entry["transfers"].append((index, int(tap.offset) if tap is not None else 0,
@@ -256,15 +268,14 @@ def static_transfers():
         return transfer
 
     try:
-        runtime.sequence, runtime.fill, runtime.drain = sequence, wrap("fill"), wrap("drain")
-        for owner, _ in syncs:
-            owner.sync_parameters = lambda *_: None
+        Runtime.__init__ = init
+        ObjectFifoHandle.fill, ObjectFifoHandle.drain = wrap("fill"), wrap("drain")
+        runtime_module.sync_parameters = lambda: None
         yield log
     finally:
-        for n, f in saved.items():
-            setattr(runtime, n, f)
-        for owner, f in syncs:
-            owner.sync_parameters = f
+        Runtime.__init__ = saved["__init__"]
+        ObjectFifoHandle.fill, ObjectFifoHandle.drain = saved["fill"], saved["drain"]
+        runtime_module.sync_parameters = saved["sync_parameters"]
 
 
 def transfer_sites(fused, log: list[dict], symbols: list[str]) -> dict[str, list[Site]]:
@@ -345,6 +356,10 @@ def compile_kernels(fused, target: str, toolchain: Toolchain, work: Path) -> lis
     work.mkdir(parents=True, exist_ok=True)
     mac = "-DMMUL_R={}".format(TARGETS[target].mac_shape[0]), "-DMMUL_S={}".format(TARGETS[target].mac_shape[1]), \
         "-DMMUL_T={}".format(TARGETS[target].mac_shape[2])
+    try:   # the AIE API headers (aie_api/aie.hpp) ship in the mlir_aie wheel's include/
+        headers = ["-I", str(importlib.metadata.distribution("mlir_aie").locate_file("mlir_aie/include"))]
+    except importlib.metadata.PackageNotFoundError:
+        headers = []
     objects = []
     for name in sorted({p["design"] for p in fused.parameters.values()}):
         src = KERNELS / name / f"{name}.cc"
@@ -352,7 +367,8 @@ def compile_kernels(fused, target: str, toolchain: Toolchain, work: Path) -> lis
             continue
         obj = work / f"{name}.o"
         run([str(toolchain.peano / "bin" / "clang++"), f"--target={TRIPLES[target]}", "-O2", "-std=c++20",
-             "-DNDEBUG", "-ffp-contract=off", *mac, "-c", str(src), "-o", str(obj)])
+             "-Wno-parentheses", "-Wno-attributes", "-Wno-macro-redefined", "-DNDEBUG", "-ffp-contract=off",
+             *PEANO_FLAGS[target], *headers, *mac, "-c", str(src), "-o", str(obj)])
         objects.append(obj)
     return objects
 
@@ -363,12 +379,12 @@ def run_aiecc(fused, target: str, toolchain: Toolchain, folder: Path, objects: l
     ELF; npu1 one xclbin plus one instruction stream per runtime sequence (one per dispatch step)."""
     help_text = subprocess.run([*toolchain.aiecc, "--help"], capture_output=True, text=True).stdout
     flags = AIECC_FLAGS[target]
-    for flag in flags:
-        if flag.split("=")[0] not in help_text:
-            raise ToolchainMissing(f"this aiecc has no {flag.split('=')[0]}",
-                                   fix=f"install the pinned toolchain: {install_hint()}")
-    base = [*toolchain.aiecc, "--no-xchesscc", "--no-xbridge", f"--peano={toolchain.peano}", "--no-compile-host",
-            f"--tmpdir={folder / 'aiecc'}"]
+    base = [*toolchain.aiecc, f"--peano={toolchain.peano}", f"--tmpdir={folder / 'aiecc'}"]
+    for flag in [*base[len(toolchain.aiecc):], *flags, *(["--sequence-name"] if target == "npu1" else [])]:
+        # --help lists the --get=<name> selector; its --get-<artifact> shorthands are documented, not listed
+        name = "--get" if flag.startswith("--get-") else flag.split("=")[0]
+        if name not in help_text:
+            raise ToolchainMissing(f"this aiecc has no {name}", fix=f"install the pinned toolchain: {install_hint()}")
     if target == "npu2":
         run([*base, *[f.format(folder=folder) for f in flags], str(folder / "design.mlir")], cwd=folder / "obj")
         return

@@ -1,5 +1,5 @@
 """How the designs in kernels/ place kernels on tiles and move data, written against the IRON API of the pinned
-mlir-aie (`TOOLCHAIN_PIN` in sdk/compiler/npu.py; see kernels/README.md).
+mlir-aie v1.4.5 (`TOOLCHAIN_PIN` in sdk/compiler/npu.py; kernels/README.md lists the signatures used).
 
 Every design builds the program of ONE kernel step of a compiled sdk Program (its kind, tiling, epilogue chain
 and operand access patterns, as sdk/compiler emits them). Its runtime sequence takes one 1-D tensor per operand
@@ -9,6 +9,8 @@ so the access patterns here are relative to each buffer's start.
 
 Shared here, used by every design:
 - `iron()`: the IRON names, imported lazily (importing kernels/ never needs mlir-aie);
+- `RuntimeEnds` and `program()`: the runtime side of a design, v1.4 style: each fifo's runtime end bound once to
+  its shim tile and given to `Runtime(seq_fn, fn_args)`, whose body fills and drains through those handles;
 - the epilogue chain encoding the kernels' `npu_epilogue` reads (kernels/include/npu_kernel.h);
 - operand access patterns: the element index of each operand (its view chain applied to an arange), read as
   an address sequence into (size, stride) dimensions and split into buffer-descriptor-sized
@@ -48,17 +50,57 @@ def iron() -> SimpleNamespace:
     tests/iron_standin.py installed) work without the toolchain."""
     try:
         from aie.helpers.taplib import TensorAccessPattern
-        from aie.iron import GlobalBuffer, Kernel, ObjectFifo, Program, Runtime, ScratchpadParameter, Worker
+        from aie.iron import Buffer, Kernel, ObjectFifo, Program, Runtime, ScratchpadParameter, TaskGroup, Worker
         from aie.iron.controlflow import range_
         from aie.iron.device import NPU1, NPU2, Tile
-        from aie.iron.placers import SequentialPlacer
+        from aie.iron.runtime import sync_parameters
     except ImportError as e:
         raise DesignError(f"the IRON python API (mlir-aie) is not importable: {e}",
                           fix="install the pinned mlir_aie wheel (see kernels/README.md)") from None
-    return SimpleNamespace(TensorAccessPattern=TensorAccessPattern, GlobalBuffer=GlobalBuffer, Kernel=Kernel,
-                           ObjectFifo=ObjectFifo, Program=Program, Runtime=Runtime, Worker=Worker, range_=range_,
-                           NPU1=NPU1, NPU2=NPU2, Tile=Tile, SequentialPlacer=SequentialPlacer,
-                           ScratchpadParameter=ScratchpadParameter)
+    return SimpleNamespace(TensorAccessPattern=TensorAccessPattern, Buffer=Buffer, Kernel=Kernel,
+                           ObjectFifo=ObjectFifo, Program=Program, Runtime=Runtime, TaskGroup=TaskGroup,
+                           Worker=Worker, range_=range_, NPU1=NPU1, NPU2=NPU2, Tile=Tile,
+                           ScratchpadParameter=ScratchpadParameter, sync_parameters=sync_parameters)
+
+
+class RuntimeEnds:
+    """The runtime ends of a design's fifos. A transfer takes its shim tile from its handle (`.prod(tile=)` /
+    `.cons(tile=)`, one per fifo), and every handle the sequence body moves data through is given to the Runtime
+    with the tensors, so that the Program resolves each fifo with both its ends known before the body runs
+    (mlir-aie PR #3387, v1.4.0). Bind every transfer's fifo before `program()`; the body looks the handles up."""
+
+    def __init__(self, io: SimpleNamespace):
+        self.io, self.ends = io, {}
+
+    def fill(self, fifo, col: int):
+        return self._end(fifo, col, True)
+
+    def drain(self, fifo, col: int):
+        return self._end(fifo, col, False)
+
+    def _end(self, fifo, col: int, is_prod: bool):
+        key = (id(fifo), is_prod)
+        if key not in self.ends:
+            tile = self.io.Tile(col, 0)
+            self.ends[key] = (col, fifo.prod(tile=tile) if is_prod else fifo.cons(tile=tile))
+        bound, handle = self.ends[key]
+        if bound != col:
+            raise DesignError(f"fifo {fifo.name}: its runtime end is on shim {bound}, a transfer wants shim {col}",
+                              fix="move each fifo's transfers through one shim tile")
+        return handle
+
+    @property
+    def handles(self) -> list:
+        return [h for _, h in self.ends.values()]
+
+
+def program(io: SimpleNamespace, target_name: str, operands: list, ends: RuntimeEnds, workers: list, body):
+    """The IRON program of a design: a runtime sequence over one 1-D tensor per operand (the order the fused
+    design passes them), whose body `body(*tensors)` issues the transfers through `ends`."""
+    def sequence(*args):
+        body(*args[:len(operands)])
+    rt = io.Runtime(sequence, [*(tensor(o.elements, o.dtype) for o in operands), ends.handles])
+    return io.Program(device(io, target_name), rt, workers=workers).resolve_program()
 
 
 # ---- runtime parameters in buffer descriptors -----------------------------------------------------------------
@@ -96,6 +138,12 @@ def runtime_row(cache: "Operand", n: int, views, axis: int) -> tuple[np.ndarray,
     stride = int(np.take(cache.index, [1], axis=axis).reshape(-1)[0] - slab.reshape(-1)[0]) \
         if cache.index.shape[axis] > 1 else 0
     return index, stride, cache.index.shape[axis] - n_new
+
+
+def stream_walk(io: SimpleNamespace, dims: list[tuple[int, int]], elements: int):
+    """An ObjectFifo stream walk (`to_stream` / `from_stream`: a TensorAccessPattern at offset 0 over one object
+    of `elements`) from (size, stride) dimensions, outermost first."""
+    return io.TensorAccessPattern((elements,), 0, [n for n, _ in dims], [s for _, s in dims])
 
 
 def device(io: SimpleNamespace, target: str):
@@ -334,10 +382,10 @@ def per_core_design(target_name: str, name: str, inputs: list[Stream], output: S
     for c in range(cores):
         ins = [io.ObjectFifo(s.obj_type, depth=2, name=f"{name}_in{i}_c{c}") for i, s in enumerate(inputs)]
         out = io.ObjectFifo(output.obj_type, depth=2, name=f"{name}_out_c{c}")
-        bufs = [io.GlobalBuffer(tensor(n, dt), name=f"{name}_{k}_c{c}", initial_value=init)
+        bufs = [io.Buffer(tensor(n, dt), name=f"{name}_{k}_c{c}", initial_value=init)
                 for k, (n, dt, init) in state.items()]
         workers.append(io.Worker(body, [f.cons() for f in ins] + [out.prod()] + bufs + kernels + list(args),
-                                 placement=io.Tile(c, 2), stack_size=STACK_BYTES))
+                                 tile=io.Tile(c, 2), stack_size=STACK_BYTES))
         lead = len(inputs)
         for f, st in zip(ins, inputs):
             if st.lead:
@@ -371,34 +419,34 @@ def per_core_design(target_name: str, name: str, inputs: list[Stream], output: S
     group = n_items
     while group > 1 and steady_bds + sum(bds(t, 0, group) for t in paced if t[4] == 0) > target.shim_bds:
         group = (group + 1) // 2
-    rt = io.Runtime()
+    ends = RuntimeEnds(io)
+    for kind, fifo, _, _, c in transfers:
+        (ends.drain if kind == "drain" else ends.fill)(fifo, c)
 
-    def issue(batch, tg, lo=None, hi=None):
+    def issue(rt_args, batch, tg, lo=None, hi=None):
         for kind, fifo, i, idx, c in batch:
             if kind == "fill_pair":
                 for j in range(lo, min(hi, n_items)):
                     for which in (0, 1):
                         for tap in taps(io, operands[i[which]], idx[which][j]):
-                            rt.fill(fifo.prod(), rt_args[i[which]], tap=tap, task_group=tg, placement=io.Tile(c, 0))
+                            ends.fill(fifo, c).fill(rt_args[i[which]], tap=tap, group=tg)
                 continue
             for tap in taps(io, operands[i], idx if lo is None else idx[lo:hi]):
                 if kind == "fill":
-                    rt.fill(fifo.prod(), rt_args[i], tap=tap, task_group=tg, placement=io.Tile(c, 0))
+                    ends.fill(fifo, c).fill(rt_args[i], tap=tap, group=tg)
                 else:
-                    rt.drain(fifo.cons(), rt_args[i], tap=tap, task_group=tg, placement=io.Tile(c, 0), wait=True)
+                    ends.drain(fifo, c).drain(rt_args[i], tap=tap, group=tg, wait=True)
 
-    with rt.sequence(*[tensor(o.elements, o.dtype) for o in operands]) as rt_args:
-        rt_args = rt_args if isinstance(rt_args, tuple) else (rt_args,)
-        rt.start(*workers)
-        resident = rt.task_group()
-        issue(steady, resident)
+    def sequence(*rt_args):
+        resident = io.TaskGroup()
+        issue(rt_args, steady, resident)
         for lo in range(0, n_items, group):
-            tg = rt.task_group()
-            issue(paced, tg, lo, lo + group)
-            rt.finish_task_group(tg)
-        rt.finish_task_group(resident)
+            tg = io.TaskGroup()
+            issue(rt_args, paced, tg, lo, lo + group)
+            tg.finish()
+        resident.finish()
     params.update({"cores": cores, "items_per_group": group, "sequence": sequence_of(step, operands)})
-    return io.Program(device(io, target_name), rt).resolve_program(io.SequentialPlacer())
+    return program(io, target_name, operands, ends, workers, sequence)
 
 
 # ---- the row-streaming skeleton ----------------------------------------------------------------------------
@@ -490,7 +538,7 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
     if S:
         offsets, units = joined_layout(s.shared, s.piece)
         shared_fifo = io.ObjectFifo(tensor(units), depth=2, name=f"{name}_shared")
-        parts = shared_fifo.prod().join(offsets, placement=io.Tile(0, 1),
+        parts = shared_fifo.prod().join(offsets, tile=io.Tile(0, 1),
                                         obj_types=[tensor(1 if o.scalar else s.piece, o.dtype) for o in s.shared],
                                         depths=[2] * S, names=[f"{name}_shared{i}" for i in range(S)])
         for i, f in enumerate(parts):
@@ -500,7 +548,7 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
             fills.append((f, len(s.per_row) + i, idx, take(0)))
     for c in range(cols):
         joined = io.ObjectFifo(tensor(per_col * out_piece, out_dtype), depth=2, name=f"{name}_out_c{c}")
-        outs = joined.prod().join([r * out_piece for r in range(per_col)], placement=io.Tile(c, 1),
+        outs = joined.prod().join([r * out_piece for r in range(per_col)], tile=io.Tile(c, 1),
                                   obj_types=[out_ty] * per_col, depths=[2] * per_col,
                                   names=[f"{name}_out_c{c}r{r}" for r in range(per_col)])
         out_rows = []
@@ -509,7 +557,7 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
             lo, hi = q * rows_per_core, (q + 1) * rows_per_core
             offsets, units = joined_layout(s.per_row, s.piece)
             rows_fifo = io.ObjectFifo(tensor(units), depth=2, name=f"{name}_rows_c{c}r{r}")
-            parts = rows_fifo.prod().join(offsets, placement=io.Tile(c, 1),
+            parts = rows_fifo.prod().join(offsets, tile=io.Tile(c, 1),
                                           obj_types=[tensor(1 if o.scalar else s.piece, o.dtype) for o in s.per_row],
                                           depths=[2] * P, names=[f"{name}_in{i}_c{c}r{r}" for i in range(P)])
             for i, f in enumerate(parts):
@@ -522,28 +570,31 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
                                           (rows_per_core, s.passes, npieces, s.piece))
                 fills.append((f, i, idx, take(c)))
             out_rows.append(s.out.index[lo:hi].reshape(-1, out_piece))
-            bufs = [io.GlobalBuffer(tensor(n, dt), name=f"{name}_{k}_c{c}r{r}", initial_value=init)
+            bufs = [io.Buffer(tensor(n, dt), name=f"{name}_{k}_c{c}r{r}", initial_value=init)
                     for k, (n, dt, init) in s.state.items()]
             handles = [rows_fifo.cons(), shared_fifo.cons() if S else None, outs[r].prod()]
             args = [h for h in handles if h is not None] if S else [handles[0], handles[2]]
             workers.append(io.Worker(_with_shared(body, S), args + bufs + kernels + [rows_per_core, npieces, s.passes],
-                                     placement=io.Tile(c, 2 + r), stack_size=STACK_BYTES))
+                                     tile=io.Tile(c, 2 + r), stack_size=STACK_BYTES))
         drains.append((joined, np.stack(out_rows, axis=1), c))   # [objects, core, out_piece]
 
     operands = [*s.per_row, *s.shared, s.out]
-    rt = io.Runtime()
-    with rt.sequence(*[tensor(o.elements, o.dtype) for o in operands]) as args:
-        args = args if isinstance(args, tuple) else (args,)
-        rt.start(*workers)
+    ends = RuntimeEnds(io)
+    for f, _, _, shim_col in fills:
+        ends.fill(f, shim_col)
+    for joined, _, c in drains:
+        ends.drain(joined, c)
+
+    def sequence(*args):
         for f, i, idx, shim_col in fills:
             for tap in taps(io, operands[i], idx):
-                rt.fill(f.prod(), args[i], tap=tap, placement=io.Tile(shim_col, 0))
+                ends.fill(f, shim_col).fill(args[i], tap=tap)
         for joined, idx, c in drains:
             for tap in taps(io, s.out, idx):
-                rt.drain(joined.cons(), args[-1], tap=tap, placement=io.Tile(c, 0), wait=True)
+                ends.drain(joined, c).drain(args[-1], tap=tap, wait=True)
     params.update({"cores": cores, "columns": cols, "rows_per_core": rows_per_core, "piece": s.piece,
                    "passes": s.passes, "sequence": sequence_of(step, operands)})
-    return io.Program(device(io, target_name), rt).resolve_program(io.SequentialPlacer())
+    return program(io, target_name, operands, ends, workers, sequence)
 
 
 def joined_layout(operands: list[Operand], piece: int) -> tuple[list[int], int]:

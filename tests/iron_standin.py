@@ -1,17 +1,29 @@
-"""A minimal stand-in of the IRON python API (mlir-aie, the version pinned in sdk/compiler/npu.py) with the
-same names and signatures the designs in kernels/ use, for tests on machines without the toolchain.
+"""A minimal stand-in of the IRON python API of the pinned mlir-aie (v1.4.5, `TOOLCHAIN_PIN` in sdk/compiler/npu.py)
+with the names and signatures the designs in kernels/ use, for tests on machines without the toolchain. Every
+signature follows the v1.4.5 source; kernels/README.md ("IRON API of v1.4.5") lists each with its file and line.
 
-It records what a design builds instead of emitting MLIR: ObjectFifos (depth, object type, dims, links through
-memtiles), Workers (placement, stack, arguments), Kernel calls made while the core functions are traced,
-GlobalBuffers and the runtime sequence's fills / drains with their TensorAccessPatterns. `check(design,
-target)` then checks what the toolchain would refuse or the hardware could not do: L1 (64 KB with the stack)
-and memtile (512 KB) use, DMA channels per tile, buffer descriptors and their dimensions, kernel call
-signatures against the C++ sources, and that every object a fill produces is consumed and every object a core
-produces is drained. A runtime sequence records the tensor types it declares; `check_runs(module)` checks that
-every `aiex.run` of the fused design's composed module passes exactly those, in count, shape and dtype (what
-MLIR verification of the call would refuse; on the device a kernel would read the wrong buffer). Like IRON's
-own tracing, `range_` runs its body once (the loop becomes an scf.for); the
-stand-in multiplies the acquisitions inside by the trip count. Test-only: never imported by kernels/.
+Like the real API it refuses what v1.4.5 refuses, with the same exception types: the Runtime is
+`Runtime(seq_fn, fn_args)` (it has no sequence(), fill(), drain(), start() or task_group()); transfers are
+`handle.fill()` / `handle.drain()` on a producer / consumer handle, inside the sequence body only; a TaskGroup is
+made inside the body and closed with `finish()`, and a transfer joins it with `group=`; a transfer's shim tile is
+its handle's (`.prod(tile=)` / `.cons(tile=)`, a producer pinned once); placement is `tile=` on Worker, split, join
+and forward, and resolve_program() takes no placer (SequentialPlacer is gone); Buffer replaces GlobalBuffer; an
+ObjectFifo's stream walks are TensorAccessPatterns over one object (`to_stream=`, `from_stream=`) and its depth is
+keyword-only; `Program(dev, rt, workers=[...])` resolves every fifo before the body runs, so a runtime handle the
+body fills but the Runtime was not given has no endpoint then; mixing the default and explicit task groups is an
+error; a Kernel called with the wrong number of arguments raises.
+
+It records what a design builds instead of emitting MLIR: ObjectFifos (depth, object type, stream walks, links
+through memtiles), Workers (placement, stack, arguments), Kernel calls made while the core functions are traced,
+Buffers and the runtime sequence's fills / drains with their TensorAccessPatterns. `check(design, target)` then
+checks what the toolchain would refuse or the hardware could not do: L1 (64 KB with the stack) and memtile
+(512 KB) use, DMA channels per tile, buffer descriptors and their dimensions, kernel call signatures against the
+C++ sources, and that every object a fill produces is consumed and every object a core produces is drained. A
+runtime sequence records the tensor types it declares; `check_runs(module)` checks that every `aiex.run` of the
+fused design's composed module passes exactly those, in count, shape and dtype (what MLIR verification of the
+call would refuse; on the device a kernel would read the wrong buffer). Like IRON's own tracing, `range_` runs its
+body once (the loop becomes an scf.for); the stand-in multiplies the acquisitions inside by the trip count.
+Test-only: never imported by kernels/.
 """
 from __future__ import annotations
 
@@ -22,6 +34,7 @@ import sys
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import get_origin
 
 import numpy as np
 
@@ -36,6 +49,15 @@ def _obj(t) -> tuple[tuple, np.dtype]:
 def _nbytes(t) -> int:
     shape, dtype = _obj(t)
     return math.prod(shape) * dtype.itemsize
+
+
+def _flat(args):
+    """fn_args with nested lists / tuples flattened to their leaves (helpers/util.py flatten_fn_args)."""
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            yield from _flat(a)
+        else:
+            yield a
 
 
 # ---- placement ----------------------------------------------------------------------------------------------
@@ -64,10 +86,6 @@ def NPU1():  # noqa: N802 - IRON's names
 
 def NPU2():  # noqa: N802
     return Device("npu2", 8)
-
-
-class SequentialPlacer:
-    pass
 
 
 # ---- tracing state ------------------------------------------------------------------------------------------
@@ -102,6 +120,22 @@ class TensorAccessPattern:
         return idx.reshape(-1)
 
 
+def _walk(tap, what):
+    """A stream walk of an ObjectFifo: a TensorAccessPattern at offset 0 over one object (objectfifo.py
+    _object_walk; its size is checked when the Program resolves the fifo, _check_walk_sizes)."""
+    if tap is None:
+        return None
+    if not isinstance(tap, TensorAccessPattern):
+        raise TypeError(f"{what} takes a TensorAccessPattern, got {type(tap).__name__}")
+    if tap.offset:
+        raise ValueError(f"{what} {tap.sizes}/{tap.strides} has offset {tap.offset}; a stream walk starts at 0")
+    return tap
+
+
+def _dims(tap) -> list[tuple[int, int]]:
+    return [] if tap is None else list(zip(tap.sizes, tap.strides))
+
+
 # ---- object fifos -------------------------------------------------------------------------------------------
 
 @dataclass
@@ -110,16 +144,23 @@ class Link:
     placement: Tile
     src: list            # fifos
     dst: list
+    offsets: list = field(default_factory=list)
+
+
+class RuntimeEndpoint:
+    def __init__(self, tile):
+        self.tile = AnyShimTile if tile is None else tile
 
 
 class ObjectFifo:
-    def __init__(self, obj_type, depth=2, name=None, dims_to_stream=None, dims_from_stream_per_cons=None,
-                 plio=False, pad_dimensions=None, disable_synchronization=False):
-        if depth < 1:
-            raise ValueError("depth must be > 0")
+    def __init__(self, obj_type, *, depth=2, name=None, to_stream=None, from_stream_per_cons=None, plio=False,
+                 pad_value=0, disable_synchronization=False, repeat_count=None, delegate_tile=None, via_DMA=False,
+                 init_values=None, consumer_obj_type=None, aie_stream=None, packet=False, packet_id=None):
+        if depth is not None and depth < 1:
+            raise ValueError(f"Default ObjectFifo depth must be > 0, but got {depth}")
         self.obj_type, self.depth, self.name = obj_type, depth, name
-        self.dims_to_stream = dims_to_stream or []
-        self.dims_from_stream = dims_from_stream_per_cons or []
+        self.to_stream = _walk(to_stream, "to_stream")
+        self.from_stream_per_cons = _walk(from_stream_per_cons, "from_stream_per_cons")
         self._prod = None
         self.cons_handles: list[Handle] = []
         self.link_in: Link | None = None   # the link that produces into this fifo
@@ -130,24 +171,57 @@ class ObjectFifo:
     def nbytes(self) -> int:
         return _nbytes(self.obj_type)
 
-    def prod(self, depth=None):
+    @property
+    def elements(self) -> int:
+        return math.prod(_obj(self.obj_type)[0])
+
+    @property
+    def dims_to_stream(self) -> list[tuple[int, int]]:
+        return _dims(self.to_stream)
+
+    def prod(self, depth=None, channel=None, tile=None):
         if self._prod is None:
-            self._prod = Handle(self, True, depth or self.depth)
+            self._prod = Handle(self, True, depth or self.depth, tile=tile)
+        elif tile is not None and self._prod.shim_tile != tile:
+            raise ValueError(f"Producer handle for {self.name} already pinned to shim tile {self._prod.shim_tile}, "
+                             f"cannot re-pin to {tile}.")
         return self._prod
 
-    def cons(self, depth=None, dims_from_stream=None):
-        h = Handle(self, False, depth or self.depth, dims_from_stream or self.dims_from_stream)
+    def cons(self, depth=None, from_stream=None, channel=None, tile=None):
+        h = Handle(self, False, depth or self.depth, _walk(from_stream, "from_stream") or self.from_stream_per_cons,
+                   tile=tile)
         self.cons_handles.append(h)
         return h
 
 
 class Handle:
-    def __init__(self, fifo, is_prod, depth, dims_from_stream=()):
-        self.fifo, self.is_prod, self.depth = fifo, is_prod, depth
-        self.dims_from_stream = list(dims_from_stream or [])
-        self.endpoint = None   # Tile of a worker, "runtime", or a Link
-        self.count = 0         # objects acquired (times enclosing trip counts)
+    """ObjectFifoHandle."""
+
+    def __init__(self, fifo, is_prod, depth, from_stream=None, tile=None):
+        if depth is None or depth < 1:
+            raise ValueError(f"Depth must be > 0 but is {depth}")
+        if is_prod and from_stream is not None:
+            raise ValueError("Can only specify from_stream for cons handles")
+        self.fifo, self.is_prod, self.depth, self.from_stream = fifo, is_prod, depth, from_stream
+        self.shim_tile = tile
+        self._endpoint = None   # a Worker, a RuntimeEndpoint or a Link
+        self.count = 0          # objects acquired (times enclosing trip counts)
         self.held = 0
+
+    @property
+    def endpoint(self):
+        return self._endpoint
+
+    @endpoint.setter
+    def endpoint(self, endpoint):
+        if self._endpoint is not None and self._endpoint is not endpoint:
+            raise ValueError(f"Endpoint already set for ObjectFifoHandle {self.fifo.name}."
+                             f"{'prod' if self.is_prod else 'cons'}")
+        self._endpoint = endpoint
+
+    @property
+    def dims_from_stream(self) -> list[tuple[int, int]]:
+        return _dims(self.from_stream)
 
     def acquire(self, n):
         if n > self.depth:
@@ -165,53 +239,67 @@ class Handle:
             raise ValueError(f"{self.fifo.name}: release {n} of {self.held} held")
         self.held -= n
 
-    def _link(self, kind, placement, n, offsets, depths, obj_types, names, dims_to_stream, dims_from_stream):
+    def fill(self, source, tap=None, wait=False, packet=None, offset_parameter=None, group=None, managed=True,
+             length_parameter=None, length_unit=None):
+        if not self.is_prod:
+            raise ValueError("fill() is only valid on a producer ObjectFifoHandle")
+        _active().transfer("fill", self, source, tap, group, offset_parameter)
+
+    def drain(self, dest, tap=None, wait=False, packet=None, offset_parameter=None, group=None, managed=True,
+              length_parameter=None, length_unit=None):
+        if self.is_prod:
+            raise ValueError("drain() is only valid on a consumer ObjectFifoHandle")
+        _active().transfer("drain", self, dest, tap, group, offset_parameter)
+
+    def _link(self, kind, tile, n, offsets, depths, obj_types, names, to_stream, from_stream):
+        if tile is None:
+            tile = AnyMemTile
+        for what, given in (("depths", depths), ("obj_types", obj_types), ("names", names),
+                            ("to_stream", to_stream), ("from_stream", from_stream)):
+            if given is not None and len(given) != n:
+                raise ValueError(f"Number of {what} does not match number of offsets")
         obj_types = obj_types or [self.fifo.obj_type] * n
         depths = depths or [self.depth] * n
         names = names or [f"{self.fifo.name}_{kind}{i}" for i in range(n)]
-        dims_to_stream = dims_to_stream or [None] * n
-        dims_from_stream = dims_from_stream or [None] * n
-        subs = [ObjectFifo(obj_types[i], depths[i], names[i], dims_to_stream[i] if kind != "join" else None,
-                           dims_from_stream[i]) for i in range(n)]
-        if kind == "join":
-            for i, s in enumerate(subs):
-                s.dims_to_stream = dims_to_stream[i] or []
-        link = Link(kind, placement, [self.fifo] if kind != "join" else subs, subs if kind != "join" else [self.fifo])
-        link.offsets = list(offsets)
+        to_stream = to_stream or [None] * n
+        from_stream = from_stream or [None] * n
+        subs = [ObjectFifo(obj_types[i], depth=depths[i], name=names[i], to_stream=to_stream[i],
+                           from_stream_per_cons=None if kind == "join" else from_stream[i]) for i in range(n)]
+        link = Link(kind, tile, [self.fifo] if kind != "join" else subs, subs if kind != "join" else [self.fifo],
+                    list(offsets))
         RECORD.links.append(link)
+        self.endpoint = link
         if kind == "join":
-            self.endpoint = link
             self.fifo.link_in = link
-            for s in subs:
+            for s, walk in zip(subs, from_stream):
                 s.link_out = link
-                s.cons_handles.append(Handle(s, False, s.depth))
-                s.cons_handles[-1].endpoint = link
+                s.cons(depth=s.depth, from_stream=walk).endpoint = link
         else:
-            self.endpoint = link
             self.fifo.link_out = link
             for s in subs:
                 s.link_in = link
                 s.prod().endpoint = link
         return subs
 
-    def split(self, offsets, placement=AnyMemTile, depths=None, obj_types=None, names=None, dims_to_stream=None,
-              dims_from_stream=None, plio=False):
-        assert not self.is_prod, "split() needs a consumer handle"
-        return self._link("split", placement, len(offsets), offsets, depths, obj_types, names, dims_to_stream,
-                          dims_from_stream)
+    def split(self, offsets, tile=AnyMemTile, depths=None, obj_types=None, names=None, to_stream=None,
+              from_stream=None, plio=False, repeat_counts=None, pad_value=None, channels=None):
+        if self.is_prod:
+            raise ValueError("Cannot split() a prod ObjectFifoHandle")
+        return self._link("split", tile, len(offsets), offsets, depths, obj_types, names, to_stream, from_stream)
 
-    def join(self, offsets, placement=AnyMemTile, depths=None, obj_types=None, names=None, dims_to_stream=None,
-             dims_from_stream=None, plio=False):
-        assert self.is_prod, "join() needs a producer handle"
-        return self._link("join", placement, len(offsets), offsets, depths, obj_types, names, dims_to_stream,
-                          dims_from_stream)
+    def join(self, offsets, tile=AnyMemTile, depths=None, obj_types=None, names=None, to_stream=None,
+             from_stream=None, plio=False, repeat_counts=None):
+        if not self.is_prod:
+            raise ValueError("Cannot join() a cons ObjectFifoHandle")
+        return self._link("join", tile, len(offsets), offsets, depths, obj_types, names, to_stream, from_stream)
 
-    def forward(self, placement=AnyMemTile, obj_type=None, depth=None, name=None, dims_to_stream=None,
-                dims_from_stream=None, plio=False):
-        assert not self.is_prod, "forward() needs a consumer handle"
-        return self._link("forward", placement, 1, [0], [depth] if depth else None, [obj_type] if obj_type else None,
-                          [name] if name else None, [dims_to_stream] if dims_to_stream else None,
-                          [dims_from_stream] if dims_from_stream else None)[0]
+    def forward(self, tile=AnyMemTile, obj_type=None, depth=None, name=None, to_stream=None, from_stream=None,
+                plio=False, repeat_count=None, pad_value=0, channel=None):
+        if self.is_prod:
+            raise ValueError("Cannot forward a prod ObjectFifoHandle")
+        return self._link("forward", tile, 1, [0], [depth] if depth else None, [obj_type] if obj_type else None,
+                          [name] if name else None, [to_stream] if to_stream is not None else None,
+                          [from_stream] if from_stream is not None else None)[0]
 
 
 class Element:
@@ -223,48 +311,66 @@ class Element:
 
 # ---- workers, kernels, buffers ------------------------------------------------------------------------------
 
-class GlobalBuffer:
-    def __init__(self, type=None, initial_value=None, name=None, placement=None, use_write_rtp=False):  # noqa: A002
+class Buffer:
+    def __init__(self, type=None, initial_value=None, name=None, tile=None, use_write_rtp=False,  # noqa: A002
+                 address=None, mem_bank=None):
+        if type is None and initial_value is None:
+            raise ValueError("Must provide either type, initial value, or both.")
         if type is None:
-            type = np.ndarray[initial_value.shape, np.dtype[initial_value.dtype]]
-        self.obj_type, self.initial_value, self.name = type, initial_value, name
+            type = np.ndarray[initial_value.shape, np.dtype[initial_value.dtype]]  # noqa: A001
+        self.obj_type, self.initial_value, self.name, self.tile = type, initial_value, name, tile
         if initial_value is not None:
             shape, dtype = _obj(type)
-            assert tuple(np.shape(initial_value)) == shape and np.asarray(initial_value).dtype == dtype, \
-                f"GlobalBuffer {name}: initial value does not match its type"
+            if tuple(np.shape(initial_value)) != shape or np.asarray(initial_value).dtype != dtype:
+                raise ValueError(f"Buffer {name}: initial value does not match its type")
 
 
 class Kernel:
-    def __init__(self, name, bin_name, arg_types=()):
-        self.name, self.bin_name, self.arg_types = name, bin_name, list(arg_types)
+    def __init__(self, name, object_file_name, arg_types=()):
+        self.name, self.bin_name, self.arg_types = name, object_file_name, list(arg_types)
 
     def __call__(self, *args):
+        if len(args) != len(self.arg_types):
+            raise ValueError(f"Kernel '{self.name}' expects {len(self.arg_types)} argument(s), but {len(args)} "
+                             f"were provided.")
         RECORD.calls.append((self, args, RECORD.current_worker))
 
 
 class Worker:
-    def __init__(self, core_fn, fn_args=(), placement=None, while_true=True, stack_size=None):
-        self.core_fn, self.fn_args, self.placement = core_fn, list(fn_args), placement
+    def __init__(self, core_fn, fn_args=None, tile=AnyComputeTile, while_true=True, stack_size=None, data_size=None,
+                 trace=None, trace_events=None, dynamic_objfifo_lowering=None):
+        tile = AnyComputeTile if tile is None else tile
+        if tile.kind != "core":
+            raise ValueError(f"Worker requires a compute tile, but got {tile}")
+        if stack_size is not None and (not isinstance(stack_size, int) or isinstance(stack_size, bool)
+                                       or stack_size < 1):
+            raise ValueError(f"Worker stack_size must be an int >= 1, but got {stack_size!r}")
+        self.core_fn, self.fn_args, self.placement = core_fn, list(fn_args or []), tile
         self.stack_size = 0x400 if stack_size is None else stack_size
-        bins = {a.bin_name for a in fn_args if isinstance(a, Kernel)}
+        bins = {a.bin_name for a in _flat(self.fn_args) if isinstance(a, Kernel)}
         if len(bins) > 1:
             raise ValueError(f"only one binary per worker; found {bins}")
-        for a in fn_args:
+        for a in _flat(self.fn_args):
             if isinstance(a, ObjectFifo):
-                raise ValueError("give a worker ObjectFifoHandles, not ObjectFifos")
+                raise ValueError("Cannot give an ObjectFifo directly to a worker; must give an ObjectFifoHandle "
+                                 "obtained through ObjectFifo.prod() or ObjectFifo.cons()")
             if isinstance(a, Handle):
-                if a.endpoint is not None and a.endpoint is not self:
-                    raise ValueError(f"handle of {a.fifo.name} already has an endpoint")
                 a.endpoint = self
+            if isinstance(a, Buffer) and a.tile is None:
+                a.tile = tile
         RECORD.workers.append(self)
 
     @property
+    def tile(self):
+        return self.placement
+
+    @property
     def handles(self):
-        return [a for a in self.fn_args if isinstance(a, Handle)]
+        return [a for a in _flat(self.fn_args) if isinstance(a, Handle)]
 
     @property
     def buffers(self):
-        return [a for a in self.fn_args if isinstance(a, GlobalBuffer)]
+        return [a for a in _flat(self.fn_args) if isinstance(a, Buffer)]
 
 
 # ---- runtime ------------------------------------------------------------------------------------------------
@@ -291,100 +397,178 @@ class Transfer:
     placement: Tile
     task_group: object = None
     offset_parameter: object = None   # a ScratchpadParameter added to the base address at run time
-
-
-class TaskGroup:
-    pass
+    freed: bool = False               # its group finished: its buffer descriptor is free again
 
 
 class ScratchpadParameter:
     """IRON's per-run 32-bit word (`aiex.scratchpad_parameter`): the host writes it before each run; a fill or
     drain given it as `offset_parameter` adds it to its buffer descriptor's base address, in elements of the
     transfer's tensor (as xdna-engine's hardware probe of mlir-aie's scratchpad_addr_offset test shows)."""
-    def __init__(self, name, dtype=np.int32):
+    def __init__(self, name, dtype):
         if np.dtype(dtype) != np.int32:
             raise ValueError("a scratchpad parameter used as an address offset is an int32 word")
         self.name, self.dtype = name, np.dtype(dtype)
 
 
+class IronRuntimeError(Exception):
+    """runtime.py IronRuntimeError: an unrecoverable state at the end of the sequence body."""
+
+
+_ACTIVE: list = [None]   # the sequence body being run (runtime/_context.py)
+
+
+def _active() -> "_Sequence":
+    if _ACTIVE[0] is None:
+        raise RuntimeError("Runtime data-movement (fill/drain/write/TaskGroup) may only be used inside the function "
+                           "passed to Runtime(seq_fn, fn_args).")
+    return _ACTIVE[0]
+
+
+class TaskGroup:
+    def __init__(self, id=None):  # noqa: A002
+        active = _ACTIVE[0]
+        if id is None:
+            if active is None:
+                raise RuntimeError("TaskGroup() must be constructed within the function passed to "
+                                   "Runtime(seq_fn, fn_args).")
+            id = active.next_id()  # noqa: A001
+        self.group_id = id
+        if active is not None:
+            active.open.append(self)
+
+    def finish(self):
+        _active().finish(self)
+
+
+def sync_parameters():
+    """`aiex.sync_scratchpad_parameters_from_host`, in the sequence body (module-level from v1.4.0)."""
+    _active()
+
+
 class Runtime:
-    def __init__(self, strict_task_groups=True):
-        self.data, self.transfers, self.started, self.open_groups = [], [], [], 0
+    def __init__(self, seq_fn, fn_args=None, *, strict_task_groups=True):
+        self.seq_fn, self.fn_args, self.strict = seq_fn, list(fn_args or []), strict_task_groups
+        self.data: list[RuntimeData] = []   # one per tensor type in fn_args, in order
+        self.body_args = []
+        for a in self.fn_args:
+            if get_origin(a) is np.ndarray:
+                self.data.append(RuntimeData(a))
+                self.body_args.append(self.data[-1])
+            else:
+                self.body_args.append(a)
+        self.handles = []
+        for h in _flat(self.fn_args):   # registered now: their fifos resolve before the body runs
+            if isinstance(h, Handle):
+                if h.endpoint is None:
+                    h.endpoint = RuntimeEndpoint(h.shim_tile)
+                self.handles.append(h)
+        self.transfers: list[Transfer] = []
         self.live: dict = {}       # shim tile -> buffer descriptors in use now
         self.peak: dict = {}       # shim tile -> the most ever in use at once
-        self.synced = False        # sync_parameters() issued in the sequence
 
-    @contextlib.contextmanager
-    def sequence(self, *types):
-        self.data = [RuntimeData(t) for t in types]
-        RECORD.active_runtime = self
-        try:
-            yield self.data[0] if len(self.data) == 1 else tuple(self.data)
-        finally:
-            RECORD.active_runtime = None
-        if self.open_groups:
-            raise ValueError("task groups left open")
 
-    def task_group(self):
-        self.open_groups += 1
-        return TaskGroup()
+class _Sequence:
+    """The body of a Runtime while it runs (runtime.py ActiveSequence): its task groups and transfers."""
 
-    def sync_parameters(self):
-        """`aiex.sync_scratchpad_parameters_from_host`, before the first transfer that reads a parameter. A
-        Runtime method in the pinned v1.3.4 (module-level `aie.iron.sync_parameters()` from v1.4.0, PR #3387)."""
-        if RECORD.active_runtime is not self:
-            raise ValueError("sync_parameters() outside this runtime's sequence")
-        self.synced = True
+    def __init__(self, rt: Runtime):
+        self.rt, self.ids, self.open = rt, iter(range(1, 1 << 30)), []
+        self.default = TaskGroup(0)
+        self.used_default = self.used_explicit = False
 
-    def finish_task_group(self, tg):
-        """Frees the group's buffer descriptors (its drains awaited)."""
-        self.open_groups -= 1
-        for t in self.transfers:
-            if t.task_group is tg:
-                self.live[t.placement] -= 1
+    def next_id(self) -> int:
+        return next(self.ids)
 
-    def start(self, *workers):
-        self.started += workers
-
-    def _transfer(self, kind, handle, data, tap, task_group, placement, offset_parameter=None):
-        if data not in self.data:
-            raise ValueError("not a RuntimeData of this sequence")
-        if offset_parameter is not None and not isinstance(offset_parameter, ScratchpadParameter):
+    def transfer(self, kind, handle, data, tap, group, offset_parameter):
+        rt = self.rt
+        if not any(data is d for d in rt.data):
+            raise ValueError(f"{kind}: not a RuntimeData of this Runtime's fn_args")
+        if offset_parameter is not None and not isinstance(offset_parameter, (ScratchpadParameter, str)):
             raise TypeError("offset_parameter must be a ScratchpadParameter")
-        if offset_parameter is not None and not self.synced:
-            raise ValueError(f"{kind} reads scratchpad parameter {offset_parameter.name} before sync_parameters()")
         if tap is None:
             tap = TensorAccessPattern((data.elements,), 0, [1, 1, 1, data.elements], [0, 0, 0, 1])
-        handle.endpoint = "runtime"
-        self.transfers.append(Transfer(kind, handle, data, tap, placement, task_group, offset_parameter))
-        self.live[placement] = self.live.get(placement, 0) + 1  # one descriptor per transfer until freed
-        self.peak[placement] = max(self.peak.get(placement, 0), self.live[placement])
+        if handle.endpoint is None:
+            handle.endpoint = RuntimeEndpoint(handle.shim_tile)
+        if group is None:
+            self.used_default, group = True, self.default
+        else:
+            self.used_explicit = True
+        placement = handle.endpoint.tile
+        rt.transfers.append(Transfer(kind, handle, data, tap, placement, group, offset_parameter))
+        rt.live[placement] = rt.live.get(placement, 0) + 1  # one descriptor per transfer until its group ends
+        rt.peak[placement] = max(rt.peak.get(placement, 0), rt.live[placement])
 
-    def fill(self, in_fifo, source, tap=None, task_group=None, wait=False, placement=AnyShimTile,
-             offset_parameter=None):
-        assert in_fifo.is_prod
-        self._transfer("fill", in_fifo, source, tap, task_group, placement, offset_parameter)
+    def finish(self, group):
+        """Frees the group's buffer descriptors (its drains awaited)."""
+        if group in self.open:
+            self.open.remove(group)
+        for t in self.rt.transfers:
+            if t.task_group is group and not t.freed:
+                t.freed = True
+                self.rt.live[t.placement] -= 1
 
-    def drain(self, out_fifo, dest, tap=None, task_group=None, wait=False, placement=AnyShimTile,
-              offset_parameter=None):
-        assert not out_fifo.is_prod
-        self._transfer("drain", out_fifo, dest, tap, task_group, placement, offset_parameter)
+    def finalize(self):
+        if self.open:
+            raise IronRuntimeError(f"Failed to close task groups: {', '.join(str(g.group_id) for g in self.open)}")
+        if self.rt.strict and self.used_default and self.used_explicit:
+            raise IronRuntimeError("Mixing explicit task groups and the default task group is prohibited. Please "
+                                   "assign all tasks to a task group.")
+        self.finish(self.default)
 
 
 class Program:
-    def __init__(self, device, rt):
-        self.device, self.rt = device, rt
+    def __init__(self, device, rt, workers=None):
+        self.device, self.rt, self.workers = device, rt, list(workers or [])
 
-    def resolve_program(self, placer=None):
-        """Trace every worker's core function once, as IRON does, and return the record."""
-        for w in RECORD.workers:
+    def resolve_program(self, device_name="main"):
+        """Resolve every fifo (both ends known), trace every worker's core function once, then run the sequence
+        body, as v1.4.5's Program does; returns the record."""
+        global RECORD
+        strays = [w for w in RECORD.workers if not any(w is x for x in self.workers)]
+        if strays:
+            raise ValueError(f"{len(strays)} Workers were made but not given to Program(workers=[...])")
+        for f in RECORD.fifos:
+            if f._prod is None or f._prod.endpoint is None:
+                raise ValueError(f"Prod endpoint not set for ObjectFifo {f.name}")
+            if not f.cons_handles or any(c.endpoint is None for c in f.cons_handles):
+                raise ValueError(f"Cons endpoint not set for ObjectFifo {f.name}")
+            _check_walk_sizes(f)
+        for w in self.workers:
             RECORD.current_worker = w
             for h in w.handles:
                 h.count = h.held = 0
             w.core_fn(*w.fn_args)
             RECORD.current_worker = None
+        seq = _Sequence(self.rt)
+        _ACTIVE[0] = seq
+        try:
+            self.rt.seq_fn(*self.rt.body_args)
+            seq.finalize()
+        finally:
+            _ACTIVE[0] = None
         RECORD.device, RECORD.runtime = self.device, self.rt
-        return RECORD.snapshot()
+        done, RECORD = RECORD.snapshot(), Record()   # the next design (the fused build makes many) starts empty
+        return done
+
+
+def _check_walk_sizes(f: ObjectFifo) -> None:
+    """objectfifo.py _check_walk_sizes: a walk covers one transfer: the object, or for a join's output or a
+    split's input each input's / output's segment."""
+    def segments(link):
+        big = link.dst[0] if link.kind == "join" else link.src[0]
+        ends = [*link.offsets[1:], big.elements]
+        return [e - s for s, e in zip(link.offsets, ends)]
+
+    walks = [("to_stream", f.to_stream, f.link_in if f.link_in is not None and f.link_in.kind == "join" else None)]
+    walks += [("from_stream", c.from_stream, f.link_out if f.link_out is not None and f.link_out.kind == "split"
+               else None) for c in f.cons_handles]
+    for what, tap, link in walks:
+        if tap is None:
+            continue
+        sizes = segments(link) if link is not None else [f.elements]
+        numel = math.prod(tap.tensor_dims)
+        if any(numel != s for s in sizes):
+            raise ValueError(f"{f.name} {what} walks a tensor of shape {tap.tensor_dims}, but each transfer moves "
+                             f"{sizes[0]} elements")
 
 
 # ---- the record and installing the stand-in -----------------------------------------------------------------
@@ -398,7 +582,6 @@ class Record:
     device: object = None
     runtime: object = None
     current_worker: object = None
-    active_runtime: object = None
 
     def snapshot(self) -> "Record":
         return Record(self.fifos, self.links, self.workers, self.calls, self.device, self.runtime)
@@ -418,13 +601,15 @@ RECORD = Record()
 def installed():
     """Put the stand-in in sys.modules as `aie.iron`, `aie.iron.device`, ... for the duration."""
     global RECORD
+    runtime = {"Runtime": Runtime, "TaskGroup": TaskGroup, "RuntimeData": RuntimeData}
+    dataflow = {"ObjectFifo": ObjectFifo, "ObjectFifoHandle": Handle}
     names = {
-        "aie": {}, "aie.iron": {"ObjectFifo": ObjectFifo, "Worker": Worker, "Runtime": Runtime, "Program": Program,
-                                "Kernel": Kernel, "GlobalBuffer": GlobalBuffer,
-                                "ScratchpadParameter": ScratchpadParameter},
+        "aie": {}, "aie.iron": {"Worker": Worker, "Program": Program, "Kernel": Kernel, "Buffer": Buffer,
+                                "ScratchpadParameter": ScratchpadParameter, **runtime, **dataflow},
+        "aie.iron.runtime": {**runtime, "sync_parameters": sync_parameters},
+        "aie.iron.dataflow": dataflow, "aie.iron.dataflow.objectfifo": dataflow,
         "aie.iron.device": {"NPU1": NPU1, "NPU2": NPU2, "Tile": Tile, "AnyShimTile": AnyShimTile,
                             "AnyMemTile": AnyMemTile, "AnyComputeTile": AnyComputeTile},
-        "aie.iron.placers": {"SequentialPlacer": SequentialPlacer},
         "aie.iron.controlflow": {"range_": range_},
         "aie.helpers": {}, "aie.helpers.taplib": {"TensorAccessPattern": TensorAccessPattern},
     }
@@ -556,13 +741,10 @@ def _check_calls(rec):
         c = sigs[kernel.name]
         if len(c) != len(kernel.arg_types):
             found.append(f"{kernel.name}: {len(kernel.arg_types)} arg types, the C function takes {len(c)}")
-        if len(args) != len(kernel.arg_types):
-            found.append(f"{kernel.name} called with {len(args)} arguments, declared {len(kernel.arg_types)}")
-            continue
         for i, (a, t, ct) in enumerate(zip(args, kernel.arg_types, c)):
             if not _c_type_ok(ct, t):
                 found.append(f"{kernel.name} argument {i}: declared {t}, C type {ct}")
-            if isinstance(a, (Element, GlobalBuffer)):
+            if isinstance(a, (Element, Buffer)):
                 if _obj(a.obj_type) != _obj(t):
                     found.append(f"{kernel.name} argument {i}: passes {_obj(a.obj_type)}, declared {_obj(t)}")
             elif isinstance(a, (bool, int, np.integer)):
@@ -578,7 +760,7 @@ def _check_calls(rec):
 
 def l1_use(rec) -> dict:
     """Bytes of L1 each core tile allocates: its stack, every fifo object it holds (depth x object) and its
-    GlobalBuffers."""
+    Buffers."""
     l1: dict[Tile, int] = {}
     for w in rec.workers:
         used = w.stack_size + sum(h.depth * h.fifo.nbytes for h in w.handles) + sum(_nbytes(b.obj_type)
@@ -623,22 +805,23 @@ def _check_channels_and_bds(rec, target):
             add(bds, w.placement, h.depth)
             dims = h.dims_from_stream if not h.is_prod else []
             if len(dims) > target.core_dims:
-                found.append(f"core {w.placement}: {h.fifo.name} dims_from_stream has {len(dims)} dims")
+                found.append(f"core {w.placement}: {h.fifo.name} from_stream has {len(dims)} dims")
             if any(n > 1 and s == 0 for n, s in dims):
-                found.append(f"core {w.placement}: {h.fifo.name} dims_from_stream steps by 0")
+                found.append(f"core {w.placement}: {h.fifo.name} from_stream steps by 0")
     for link in rec.links:
         add(s2mm, link.placement, len(link.src))
         add(mm2s, link.placement, len(link.dst))
         add(bds, link.placement, sum(f.depth for f in (*link.src, *link.dst)))
         for f in (*link.src, *link.dst):
             if len(f.dims_to_stream) > target.memtile_dims:
-                found.append(f"memtile {link.placement}: {f.name} dims_to_stream has {len(f.dims_to_stream)} dims")
+                found.append(f"memtile {link.placement}: {f.name} to_stream has {len(f.dims_to_stream)} dims")
             if any(n > 1 and s == 0 for n, s in f.dims_to_stream):  # no repeat dimension in a memtile pattern
-                found.append(f"memtile {link.placement}: {f.name} dims_to_stream steps by 0")
-    seen = set()
+                found.append(f"memtile {link.placement}: {f.name} to_stream steps by 0")
+    seen, shims = set(), {}
     for t in rec.runtime.transfers:
         if t.placement.row != 0 or t.placement.col < 0:
             found.append(f"{t.kind} of {t.handle.fifo.name} is not placed on a shim tile")
+        shims.setdefault((t.kind, t.handle.fifo.name), set()).add(t.placement)
         key = (t.placement, t.kind, id(t.handle.fifo))
         if key not in seen:
             seen.add(key)
@@ -654,6 +837,11 @@ def _check_channels_and_bds(rec, target):
         if t.tap.sizes[-1] * t.data.dtype.itemsize % 4:
             found.append(f"shim {t.placement}: {t.kind} of {t.handle.fifo.name} moves rows of "
                          f"{t.tap.sizes[-1] * t.data.dtype.itemsize} bytes, not whole 32-bit words")
+    # a fifo's runtime end is one shim DMA allocation (aie.shim_dma_allocation, named after the fifo): a second
+    # runtime consumer on another shim is dropped as a duplicate (runtime.py _dedup_runtime_consumers)
+    for (kind, fifo), tiles in shims.items():
+        if len(tiles) > 1:
+            found.append(f"{kind}s of {fifo} on {len(tiles)} shim tiles; its runtime end is bound to one")
     for tile, peak in rec.runtime.peak.items():  # descriptors in use at once (task groups free theirs)
         add(bds, tile, peak)
     limits = {"core": (target.core_channels, target.core_bds), "memtile": (target.memtile_channels,

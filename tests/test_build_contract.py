@@ -54,23 +54,22 @@ obj.write_bytes(b"\\x7fELF fake AIE object of " + src.name.encode())
 AIECC = """
 import hashlib, json, re, struct, sys
 from pathlib import Path
-FLAGS = ["--no-xchesscc", "--no-xbridge", "--peano", "--no-compile-host", "--tmpdir", "--aie-generate-xclbin",
-         "--xclbin-name", "--aie-generate-npu-insts", "--npu-insts-name", "--expand-load-pdis", "--sequence-name",
-         "--aie-generate-full-elf", "--full-elf-name"]
+FLAGS = ["--peano", "--tmpdir", "--get-xclbin", "--xclbin-name", "--get-npu-insts", "--npu-insts-name",
+         "--expand-load-pdis", "--sequence-name", "--get-full-elf", "--full-elf-name"]   # mlir-aie v1.4.5's
 args = sys.argv[1:]
 if args == ["--help"]:
     print("usage: aiecc (fake)\\n" + "\\n".join(FLAGS))
     sys.exit(0)
 opts = dict(a[2:].split("=", 1) if "=" in a else (a[2:], True) for a in args[:-1])
 unknown = [o for o in opts if "--" + o not in FLAGS]
-if unknown or not {"no-xchesscc", "no-xbridge", "peano"} <= set(opts) or not Path(opts["peano"]).is_dir():
+if unknown or "peano" not in opts or not Path(opts["peano"]).is_dir():
     sys.exit(f"aiecc (fake): bad flags {args}")
 mlir = Path(args[-1]).read_text()
 main = mlir[mlir.index("@main"):]
 sequences = re.findall(r"aie\\.runtime_sequence @(\\w+)\\(%weights", main)
 if not sequences or not list(Path.cwd().glob("*.o")):
     sys.exit("aiecc (fake): no runtime sequence in @main, or no kernel object in the working directory")
-if "aie-generate-full-elf" in opts:
+if "get-full-elf" in opts:
     doc = {"fake_pyxrt": "elf", "program": "program", "sequences": {f"main:{s}": f"main:{s}" for s in sequences}}
     Path(opts["full-elf-name"]).write_text(json.dumps(doc))
     sys.exit(0)

@@ -241,6 +241,76 @@ def test_a_run_that_differs_from_its_sequence_is_refused():
         standin.check_runs(module)
 
 
+def _passthrough(io, *, in_fn_args=True, group=None, runtime_kwargs=None, worker_kwargs=None):
+    """A one-core copy in v1.4.5's spelling, optionally broken: the stand-in builds it as the release would."""
+    t = np.ndarray[(64,), np.dtype[np.int32]]
+    of_in, of_out = io.ObjectFifo(t, depth=2, name="in"), io.ObjectFifo(t, depth=2, name="out")
+
+    def core(a, b):
+        x, y = a.acquire(1), b.acquire(1)
+        a.release(1)
+        b.release(1)
+    worker = io.Worker(core, [of_in.cons(), of_out.prod()], **(worker_kwargs or {"tile": io.Tile(0, 2)}))
+    into, out = of_in.prod(tile=io.Tile(0, 0)), of_out.cons(tile=io.Tile(0, 0))
+
+    def sequence(a, b, *_):
+        tg = io.TaskGroup() if group == "explicit" else None
+        into.fill(a, group=tg)
+        out.drain(b, wait=True)
+        if tg is not None:
+            tg.finish()
+    rt = io.Runtime(sequence, [t, t] + ([into, out] if in_fn_args else []), **(runtime_kwargs or {}))
+    return io.Program(io.NPU2(), rt, workers=[worker]).resolve_program()
+
+
+def test_the_standin_refuses_what_mlir_aie_v1_4_5_refuses():
+    """tests/iron_standin.py has v1.4.5's signatures (kernels/README.md, "IRON API of v1.4.5"): the spellings of
+    v1.3.x and the misuses the release raises on fail here with the release's exception types."""
+    with standin.installed():
+        io = df.iron()
+        rec = _passthrough(io)
+        assert standin.check(rec, TARGETS["npu2"]) == [] and [t.kind for t in rec.runtime.transfers] == \
+            ["fill", "drain"]
+        standin.fresh()
+        t = np.ndarray[(64,), np.dtype[np.int32]]
+        for old in ("sequence", "fill", "drain", "start", "task_group", "finish_task_group", "sync_parameters"):
+            assert not hasattr(io.Runtime(lambda: None), old)    # the v1.3 Runtime methods are gone (PR #3387)
+        with pytest.raises(TypeError):
+            io.Runtime()                                          # the sequence body is the first argument
+        with pytest.raises(TypeError):
+            io.ObjectFifo(t, 2)                                   # depth is keyword-only
+        with pytest.raises(TypeError):
+            io.ObjectFifo(t, depth=2, dims_to_stream=[(64, 1)])   # now to_stream=, a TensorAccessPattern
+        with pytest.raises(TypeError):
+            io.ObjectFifo(t, depth=2, to_stream=[(64, 1)])
+        with pytest.raises(TypeError):
+            io.ObjectFifo(t, depth=2).cons().forward(placement=io.Tile(0, 1))   # now tile=
+        with pytest.raises(RuntimeError):
+            io.TaskGroup()                                        # only inside the sequence body
+        f = io.ObjectFifo(t, depth=2, name="f")
+        with pytest.raises(RuntimeError):
+            f.prod(tile=io.Tile(0, 0)).fill(io.Runtime(lambda a: None, [t]).data[0])   # fill outside the body
+        with pytest.raises(ValueError):
+            f.prod(tile=io.Tile(1, 0))                            # a producer pinned to one shim, not two
+        with pytest.raises(ValueError):
+            f.cons().fill(None)                                   # fill on a consumer handle
+        with pytest.raises(ImportError):
+            from aie.iron import GlobalBuffer  # noqa: F401       # now Buffer
+        with pytest.raises(ImportError):
+            from aie.iron.placers import SequentialPlacer  # noqa: F401   # placement is aiecc's pass
+        for broken, error in (({"in_fn_args": False}, ValueError),       # runtime ends not given to the Runtime
+                              ({"group": "explicit"}, standin.IronRuntimeError),   # default + explicit groups
+                              ({"runtime_kwargs": {"strict_task_groups": True, "placement": None}}, TypeError),
+                              ({"worker_kwargs": {"placement": io.Tile(0, 2)}}, TypeError)):
+            standin.fresh()
+            with pytest.raises(error):
+                _passthrough(io, **broken)
+        standin.fresh()
+        k = io.Kernel("copy", "eltwise.o", [t, t])
+        with pytest.raises(ValueError):
+            k(None)                                               # a call with the wrong number of arguments
+
+
 # ---- one graph that exercises every design, fused into one program ----------------------------------------------
 
 SYNTH_WEIGHTS = {"ln_w": (64,), "ln_b": (64,), "w1": (128, 64), "b1": (128,), "w2": (64, 128), "b2": (64,),
@@ -374,7 +444,8 @@ def test_gemm_blocking_matches_the_kernel_layout(target):
     rows = 3
     blocked = np.concatenate([np.arange(m * k).reshape(m // R, R, k // T, T).transpose(0, 2, 1, 3).reshape(-1)
                               + i * m * k for i in range(rows)])
-    order = blocked[stream(unblocking(rows, m, k, R, T), rows * m * k)]
+    order = np.concatenate([tile[stream(unblocking(m, k, R, T), m * k)]          # the join walks each tile
+                            for tile in blocked.reshape(rows, m * k)])
     np.testing.assert_array_equal(order, np.arange(rows * m * k))
 
 

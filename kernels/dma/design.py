@@ -51,23 +51,23 @@ def build(target: str, step, buffers: dict, params: dict):
                     and (d * o.dtype.itemsize) % 4 == 0)
         elems.append(piece)
     operands = [o for o, _ in sources] + [out]
-    rt = io.Runtime()
-    fifos = []
+    fifos, ends = [], df.RuntimeEnds(io)
     for i, ((o, dst), piece) in enumerate(zip(sources, elems)):
         l3 = io.ObjectFifo(df.tensor(piece, o.dtype), depth=2, name=f"dma_in{i}")
-        back = l3.cons().forward(placement=io.Tile(i % 4, 1), name=f"dma_out{i}", depth=2)
-        fifos.append((l3, back, o, dst, piece, i % 4))
+        back = l3.cons().forward(tile=io.Tile(i % 4, 1), name=f"dma_out{i}", depth=2)
+        fifos.append((ends.fill(l3, i % 4), ends.drain(back, i % 4), o, dst))
     shift = df.scratchpad_parameter(io, params, *word) if word else None
-    with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
+
+    def sequence(*args):
         if shift is not None:
-            rt.sync_parameters()
-        for i, (l3, back, o, dst, piece, col) in enumerate(fifos):
+            io.sync_parameters()
+        for i, (into, back, o, dst) in enumerate(fifos):
             for tap in df.taps(io, o, o.index):
-                rt.fill(l3.prod(), args[i], tap=tap, placement=io.Tile(col, 0))
+                into.fill(args[i], tap=tap)
             for tap in df.taps(io, out, dst):
-                rt.drain(back.cons(), args[-1], tap=tap, placement=io.Tile(col, 0), wait=True, offset_parameter=shift)
+                back.drain(args[-1], tap=tap, wait=True, offset_parameter=shift)
     params.update({"op": op, "pieces": elems, "sequence": df.sequence_of(step, operands)})
-    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+    return df.program(io, target, operands, ends, [], sequence)
 
 
 def _gather(target: str, step, buffers: dict, params: dict, out):
@@ -84,24 +84,26 @@ def _gather(target: str, step, buffers: dict, params: dict, out):
     if width * table.dtype.itemsize % 4:
         raise df.DesignError(f"a table row of {width} bf16 elements is not a whole 32-bit word: pad rows to even")
     io = df.iron()
-    rt = io.Runtime()
     row_t = df.tensor(width, table.dtype)
     l3 = io.ObjectFifo(row_t, depth=2, name="gather_in")
-    back = l3.cons().forward(placement=io.Tile(0, 1), name="gather_out", depth=2)
+    back = l3.cons().forward(tile=io.Tile(0, 1), name="gather_out", depth=2)
+    ends = df.RuntimeEnds(io)
+    into, out_end = ends.fill(l3, 0), ends.drain(back, 0)
     words = [df.scratchpad_parameter(io, params, ids_name, i, row_stride, rows - 1) for i in range(n_ids)]
     out_rows = out.index.reshape(n_ids, width)
-    with rt.sequence(df.tensor(table.elements, table.dtype), df.tensor(out.elements, out.dtype)) as (t_arg, o_arg):
-        rt.sync_parameters()
+
+    def sequence(t_arg, o_arg):
+        io.sync_parameters()
         for i, word in enumerate(words):  # a task group per row: its two descriptors are freed before the next
-            tg = rt.task_group()
+            tg = io.TaskGroup()
             for tap in df.taps(io, table, table.index[0]):
-                rt.fill(l3.prod(), t_arg, tap=tap, task_group=tg, placement=io.Tile(0, 0), offset_parameter=word)
+                into.fill(t_arg, tap=tap, group=tg, offset_parameter=word)
             for tap in df.taps(io, out, out_rows[i]):
-                rt.drain(back.cons(), o_arg, tap=tap, task_group=tg, placement=io.Tile(0, 0), wait=True)
-            rt.finish_task_group(tg)
+                out_end.drain(o_arg, tap=tap, group=tg, wait=True)
+            tg.finish()
     params.update({"op": "embedding", "pieces": [width], "rows": n_ids,
                    "sequence": df.sequence_of(step, [table, out])})   # the ids reach the DMAs as words
-    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+    return df.program(io, target, [table, out], ends, [], sequence)
 
 
 if __name__ == "__main__":

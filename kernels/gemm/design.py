@@ -10,7 +10,7 @@ i = r mod rows and j = c mod cols, looping j, then i, then the K steps, so that
   operand's access pattern; split weights (tiling weight_planes = 2, packed [2, K/k, N/n, k, n]) send each
   tile's hi and lo planes in one B object of twice the size, which gemm_mac runs both MAC passes over;
 - the memtile blocks each A / B tile into the MAC shape (R x S x T: npu1 4x8x4, npu2 8x8x8) on its way to the
-  core (dims_to_stream), and un-blocks the C tiles it joins from the column's cores on the way out;
+  core (to_stream), and un-blocks the C tiles it joins from the column's cores on the way out;
 - the bias (fp32) rides with B: each column's B stream starts with the column's bias tiles (repeated to
   whole objects), which the core keeps in L1, so a core reads two streams (A; B); gemm_store adds the bias and
   runs the chain on the fp32 accumulator before the single store (kernels/gemm/gemm.cc). Epilogues that read
@@ -30,20 +30,21 @@ KINDS = ("gemm", "bmm")
 
 
 def blocking(rows: int, cols: int, r: int, c: int) -> list[tuple[int, int]]:
-    """dims_to_stream (size, stride) that reads a row-major [rows, cols] tile in the kernel's blocked order
+    """The stream walk (size, stride) that reads a row-major [rows, cols] tile in the kernel's blocked order
     [rows/r][cols/c][r][c]."""
     return [(rows // r, r * cols), (cols // c, c), (r, cols), (c, 1)]
 
 
 def blocking_transposed(n: int, k: int, t: int, s: int) -> list[tuple[int, int]]:
-    """dims_to_stream that reads a row-major [n, k] tile of B^T as [k/s][n/t][t][s]: B's blocks in gemm_mac's
+    """The stream walk that reads a row-major [n, k] tile of B^T as [k/s][n/t][t][s]: B's blocks in gemm_mac's
     order, each one transposed (t x s), which gemm_mac_bt transposes back in registers."""
     return [(k // s, s), (n // t, t * k), (t, k), (s, 1)]
 
 
-def unblocking(n_tiles: int, rows: int, cols: int, r: int, c: int) -> list[tuple[int, int]]:
-    """dims_to_stream that reads n_tiles blocked [rows/r][cols/c][r][c] tiles back in row-major order."""
-    return [(n_tiles * rows // r, r * cols), (r, c), (cols // c, r * c), (c, 1)]
+def unblocking(rows: int, cols: int, r: int, c: int) -> list[tuple[int, int]]:
+    """The stream walk that reads a blocked [rows/r][cols/c][r][c] tile back in row-major order. On a join's
+    output it walks each joined tile in turn (v1.4.5: a join output's to_stream is over one input's object)."""
+    return [(rows // r, r * cols), (r, c), (cols // c, r * c), (c, 1)]
 
 
 def build(target: str, step, buffers: dict, params: dict):
@@ -125,17 +126,17 @@ def build(target: str, step, buffers: dict, params: dict):
 
     # A: one stream per core row, blocked in the memtile, broadcast along the row
     a_l3 = [io.ObjectFifo(a_ty, depth=2, name=f"gemm_a{r}") for r in range(rows)]
-    a_l2 = [a_l3[r].cons().forward(placement=io.Tile(r % cols, 1), name=f"gemm_a{r}_l2", depth=2,
-                                   dims_to_stream=blocking(m, k, R, S)) for r in range(rows)]
+    a_l2 = [a_l3[r].cons().forward(tile=io.Tile(r % cols, 1), name=f"gemm_a{r}_l2", depth=2,
+                                   to_stream=df.stream_walk(io, blocking(m, k, R, S), m * k)) for r in range(rows)]
     # B: one stream per core column (the bias objects first), blocked in the memtile, down the column
     b_l3 = [io.ObjectFifo(b_ty, depth=2, name=f"gemm_b{c}") for c in range(cols)]
     b_blocks = blocking_transposed(n, k, T, S) if b_transposed else blocking(kb, n, S, T)
-    b_l2 = [b_l3[c].cons().forward(placement=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
-                                   dims_to_stream=b_blocks) for c in range(cols)]
-    # C: joined per column in the memtile, un-blocked on the way to the shim
+    b_l2 = [b_l3[c].cons().forward(tile=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
+                                   to_stream=df.stream_walk(io, b_blocks, kb * n)) for c in range(cols)]
+    # C: joined per column in the memtile, each core's tile un-blocked on the way to the shim
     c_l3 = [io.ObjectFifo(df.tensor(rows * m * n, outs[0].dtype), depth=2, name=f"gemm_c{c}",
-                          dims_to_stream=unblocking(rows, m, n, R, T)) for c in range(cols)]
-    c_l2 = [c_l3[c].prod().join([r * m * n for r in range(rows)], placement=io.Tile(c, 1),
+                          to_stream=df.stream_walk(io, unblocking(m, n, R, T), m * n)) for c in range(cols)]
+    c_l2 = [c_l3[c].prod().join([r * m * n for r in range(rows)], tile=io.Tile(c, 1),
                                 obj_types=[c_ty] * rows, depths=[2] * rows,
                                 names=[f"gemm_c{c}r{r}" for r in range(rows)]) for c in range(cols)]
 
@@ -160,25 +161,28 @@ def build(target: str, step, buffers: dict, params: dict):
     workers = []
     for c in range(cols):
         for r in range(rows):
-            bufs = [io.GlobalBuffer(acc_ty, name=f"gemm_acc_c{c}r{r}"),
-                    io.GlobalBuffer(bias_ty, name=f"gemm_bias_c{c}r{r}"),
-                    io.GlobalBuffer(vec_i, initial_value=words, name=f"gemm_chain_c{c}r{r}"),
-                    io.GlobalBuffer(vec_f, initial_value=imms, name=f"gemm_imm_c{c}r{r}")]
+            bufs = [io.Buffer(acc_ty, name=f"gemm_acc_c{c}r{r}"),
+                    io.Buffer(bias_ty, name=f"gemm_bias_c{c}r{r}"),
+                    io.Buffer(vec_i, initial_value=words, name=f"gemm_chain_c{c}r{r}"),
+                    io.Buffer(vec_f, initial_value=imms, name=f"gemm_imm_c{c}r{r}")]
             # gemm_mac's weight planes, or gemm_mac_bt's columns within N, per column tile
             b_count = [min(n, N - _col0(jl * cols + c)) if b_transposed else planes for jl in range(jt)]
             workers.append(io.Worker(body, [a_l2[r].cons(), b_l2[c].cons(), c_l2[c][r].prod(), *bufs,
                                             kzero, kmac, kbias, kstore, it * jt, Kt, b_count],
-                                     placement=io.Tile(c, 2 + r), stack_size=df.STACK_BYTES))
+                                     tile=io.Tile(c, 2 + r), stack_size=df.STACK_BYTES))
 
     operands, at = df.sequence_args(step, buffers, {0: a, 1: b, 2: bias}, outs)
-    rt = io.Runtime()
-    with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
+    ends = df.RuntimeEnds(io)
+    a_ends = [ends.fill(a_l3[r], shim[("a", r)]) for r in range(rows)]
+    b_ends = [ends.fill(b_l3[c], shim[("b", c)]) for c in range(cols)]
+    c_ends = [ends.drain(c_l3[c], c) for c in range(cols)]
+
+    def sequence(*args):
         a_arg, b_arg = args[at[0]], args[at[1]]
         bias_arg = args[at[2]] if has_bias else None
         out_args = args[len(args) - len(outs):]
-        rt.start(*workers)
         if any(shift):
-            rt.sync_parameters()
+            io.sync_parameters()
         # one part: everything in stream order; a batched bmm goes in task groups of a few row-tile groups per
         # column tile, so that shim buffer descriptors are reused (each slice's tiles are their own transfers)
         # (also a GEMM over several column tiles whose last row-tile group is shifted: its A is two transfers per
@@ -193,17 +197,19 @@ def build(target: str, step, buffers: dict, params: dict):
             per_j = np.moveaxis(b_idx[:, :, c::cols], 2, 0)          # [jt, slices, Kt, object]
             b_streams.append(np.broadcast_to(per_j, (jt, it) + per_j.shape[2:]) if batch == 1 else per_j[:, b_slice])
         for jls, ils, grouped in parts:
-            tg = rt.task_group() if grouped else None
+            # grouped or not, every transfer of a part shares its group: v1.4.5 refuses a sequence that mixes
+            # the default group with explicit ones (strict_task_groups), so the bias goes in the first group
+            tg = io.TaskGroup() if grouped else None
             for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
                 for tap in _a_taps(io, a, a_streams[r][jls.start:jls.stop, ils.start:ils.stop], Mb):
-                    rt.fill(a_l3[r].prod(), a_arg, tap=tap, task_group=tg, placement=io.Tile(shim[("a", r)], 0))
+                    a_ends[r].fill(a_arg, tap=tap, group=tg)
             for c in range(cols):
                 if has_bias and jls.start == ils.start == 0:  # first the column's bias tiles, to whole B objects
                     bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
                     for tap in df.taps(io, bias, bi):
-                        rt.fill(b_l3[c].prod(), bias_arg, tap=tap, placement=io.Tile(shim[("b", c)], 0))
+                        b_ends[c].fill(bias_arg, tap=tap, group=tg)
                 for tap in df.taps(io, b, b_streams[c][jls.start:jls.stop, ils.start:ils.stop]):
-                    rt.fill(b_l3[c].prod(), b_arg, tap=tap, task_group=tg, placement=io.Tile(shim[("b", c)], 0))
+                    b_ends[c].fill(b_arg, tap=tap, group=tg)
                 for jl in jls:  # the column's C objects, column tile by column tile, into their output
                     j = jl * cols + c
                     o = _owner(splits, j * n)
@@ -212,15 +218,14 @@ def build(target: str, step, buffers: dict, params: dict):
                     tiles = np.stack([oi[tile_rows(i, m, M, rows, batch), _col0(j) - lo:_col0(j) + n - lo]
                                       for il in ils for i in [il * rows + r for r in range(rows)]])
                     for tap in df.taps(io, outs[o], tiles):
-                        rt.drain(c_l3[c].cons(), out_args[o], tap=tap, task_group=tg, placement=io.Tile(c, 0),
-                                 wait=True, offset_parameter=shift[o])
+                        c_ends[c].drain(out_args[o], tap=tap, group=tg, wait=True, offset_parameter=shift[o])
             if grouped:
-                rt.finish_task_group(tg)
+                tg.finish()
     params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
                    "m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
                    "tiles_per_core": it * jt, "k_steps": Kt, "batch": batch, "b_transposed": b_transposed,
                    "shifted_columns": shifted_cols})
-    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+    return df.program(io, target, operands, ends, workers, sequence)
 
 
 def _bmm_operands(step, a, b, batch, Mb, K, N, k, n, Kt, Nt, col0):
@@ -356,15 +361,15 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
     n_chain = len(step.attrs["chain"])
 
     a_l3 = [io.ObjectFifo(df.tensor(rows * m * k, a.dtype), depth=2, name=f"gemm_a_c{c}") for c in range(cols)]
-    a_l2 = [a_l3[c].cons().split([q * m * k for q in range(rows)], placement=io.Tile(c, 1), obj_types=[a_ty] * rows,
-                                 depths=[2] * rows, dims_to_stream=[blocking(m, k, R, S)] * rows,
+    a_l2 = [a_l3[c].cons().split([q * m * k for q in range(rows)], tile=io.Tile(c, 1), obj_types=[a_ty] * rows,
+                                 depths=[2] * rows, to_stream=[df.stream_walk(io, blocking(m, k, R, S), m * k)] * rows,
                                  names=[f"gemm_a_c{c}r{q}" for q in range(rows)]) for c in range(cols)]
     b_l3 = [io.ObjectFifo(b_ty, depth=2, name=f"gemm_b{c}") for c in range(cols)]
-    b_l2 = [b_l3[c].cons().forward(placement=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
-                                   dims_to_stream=blocking(kb, n, S, T)) for c in range(cols)]
+    b_l2 = [b_l3[c].cons().forward(tile=io.Tile(c, 1), name=f"gemm_b{c}_l2", depth=2,
+                                   to_stream=df.stream_walk(io, blocking(kb, n, S, T), kb * n)) for c in range(cols)]
     c_l3 = [io.ObjectFifo(df.tensor(rows * m * n, out.dtype), depth=2, name=f"gemm_c{c}",
-                          dims_to_stream=unblocking(rows, m, n, R, T)) for c in range(cols)]
-    c_l2 = [c_l3[c].prod().join([q * m * n for q in range(rows)], placement=io.Tile(c, 1), obj_types=[c_ty] * rows,
+                          to_stream=df.stream_walk(io, unblocking(m, n, R, T), m * n)) for c in range(cols)]
+    c_l2 = [c_l3[c].prod().join([q * m * n for q in range(rows)], tile=io.Tile(c, 1), obj_types=[c_ty] * rows,
                                 depths=[2] * rows, names=[f"gemm_c{c}r{q}" for q in range(rows)]) for c in range(cols)]
 
     def body(a_in, b_in, c_out, acc, bias_buf, chain, imm, gamma, beta, st, kpos, a_norm, zero, mac, load_vec,
@@ -416,17 +421,17 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
     workers = []
     for c in range(cols):
         for q in range(rows):
-            bufs = [io.GlobalBuffer(acc_ty, name=f"gemm_acc_c{c}r{q}"), io.GlobalBuffer(bias_ty, name=f"gemm_bias_c{c}r{q}"),
-                    io.GlobalBuffer(vec_i, initial_value=words, name=f"gemm_chain_c{c}r{q}"),
-                    io.GlobalBuffer(vec_f, initial_value=imms, name=f"gemm_imm_c{c}r{q}")]
+            bufs = [io.Buffer(acc_ty, name=f"gemm_acc_c{c}r{q}"), io.Buffer(bias_ty, name=f"gemm_bias_c{c}r{q}"),
+                    io.Buffer(vec_i, initial_value=words, name=f"gemm_chain_c{c}r{q}"),
+                    io.Buffer(vec_f, initial_value=imms, name=f"gemm_imm_c{c}r{q}")]
             if pro:  # the norm's gamma / beta for the whole K, its statistics, the normalised A tile
-                bufs += [io.GlobalBuffer(kvec_ty, name=f"gemm_gamma_c{c}r{q}"), io.GlobalBuffer(kvec_ty, name=f"gemm_beta_c{c}r{q}"),
-                         io.GlobalBuffer(st_ty, name=f"gemm_st_c{c}r{q}"), io.GlobalBuffer(kpos_ty, name=f"gemm_kpos_c{c}r{q}"),
-                         io.GlobalBuffer(an_ty, name=f"gemm_anorm_c{c}r{q}")]
+                bufs += [io.Buffer(kvec_ty, name=f"gemm_gamma_c{c}r{q}"), io.Buffer(kvec_ty, name=f"gemm_beta_c{c}r{q}"),
+                         io.Buffer(st_ty, name=f"gemm_st_c{c}r{q}"), io.Buffer(kpos_ty, name=f"gemm_kpos_c{c}r{q}"),
+                         io.Buffer(an_ty, name=f"gemm_anorm_c{c}r{q}")]
             else:
                 bufs += [None] * 5
             workers.append(io.Worker(body, [a_l2[c][q].cons(), b_l2[c].cons(), c_l2[c][q].prod(), *bufs,
-                                            *kernels, it * jt, Kt], placement=io.Tile(c, 2 + q),
+                                            *kernels, it * jt, Kt], tile=io.Tile(c, 2 + q),
                                      stack_size=df.STACK_BYTES))
     shims = {c: (take(c), take(c)) for c in range(cols)}           # (A + residual, B + bias) per column
     group_il = max(1, (hw.shim_bds - 6) // 2)
@@ -434,26 +439,29 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
             **(dict(zip(pro["operands"], gb)) if pro else {})}
     operands, at = df.sequence_args(step, buffers, read, outs)
     splits = step.attrs.get("n_splits") or [N]
-    rt = io.Runtime()
-    with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
+    ends = df.RuntimeEnds(io)
+    a_ends = [ends.fill(a_l3[c], shims[c][0]) for c in range(cols)]
+    b_ends = [ends.fill(b_l3[c], shims[c][1]) for c in range(cols)]
+    c_ends = [ends.drain(c_l3[c], c) for c in range(cols)]
+
+    def sequence(*args):
         a_arg, b_arg = args[at[0]], args[at[1]]
         r_arg = args[at[slot]] if r is not None else None
         bias_arg = args[at[2]] if has_bias else None
         gb_args = [args[at[i]] for i in pro["operands"]] if pro else []
         out_args = args[len(args) - len(outs):]
-        rt.start(*workers)
         if any(shift):
-            rt.sync_parameters()
-        resident = rt.task_group()
+            io.sync_parameters()
+        resident = io.TaskGroup()
         for c in range(cols):
             if has_bias:
                 bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
                 for tap in df.taps(io, bias, bi):
-                    rt.fill(b_l3[c].prod(), bias_arg, tap=tap, task_group=resident, placement=io.Tile(shims[c][1], 0))
+                    b_ends[c].fill(bias_arg, tap=tap, group=resident)
             for vec, arg, count in zip(gb, gb_args, vec_objects):  # gamma, beta: K floats, whole objects
                 for tap in [t for piece in df.wrapped(vec.index, count * floats_per_object)
                             for t in df.taps(io, vec, piece)]:
-                    rt.fill(b_l3[c].prod(), arg, tap=tap, task_group=resident, placement=io.Tile(shims[c][1], 0))
+                    b_ends[c].fill(arg, tap=tap, group=resident)
         # K steps per task group: all of them, or with M < R rows repeating through each tile (one A transfer per
         # K step, see _a_taps) as many as the shim's buffer descriptors hold; the residual and drains go last
         k_group = Kt if M >= m or pro else max(1, (hw.shim_bds - 4) // (-(-m // M) if m % M else 1))
@@ -462,27 +470,25 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                 ils = range(il0, min(it, il0 + group_il))
                 for q0 in range(0, Kt, k_group):
                     qs, last = slice(q0, min(Kt, q0 + k_group)), q0 + k_group >= Kt
-                    tg = rt.task_group()
+                    tg = io.TaskGroup()
                     for c in range(cols):
                         j = jl * cols + c
                         bt = np.broadcast_to(b_idx[qs, j][None], (len(ils), len(range(Kt)[qs]), kb * n))
                         for tap in df.taps(io, b, bt):
-                            rt.fill(b_l3[c].prod(), b_arg, tap=tap, task_group=tg, placement=io.Tile(shims[c][1], 0))
+                            b_ends[c].fill(b_arg, tap=tap, group=tg)
                         for il in ils:
                             row_sets = [tile_rows(il * rows + q, m, M, rows) for q in range(rows)]
-                            at = np.stack([a_idx[rs].reshape(m, Kt, k).transpose(1, 0, 2) for rs in row_sets], axis=1)
-                            at = np.broadcast_to(at[None], (a_passes,) + at.shape)[:, qs]   # [pass, Kt, core, m, k]
-                            for tap in _a_taps(io, a, at, M):
-                                rt.fill(a_l3[c].prod(), a_arg, tap=tap, task_group=tg,
-                                        placement=io.Tile(shims[c][0], 0))
+                            a_t = np.stack([a_idx[rs].reshape(m, Kt, k).transpose(1, 0, 2) for rs in row_sets], axis=1)
+                            a_t = np.broadcast_to(a_t[None], (a_passes,) + a_t.shape)[:, qs]  # [pass, Kt, core, m, k]
+                            for tap in _a_taps(io, a, a_t, M):
+                                a_ends[c].fill(a_arg, tap=tap, group=tg)
                             if not res_objs or not last:
                                 continue
                             tiles = np.stack([r_idx[rs, j * n:(j + 1) * n] for rs in row_sets])  # [core, m, n]
                             fill = np.resize(np.arange(m), res_objs * per_obj // n)            # rows, wrapping
                             ri = tiles[:, fill].reshape(rows, res_objs, per_obj // n, n).transpose(1, 0, 2, 3)
                             for tap in df.taps(io, r, ri):
-                                rt.fill(a_l3[c].prod(), r_arg, tap=tap, task_group=tg,
-                                        placement=io.Tile(shims[c][0], 0))
+                                a_ends[c].fill(r_arg, tap=tap, group=tg)
                         if not last:
                             continue
                         o = _owner(splits, j * n)
@@ -491,15 +497,14 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                         tiles = np.stack([oi[tile_rows(il * rows + q, m, M, rows), j * n - lo:(j + 1) * n - lo]
                                           for il in ils for q in range(rows)])
                         for tap in df.taps(io, outs[o], tiles):
-                            rt.drain(c_l3[c].cons(), out_args[o], tap=tap, task_group=tg, placement=io.Tile(c, 0),
-                                     wait=True, offset_parameter=shift[o])
-                    rt.finish_task_group(tg)
-        rt.finish_task_group(resident)
+                            c_ends[c].drain(out_args[o], tap=tap, group=tg, wait=True, offset_parameter=shift[o])
+                    tg.finish()
+        resident.finish()
     params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
                    "m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
                    "tiles_per_core": it * jt, "k_steps": Kt, "residual_objects": res_objs,
                    "prologue": pro["op"] if pro else None})
-    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+    return df.program(io, target, operands, ends, workers, sequence)
 
 
 def a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt, batch=1):

@@ -138,7 +138,7 @@ def build(target: str, step, buffers: dict, params: dict):
             **(dict(zip(pro["operands"], gb)) if pro else {})}
     operands, pos_of = df.sequence_args(step, buffers, read, outs)   # input index -> runtime tensor
     x_l3 = io.ObjectFifo(x_t, depth=2, name="gemv_x")
-    x_bc = x_l3.cons().forward(placement=io.Tile(0, 1), name="gemv_x_bc", depth=2)
+    x_bc = x_l3.cons().forward(tile=io.Tile(0, 1), name="gemv_x_bc", depth=2)
     x_shim = take(0)
     workers, fills, drains = [], [], []
     xi = x.index.reshape(-1) if wide is None else wide.reshape(-1)
@@ -150,14 +150,14 @@ def build(target: str, step, buffers: dict, params: dict):
         col, row = c % hw.columns, 2 + c // hw.columns
         w_fifo = io.ObjectFifo(w_t, depth=2, name=f"gemv_w{c}")
         y_fifo = io.ObjectFifo(y_t, depth=2, name=f"gemv_y{c}")
-        bufs = [io.GlobalBuffer(acc_t, name=f"gemv_acc{c}"), io.GlobalBuffer(bias_t, name=f"gemv_bias{c}"),
-                io.GlobalBuffer(vec_i, initial_value=words, name=f"gemv_chain{c}"),
-                io.GlobalBuffer(vec_f, initial_value=imms, name=f"gemv_imm{c}")]
-        bufs += ([io.GlobalBuffer(kvec_t, name=f"gemv_gamma{c}"), io.GlobalBuffer(kvec_t, name=f"gemv_beta{c}"),
-                  io.GlobalBuffer(st_t, name=f"gemv_st{c}"), io.GlobalBuffer(kpos_t, name=f"gemv_kpos{c}"),
-                  io.GlobalBuffer(xn_t, name=f"gemv_xnorm{c}")] if pro else [None] * 5)
+        bufs = [io.Buffer(acc_t, name=f"gemv_acc{c}"), io.Buffer(bias_t, name=f"gemv_bias{c}"),
+                io.Buffer(vec_i, initial_value=words, name=f"gemv_chain{c}"),
+                io.Buffer(vec_f, initial_value=imms, name=f"gemv_imm{c}")]
+        bufs += ([io.Buffer(kvec_t, name=f"gemv_gamma{c}"), io.Buffer(kvec_t, name=f"gemv_beta{c}"),
+                  io.Buffer(st_t, name=f"gemv_st{c}"), io.Buffer(kpos_t, name=f"gemv_kpos{c}"),
+                  io.Buffer(xn_t, name=f"gemv_xnorm{c}")] if pro else [None] * 5)
         workers.append(io.Worker(body, [x_bc.cons(), w_fifo.cons(), y_fifo.prod(), *bufs, *kernels, Kt],
-                                 placement=io.Tile(col, row), stack_size=df.STACK_BYTES))
+                                 tile=io.Tile(col, row), stack_size=df.STACK_BYTES))
         shim = take(col)
         # core c's column tiles: jt consecutive ones (within one output of merged projections where their widths
         # allow: one drain); the last core, past Nt, shifts back to end at Nt and recomputes the tiles it shares
@@ -184,23 +184,25 @@ def build(target: str, step, buffers: dict, params: dict):
             drains.append((y_fifo, o, np.stack([outs[o].index.reshape(-1)[j * n - lo:(j + 1) * n - lo]
                                                 for j, oj in zip(mine, owner) if oj == o]), col))
 
-    rt = io.Runtime()
-    with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
-        rt.start(*workers)
+    ends = df.RuntimeEnds(io)
+    x_end = ends.fill(x_l3, x_shim)
+    fills = [(ends.fill(fifo, shim), i, idx) for fifo, i, idx, shim in fills]
+    drains = [(ends.drain(fifo, col), o, idx) for fifo, o, idx, col in drains]
+
+    def sequence(*args):
         if any(a is not None for a in at):
-            rt.sync_parameters()
+            io.sync_parameters()
         for tap in df.taps(io, x, x_idx):  # every core reads the broadcast row x_passes times per column tile
-            rt.fill(x_l3.prod(), args[0], tap=tap, placement=io.Tile(x_shim, 0))
-        for fifo, i, idx, shim in fills:
+            x_end.fill(args[0], tap=tap)
+        for end, i, idx in fills:
             for tap in df.taps(io, operands[i], idx):
-                rt.fill(fifo.prod(), args[i], tap=tap, placement=io.Tile(shim, 0))
-        for fifo, o, idx, col in drains:
+                end.fill(args[i], tap=tap)
+        for end, o, idx in drains:
             for tap in df.taps(io, outs[o], idx):
-                rt.drain(fifo.cons(), args[len(operands) - len(outs) + o], tap=tap, placement=io.Tile(col, 0),
-                         wait=True, offset_parameter=at[o])
+                end.drain(args[len(operands) - len(outs) + o], tap=tap, wait=True, offset_parameter=at[o])
     params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
                    "k": k, "n": n, "cores": cores, "tiles_per_core": jt, "k_steps": Kt})
-    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+    return df.program(io, target, operands, ends, workers, sequence)
 
 
 if __name__ == "__main__":

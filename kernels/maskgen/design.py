@@ -49,16 +49,17 @@ def build(target: str, step, buffers: dict, params: dict):
             y_fifo.release(1)
         p_fifo.release(1)
 
-    worker = io.Worker(body, [of_p.cons(), of_y.prod(), kernel, rows], placement=io.Tile(0, 2),
+    worker = io.Worker(body, [of_p.cons(), of_y.prod(), kernel, rows], tile=io.Tile(0, 2),
                        stack_size=df.STACK_BYTES)
-    rt = io.Runtime()
-    with rt.sequence(df.tensor(param.elements, np.int32), df.tensor(out.elements, out.dtype)) as (p_arg, y_arg):
-        rt.start(worker)
-        rt.fill(of_p.prod(), p_arg, tap=df.taps(io, param, param.index.reshape(-1)[:1])[0], placement=io.Tile(0, 0))
+    ends = df.RuntimeEnds(io)
+    p_end, y_end = ends.fill(of_p, 0), ends.drain(of_y, 0)
+
+    def sequence(p_arg, y_arg):
+        p_end.fill(p_arg, tap=df.taps(io, param, param.index.reshape(-1)[:1])[0])
         for tap in df.taps(io, out, out.index.reshape(rows, row)):
-            rt.drain(of_y.cons(), y_arg, tap=tap, placement=io.Tile(0, 0), wait=True)
+            y_end.drain(y_arg, tap=tap, wait=True)
     params.update({"cores": 1, "rows": rows, "row": row, "sequence": df.sequence_of(step, [param, out])})
-    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+    return df.program(io, target, [param, out], ends, [worker], sequence)
 
 
 if __name__ == "__main__":

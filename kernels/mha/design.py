@@ -102,18 +102,18 @@ def build(target: str, step, buffers: dict, params: dict):
         mem, lo = io.Tile(c, 1), c * per_core
         my = [(it // q_tiles, starts[it % q_tiles]) for it in range(lo, lo + per_core)]   # (head, first row)
         q_l3 = io.ObjectFifo(q_t, depth=2, name=f"mha_q{c}")
-        q_l2 = q_l3.cons().forward(placement=mem, name=f"mha_q{c}_l2", depth=1)
+        q_l2 = q_l3.cons().forward(tile=mem, name=f"mha_q{c}_l2", depth=1)
         kvm = io.ObjectFifo(kvm_t, depth=2, name=f"mha_kvm{c}")
-        parts = kvm.prod().join([0, tk * d] + ([2 * tk * d] if has_mask else []), placement=mem,
+        parts = kvm.prod().join([0, tk * d] + ([2 * tk * d] if has_mask else []), tile=mem,
                                 obj_types=[df.tensor(tk * d)] * 2 + ([df.tensor(tq * tk, mask.dtype)] if has_mask else []),
                                 depths=[2] * (2 + has_mask), names=[f"mha_k{c}", f"mha_v{c}"] + [f"mha_m{c}"] * has_mask)
         y_l2 = io.ObjectFifo(y_t, depth=2, name=f"mha_y{c}")
-        y_l3 = y_l2.cons().forward(placement=mem, name=f"mha_y{c}_l3", depth=2)
-        bufs = [io.GlobalBuffer(st_t, name=f"mha_st{c}"), io.GlobalBuffer(acc_t, name=f"mha_acc{c}"),
-                io.GlobalBuffer(vec_i, initial_value=words, name=f"mha_chain{c}"),
-                io.GlobalBuffer(vec_f, initial_value=imms, name=f"mha_imm{c}")]
+        y_l3 = y_l2.cons().forward(tile=mem, name=f"mha_y{c}_l3", depth=2)
+        bufs = [io.Buffer(st_t, name=f"mha_st{c}"), io.Buffer(acc_t, name=f"mha_acc{c}"),
+                io.Buffer(vec_i, initial_value=words, name=f"mha_chain{c}"),
+                io.Buffer(vec_f, initial_value=imms, name=f"mha_imm{c}")]
         workers.append(io.Worker(body, [q_l2.cons(), kvm.cons(), y_l2.prod(), *bufs, *kernels, per_core, blocks],
-                                 placement=io.Tile(c, 2), stack_size=df.STACK_BYTES))
+                                 tile=io.Tile(c, 2), stack_size=df.STACK_BYTES))
         passes = 3
         key_rows = lambda a, h: np.broadcast_to(a[h].reshape(blocks, tk, d)[None], (passes, blocks, tk, d))  # noqa: E731
         fills.append((q_l3, 0, np.stack([qi[h, s:s + tq] for h, s in my]), take(c)))
@@ -126,24 +126,26 @@ def build(target: str, step, buffers: dict, params: dict):
         drains.append((y_l3, np.stack([oi[h, s:s + tq] for h, s in my]), c))
 
     operands = [q, k, v] + ([mask] if has_mask else []) + [out]
-    rt = io.Runtime()
-    with rt.sequence(*[df.tensor(o.elements, o.dtype) for o in operands]) as args:
-        rt.start(*workers)
+    ends = df.RuntimeEnds(io)
+    fills = [(ends.fill(fifo, shim), i, idx) for fifo, i, idx, shim in fills]
+    drains = [(ends.drain(fifo, c), idx) for fifo, idx, c in drains]
+
+    def sequence(*args):
         # one task group per work item (on every core at once): an item's key rows repeat per pass, a repeat
         # that a shim descriptor makes only in its outermost dimension, so each item is its own transfer, and
         # the group frees its descriptors once the item's output is drained
         for item in range(per_core):
-            tg = rt.task_group()
-            for fifo, i, idx, shim in fills:
+            tg = io.TaskGroup()
+            for end, i, idx in fills:
                 for tap in df.taps(io, operands[i], idx[item]):
-                    rt.fill(fifo.prod(), args[i], tap=tap, task_group=tg, placement=io.Tile(shim, 0))
-            for fifo, idx, c in drains:
+                    end.fill(args[i], tap=tap, group=tg)
+            for end, idx in drains:
                 for tap in df.taps(io, out, idx[item]):
-                    rt.drain(fifo.cons(), args[-1], tap=tap, task_group=tg, placement=io.Tile(c, 0), wait=True)
-            rt.finish_task_group(tg)
+                    end.drain(args[-1], tap=tap, group=tg, wait=True)
+            tg.finish()
     params.update({"tq": tq, "tk": tk, "d": d, "heads": heads, "cores": cores, "items_per_core": per_core,
                    "sequence": df.sequence_of(step, operands)})
-    return io.Program(df.device(io, target), rt).resolve_program(io.SequentialPlacer())
+    return df.program(io, target, operands, ends, workers, sequence)
 
 
 def _query_tile(Tq: int, tq: int) -> int:

@@ -43,12 +43,10 @@ from .fuse import fuse
 from .hardware import TARGETS
 from .partition import fraction, partition, shape_of
 
-# The toolchain the kernels of kernels/ are built with; part of every artifact's content key. v1.3.4 is the one
-# release with both the fused module's ops (multi-device modules, aie.runtime_sequence, aiex.configure / aiex.run
-# lowered, --expand-load-pdis, scratchpad parameters with offset_parameter) and the Runtime API the designs are
-# written in (rt.sequence / rt.start / rt.fill, replaced in v1.4.0); Peano is the nightly its
-# utils/peano-requirements.txt pins. Evidence: kernels/README.md, "Pinned toolchain".
-TOOLCHAIN_PIN = {"mlir_aie": "v1.3.4", "llvm_aie": "21.0.0.2026070801+4fb2354f"}
+# The toolchain the kernels of kernels/ are built with (kernels/build.py pins and installs it); part of every
+# artifact's content key. mlir-aie v1.4.5, the current release, whose IRON API the designs are written in; Peano
+# is the llvm-aie nightly of its utils/peano-requirements.txt. Evidence: kernels/README.md, "Pinned toolchain".
+TOOLCHAIN_PIN = {"mlir_aie": "v1.4.5", "llvm_aie": "22.0.0.2026090701+3e93bf7b"}
 
 
 def compile_npu(graphs: Sequence[Graph], target: str) -> Program:
