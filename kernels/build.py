@@ -161,9 +161,14 @@ def model_programs(model: str) -> ModelPrograms:
         return ModelPrograms(model, folder, "embed-text (TextEmbedder)", text.program_graphs(bert.load(folder)[0]))
     if ARCHITECTURES.get(model_type) in ("sdk.models.vit", "sdk.models.resnet", "sdk.models.clip"):
         from pipelines import vision
-        loaded_by = "ImageEmbedder (CLIP zero-shot classify adds text graphs sized by its labels: not prebuilt)" \
-            if model_type == "clip" else "classify (ImageClassifier), ImageEmbedder"
-        return ModelPrograms(model, folder, loaded_by, vision.program_graphs(folder))
+        from sdk.models import module_for
+        from sdk.weights import read_config
+        if model_type != "clip" and module_for(model_type).Config.from_dict(read_config(folder)).num_labels:
+            return ModelPrograms(model, folder, "classify (ImageClassifier, one frame per run)",
+                                 vision.program_graphs(folder, vision.FRAME_OPTIONS))
+        loaded_by = "ImageEmbedder (CLIP's zero-shot classify adds text graphs sized by its labels: not prebuilt)" \
+            if model_type == "clip" else "ImageEmbedder"
+        return ModelPrograms(model, folder, loaded_by, vision.program_graphs(folder, vision.VisionOptions()))
     if model_type == "esm":
         raise UsageError(f"{model}: ESM-2 sessions hold the (batch, length) shapes of the proteins met so far "
                          "(pipelines/protein.py), so no prebuilt program can match what `embed` loads yet",

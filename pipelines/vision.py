@@ -281,6 +281,11 @@ def _batch(images) -> tuple[list, bool]:
     return ([images] if single else list(images)), single
 
 
+# One image per run: how `aie-apps classify` goes through frames (cameras, videos, images), so its program holds
+# batch 1 only, and what `aie-apps build` builds for a classification model.
+FRAME_OPTIONS = VisionOptions(batch_size=1)
+
+
 def batch_sizes(options: VisionOptions) -> list[int]:
     """One image runs at batch 1; more in batches of options.batch_size (the last one padded)."""
     return sorted({1, options.batch_size})
@@ -291,10 +296,10 @@ def image_graphs(module, cfg, batches: list[int], size: int) -> list:
     return [module.graph(cfg, b, size) for b in batches]
 
 
-def program_graphs(folder: Path, options: VisionOptions = VisionOptions()) -> list:
-    """The graphs `classify` / `embed` run for this model folder with these options: what `aie-apps build` compiles.
-    A CLIP model gets the image embedder's graphs; its zero-shot classifier adds text graphs sized by the labels
-    given at run time, which no build can know."""
+def program_graphs(folder: Path, options: VisionOptions) -> list:
+    """The graphs ImageClassifier (vit, resnet) or ImageEmbedder (CLIP: its image tower) runs for this model folder
+    with these options: what `aie-apps build` compiles. CLIP's zero-shot classifier adds text graphs sized by the
+    labels given at run time, which no build can know."""
     model_type = read_config(folder).get("model_type", "")
     module = module_for(model_type)
     cfg = module.load(folder)[0]

@@ -1,0 +1,126 @@
+"""The NPU path end to end as a Ryzen AI owner walks it, without the hardware or the toolchain:
+
+    aie-apps build MODEL --target T        (kernels/build.py for real, against tests/fake_toolchain.py)
+    aie-apps <command> --device npu ...    (the pipeline, against tests/fake_pyxrt.py on a faked Ryzen AI machine)
+
+The command must find every artifact its program needs in the manifest the build wrote (the build compiled exactly
+what the pipeline loads, so the content keys agree) and run to the end with the same output as `--device emu`.
+Per model family: the TINY fixtures, plus the real all-MiniLM-L6-v2 and Whisper tiny.en. EMULATED throughout: the
+fake pyxrt executes each dispatch with the emulator's semantics.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from apps.main import app
+from sdk.runtime import npu
+
+from . import fake_pyxrt, fake_toolchain
+from .conftest import FIXTURES
+from .test_npu_backend import fake_npu  # noqa: F401  (the fixture: a fake Ryzen AI laptop)
+
+runner = CliRunner()
+TARGETS = ("npu1", "npu2")
+SPEECH = "hello world"
+
+
+def _tiny_bert(folder):
+    """The BERT fixture with a word-level tokenizer inside its 99-token vocabulary (the fixture has none)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    folder.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(FIXTURES / "bert" / name, folder / name)
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a", "man", "is", "eating", "food", "bread", "piece", "of", "."]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
+                                                                                               ("[SEP]", 3)])
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
+def _image(path):
+    import cv2
+    rng = np.random.default_rng(0)
+    cv2.imwrite(str(path), rng.integers(0, 256, (40, 48, 3), np.uint8))
+    return path
+
+
+def _speech(path):
+    import subprocess
+    subprocess.run(["flite", "-voice", "slt", "-t", SPEECH, "-o", str(path)], check=True)
+    return path
+
+
+def _texts(out: str) -> list:
+    return [{"text": d["text"], "embedding": d["embedding"]} for d in map(json.loads, out.splitlines())]
+
+
+def _classes(out: str) -> list:
+    return [(d["frame"], d["top_k"]) for d in map(json.loads, out.splitlines())]
+
+
+def _transcript(out: str) -> list:
+    return [(d["text"], d["segments"]) for d in json.loads(out)]
+
+
+# Programs today's designs refuse (kernels/*/design.py), found by building what the pipelines load; each case
+# turns into a failure (strict) the day its designs build it, so the mark cannot outlive the gap.
+TRANSPOSE_251 = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "kernels/transpose/design.py finds no row tile for bf16 [1, 251, 32] (the 20 s encoder bucket after "
+    "subsampling: 251 is prime and 251 rows of 32 exceed its 8 KB tile), and raises a bare ValueError"))
+WHISPER_REFUSED = pytest.mark.xfail(run=False, reason=(
+    "11 kernel steps of decode_greedy / set_suppress have no design (state_write between dtypes, length_mask rows "
+    "of 51864, argmax over 1501, 1-element gathers): the build refuses the program transcribe loads; the test "
+    "takes ~90 s to reach that refusal, so it is not run until the designs cover them"))
+
+# (model or a maker of its folder, the command's arguments after the model, how to read its result)
+CASES = {
+    "bert-tiny": (_tiny_bert, lambda tmp: ["embed-text", "a man is eating food .", "a piece of bread ."], _texts),
+    "vit-tiny": (str(FIXTURES / "vision" / "vit"),
+                 lambda tmp: ["classify", str(_image(tmp / "x.png")), "--jsonl", "--headless"], _classes),
+    "resnet-tiny": (str(FIXTURES / "vision" / "resnet18"),
+                    lambda tmp: ["classify", str(_image(tmp / "x.png")), "--jsonl", "--headless"], _classes),
+    "parakeet-ctc-tiny": (str(FIXTURES / "conformer" / "parakeet_ctc"),
+                          lambda tmp: ["transcribe", str(_speech(tmp / "s.wav")), "--format", "json"], _transcript),
+    "parakeet-tdt-tiny": (str(FIXTURES / "conformer" / "parakeet_tdt"),
+                          lambda tmp: ["transcribe", str(_speech(tmp / "s.wav")), "--format", "json"], _transcript),
+    "all-MiniLM-L6-v2": ("all-MiniLM-L6-v2",
+                         lambda tmp: ["embed-text", "A man is eating food.", "A man is eating a piece of bread."],
+                         _texts),
+    "whisper-tiny.en": ("whisper-tiny.en",
+                        lambda tmp: ["transcribe", str(_speech(tmp / "s.wav")), "--format", "json"], _transcript),
+}
+
+
+def _cli(args: list[str]):
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, f"aie-apps {' '.join(args)} -> {r.exit_code}\n{r.output}"
+    return r
+
+
+MARKS = {"parakeet-ctc-tiny": TRANSPOSE_251, "parakeet-tdt-tiny": TRANSPOSE_251, "whisper-tiny.en": WHISPER_REFUSED}
+EMULATED: dict[str, object] = {}   # the --device emu result per case: one run serves both targets
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=MARKS.get(c, ())) for c in CASES])
+def test_built_artifacts_are_what_the_command_loads(fake_npu, monkeypatch, tmp_path, case, target):  # noqa: F811
+    model, command, read = CASES[case]
+    model = str(model(tmp_path / "model")) if callable(model) else model
+    prebuilt = fake_npu(target)
+    with fake_toolchain.installed(tmp_path / "toolchain", monkeypatch):
+        built = json.loads(_cli(["build", model, "--target", target, "--out", str(prebuilt)]).stdout)
+    assert list(npu.read_manifest(prebuilt / "manifest.json")) == [built["key"]]
+
+    args = command(tmp_path)
+    on_npu = _cli([*args, "--model", model, "--device", "npu"])
+    assert fake_pyxrt.FAKE.dispatches, "the command ran nothing on the (fake) NPU"
+    if case not in EMULATED:
+        EMULATED[case] = read(_cli([*args, "--model", model, "--device", "emu"]).stdout)
+    assert read(on_npu.stdout) == EMULATED[case]
