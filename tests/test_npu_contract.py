@@ -124,3 +124,40 @@ def test_built_artifacts_are_what_the_command_loads(fake_npu, monkeypatch, tmp_p
     if case not in EMULATED:
         EMULATED[case] = read(_cli([*args, "--model", model, "--device", "emu"]).stdout)
     assert read(on_npu.stdout) == EMULATED[case]
+
+
+def test_build_list_whisper_is_what_transcriber_compiles():
+    """`aie-apps build --list whisper-tiny.en` names the entries, input shapes and content key of the program
+    Transcriber("whisper-tiny.en") runs (on emu, compiled for npu2 as the npu backend would)."""
+    from pipelines.asr import Transcriber
+    listed = json.loads(_cli(["build", "--list", "whisper-tiny.en", "--target", "npu2", "--json"]).stdout)
+    program = Transcriber("whisper-tiny.en", device="emu").recognizer.session.program
+    assert [e["entry"] for e in listed["entries"]] == list(program.entries)
+    for e in listed["entries"]:
+        inputs = program.entries[e["entry"]].inputs
+        assert e["inputs"] == {n: list(program.buffers[b].shape) for n, b in inputs.items()}
+    assert listed["keys"] == {"npu2": program.meta["content_key"]}
+
+
+# ---- the same commands on a real Ryzen AI NPU (skipped without one) ----------------------------------------------
+
+def _close_embeddings(ours: list, ref: list) -> bool:
+    a, b = (np.array([d["embedding"] for d in x]) for x in (ours, ref))
+    return [d["text"] for d in ours] == [d["text"] for d in ref] and \
+        float(np.linalg.norm(a - b) / np.linalg.norm(b)) <= 1e-2
+
+
+@pytest.mark.npu
+@pytest.mark.parametrize("case", ["all-MiniLM-L6-v2", pytest.param("whisper-tiny.en", marks=WHISPER_REFUSED)])
+def test_real_npu_command_matches_emu(case, tmp_path):
+    """After `aie-apps build --all --target npu1|npu2` on a Ryzen AI machine: the command finds its artifacts and
+    gives the emulator's result (the same words; embeddings within rel-L2 1e-2: hardware rounding is not the
+    emulator's bit for bit)."""
+    model, command, read = CASES[case]
+    args = command(tmp_path)
+    on_npu = read(_cli([*args, "--model", model, "--device", "npu"]).stdout)
+    emulated = read(_cli([*args, "--model", model, "--device", "emu"]).stdout)
+    if read is _texts:
+        assert _close_embeddings(on_npu, emulated)
+    else:
+        assert [text for text, _ in on_npu] == [text for text, _ in emulated]
