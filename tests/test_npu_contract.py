@@ -161,3 +161,29 @@ def test_real_npu_command_matches_emu(case, tmp_path):
         assert _close_embeddings(on_npu, emulated)
     else:
         assert [text for text, _ in on_npu] == [text for text, _ in emulated]
+
+
+# ---- the build command's own behaviour ------------------------------------------------------------------------
+
+def test_an_unknown_model_is_named_before_the_missing_toolchain():
+    r = runner.invoke(app, ["build", "foo", "--target", "npu2"])
+    assert r.exit_code == 4 and "'foo'" in r.stderr and "toolchain" not in r.stderr
+
+
+def test_build_all_builds_smoke_and_each_installed_model_and_reports_the_rest(monkeypatch, tmp_path):
+    from kernels import build as kbuild
+    from sdk import hub
+
+    def no_download(*args):
+        raise AssertionError("build --all must never download")
+    monkeypatch.setattr(hub, "_download", no_download)
+    found, missing = kbuild.installed_models()
+    assert {"all-MiniLM-L6-v2", "whisper-tiny.en"} <= set(found) and not set(found) & set(missing)
+    monkeypatch.setattr(kbuild, "installed_models", lambda: ([str(FIXTURES / "bert"), str(FIXTURES / "esm")],
+                                                             ["esm2_t6_8M_UR50D"]))
+    with fake_toolchain.installed(tmp_path / "toolchain", monkeypatch):
+        r = runner.invoke(app, ["build", "--all", "--target", "npu2", "--out", str(tmp_path / "prebuilt")])
+    assert r.exit_code == 1   # ESM-2 cannot be prebuilt yet: said, and the others are still built
+    assert [json.loads(line)["model"] for line in r.stdout.splitlines()] == ["smoke", str(FIXTURES / "bert")]
+    assert "esm2_t6_8M_UR50D is not installed" in r.stderr and "ESM-2 sessions hold" in r.stderr
+    assert len(npu.read_manifest(tmp_path / "prebuilt" / "manifest.json")) == 2
