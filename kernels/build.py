@@ -1,5 +1,5 @@
-"""Build prebuilt artifacts: a model's graphs -> sdk.compiler Program (npu1 / npu2) -> the device program the
-runtime runs (sdk.runtime.npu.device_program: dispatches split to fit the driver's watchdog) -> the fused design
+"""Build prebuilt artifacts: the graphs the pipelines load for a model (model_programs) -> sdk.compiler Program
+(npu1 / npu2) -> the device program the runtime runs (sdk.runtime.npu.device_program: dispatches split to fit the driver's watchdog) -> the fused design
 (kernels/fused/design.py) -> Peano-compiled kernel objects + aiecc -> prebuilt/<target>/<key>/, recorded in
 prebuilt/manifest.json through the runtime's own writer (npu.manifest_entry / npu.record_artifact).
 

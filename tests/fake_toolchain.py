@@ -62,8 +62,8 @@ design = Path(args[-1])
 mlir = design.read_text()
 main = mlir[mlir.index("@main"):]
 sequences = re.findall(r"aie\\.runtime_sequence @(\\w+)\\(%weights", main)
-if not sequences or not list(Path.cwd().glob("*.o")):
-    sys.exit("aiecc (fake): no runtime sequence in @main, or no kernel object in the working directory")
+if not sequences:
+    sys.exit("aiecc (fake): no runtime sequence in @main")
 transfers = json.loads((design.parent / "transfers.json").read_text())
 if set(transfers) != set(sequences):
     sys.exit(f"aiecc (fake): transfers.json names {sorted(transfers)}, the design {sorted(sequences)}")
@@ -121,9 +121,9 @@ def make(root: Path) -> kbuild.Toolchain:
 
 @contextlib.contextmanager
 def installed(root: Path, monkeypatch):
-    """For the duration: kernels/build.py finds the fake toolchain (as find_toolchain() would the real one), IRON is
-    the stand-in, and each build hands the fake aiecc its transfers.json and leaves the device program beside the
-    artifact for tests/fake_pyxrt.py."""
+    """For the duration: kernels/build.py finds the fake toolchain (as find_toolchain() would the real one), and each
+    build runs with IRON as the stand-in, hands the fake aiecc its transfers.json and leaves the device program
+    beside the artifact for tests/fake_pyxrt.py."""
     toolchain = make(root)
     monkeypatch.setattr(kbuild, "find_toolchain", lambda: toolchain)
     fused_build, run_aiecc, build_program = kbuild.fused_build, kbuild.run_aiecc, kbuild.build_program
@@ -142,12 +142,12 @@ def installed(root: Path, monkeypatch):
 
     def build_program_keeping_the_program(program, model, out, toolchain, budget_s=None):
         from sdk.runtime import npu
-        entry = build_program(program, model, out, toolchain, budget_s)
+        with iron_standin.installed():
+            entry = build_program(program, model, out, toolchain, budget_s)
         npu.device_program(program, budget_s).save(Path(out) / program.target / entry["key"] / "program")
         return entry
 
     monkeypatch.setattr(kbuild, "fused_build", recording_fused_build)
     monkeypatch.setattr(kbuild, "run_aiecc", aiecc_with_transfers)
     monkeypatch.setattr(kbuild, "build_program", build_program_keeping_the_program)
-    with iron_standin.installed():
-        yield toolchain
+    yield toolchain
