@@ -41,36 +41,51 @@ def _presets():
     }
 
 
-def _graphs(family: str, cfg, length: int):
-    """The graphs a benchmark runs, and the entries in run order (one shared state)."""
-    from sdk.models import bert, clip, conformer, esm, resnet, vit, whisper
+def _graphs(family: str, cfg, length: int, folder: Path | None):
+    """The graphs of the program the pipeline serving this model loads (pipelines/*.py program_graphs, so that
+    `--device npu` finds what `aie-apps build` built), and the entries a benchmark runs, in order (one shared state):
+    batch 1 at the smallest bucket that holds `length`. Shape presets have no folder: one graph at `length`."""
+    from pipelines import asr, conformer_asr, text, vision
+    from sdk.models import bert, conformer, esm, vit, whisper
     if family == "whisper":
-        return whisper.graphs(cfg), ["encode", "decode_step"]
-    builders = {"bert": lambda: bert.graph(cfg, 1, length), "esm": lambda: esm.graph(cfg, 1, length),
-                "vit": lambda: vit.graph(cfg, 1), "dinov2": lambda: vit.graph(cfg, 1),
-                "dinov2_with_registers": lambda: vit.graph(cfg, 1), "clip": lambda: clip.image_graph(cfg, 1),
-                "resnet": lambda: resnet.graph(cfg, 1),
-                **{t: (lambda: conformer.encoder_graph(cfg, length))
-                   for t in ("parakeet_ctc", "parakeet_tdt", "parakeet_rnnt", "gigaam")}}
-    if family not in builders:
-        raise UsageError(f"bench does not know how to drive a {family!r} model",
-                         fix=f"use one of {sorted(builders) + ['whisper']}, or a preset: {sorted(_presets())}")
-    g = builders[family]()
-    return [g], [g.name]
+        return (asr.program_graphs(folder) if folder else whisper.graphs(cfg)), ["encode", "decode_step"]
+    if family == "bert":
+        o = text.TextOptions()
+        buckets = bert.length_buckets(cfg, o.max_length, o.buckets)
+        if length > buckets[-1]:
+            raise UsageError(f"--length {length} is longer than embed-text runs ({buckets[-1]} tokens)",
+                             fix=f"pass --length {buckets[-1]} or less")
+        return text.program_graphs(cfg), [bert.entry(1, next(b for b in buckets if b >= length))]
+    if family in CONFORMER_TYPES:
+        o = conformer_asr.ConformerOptions()
+        frames = conformer.encoder_buckets(o.window_seconds, o.buckets_seconds)
+        return conformer_asr.program_graphs(cfg), [conformer.encoder_entry(next((f for f in frames if f >= length),
+                                                                                frames[-1]))]
+    if family in ("vit", "dinov2", "dinov2_with_registers", "clip", "resnet"):
+        graphs = vision.program_graphs(folder) if folder else [vit.graph(cfg, 1)]
+        return graphs, [graphs[0].name]   # batch 1
+    if family == "esm":  # ESM-2 sessions hold the shapes met so far (pipelines/protein.py): one at `length`
+        g = esm.graph(cfg, 1, length)
+        return [g], [g.name]
+    raise UsageError(f"bench does not know how to drive a {family!r} model",
+                     fix=f"use a whisper, bert, conformer, vision or esm model, or a preset: {sorted(_presets())}")
+
+
+CONFORMER_TYPES = ("parakeet_ctc", "parakeet_tdt", "parakeet_rnnt", "gigaam")
 
 
 def _load(model: str):
-    """(family, config, weights or None)."""
+    """(family, config, weights or None, folder or None)."""
     from sdk import hub
     from sdk.models import module_for
     presets = _presets()
     if model in presets:
         family, cfg = presets[model]
-        return family, cfg, None
+        return family, cfg, None, None
     folder = Path(model) if Path(model).is_dir() else hub.resolve(model).path
     family = _family(folder)
     cfg, weights = module_for(family).load(folder)
-    return family, cfg, weights
+    return family, cfg, weights, folder
 
 
 def _family(folder: Path) -> str:
@@ -130,8 +145,8 @@ def bench(
         raise UsageError(f"unknown target {target!r}", fix="use --target npu1 or --target npu2")
     if energy and estimate_only:
         raise UsageError("--energy measures runs and --estimate-only runs nothing", fix="drop one of the two")
-    family, cfg, weights = _load(model)
-    graphs, order = _graphs(family, cfg, length)
+    family, cfg, weights, folder = _load(model)
+    graphs, order = _graphs(family, cfg, length, folder)
     program = compiler.compile(graphs, target)
     report = {"model": model, "target": target, "npu_fraction": program.meta["npu_fraction"],
               "estimate": {e: cost.estimate(program, e).as_dict() for e in order}}

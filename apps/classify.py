@@ -16,6 +16,7 @@ import json
 import sys
 import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -178,7 +179,7 @@ def classify(
         if not show:
             err(f"note: {why}; running headless")
 
-    options = vision.VisionOptions(top_k=top_k, batch_size=1, threshold=threshold)  # frame by frame
+    options = replace(vision.FRAME_OPTIONS, top_k=top_k, threshold=threshold)
     clf = vision.ImageClassifier(model, labels=class_names, device=device, options=options)
     if show:
         import cv2

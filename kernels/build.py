@@ -1,12 +1,12 @@
-"""Build prebuilt artifacts: a model's graphs -> sdk.compiler Program (npu1 / npu2) -> the device program the
-runtime runs (sdk.runtime.npu.device_program: dispatches split to fit the driver's watchdog) -> the fused design
+"""Build prebuilt artifacts: the graphs the pipelines load for a model (model_programs) -> sdk.compiler Program
+(npu1 / npu2) -> the device program the runtime runs (sdk.compiler.watchdog.split_dispatches: dispatches split to fit the driver's watchdog) -> the fused design
 (kernels/fused/design.py) -> Peano-compiled kernel objects + aiecc -> prebuilt/<target>/<key>/, recorded in
 prebuilt/manifest.json through the runtime's own writer (npu.manifest_entry / npu.record_artifact).
 
     python -m kernels.build MODEL --target npu2        (also: aie-apps build MODEL --target npu2)
 
 MODEL is a checkpoint folder (config.json + weights), a name sdk.hub resolves, or `smoke` (the one-GEMM program
-`aie-apps doctor` dispatches, sdk.runtime.npu.smoke_graph). The key is the compiled program's content key
+`aie-apps doctor` dispatches, sdk.smoke.smoke_graph). The key is the compiled program's content key
 (program.meta["content_key"]: kernels/** sources, steps, tilings, buffer placement, target, toolchain pin), the
 key the runtime looks artifacts up by, so an artifact is rebuilt exactly when one of them changes.
 Files, per the contract in sdk/runtime/npu.py: npu1 "xclbin" (final.xclbin) + "insts/DISPATCH" (insts_SEQ.bin,
@@ -116,34 +116,92 @@ def find_toolchain() -> Toolchain:
     return Toolchain([aiecc], peano, {"mlir_aie": found["mlir_aie"], "llvm_aie": found["llvm_aie"]})
 
 
-# ---- what to build ---------------------------------------------------------------------------------------------
+# ---- what to build: exactly what the pipelines load ---------------------------------------------------------------
 
-def model_graphs(model: str):
-    """The graphs a model is built at: its checkpoint's config, the model file's graph functions at the shapes
-    the pipelines use by default (one batch; text 128 tokens, proteins 256, or the config's position count when
-    smaller; ASR windows as the model file says).
-    `smoke` is the doctor's program (sdk.runtime.npu.smoke_graph)."""
-    if model == SMOKE:
-        from sdk.smoke import smoke_graph
-        return [smoke_graph()]
+@dataclass(frozen=True)
+class ModelPrograms:
+    """The one program a model runs with: its graphs as the pipeline that serves it builds them with its default
+    options (every bucket), so the compiled program, and so its content key, is the one that pipeline loads."""
+    model: str
+    folder: Path | None
+    loaded_by: str          # what loads it: CLI commands, or the Python class
+    graphs: list
+
+    def entries(self) -> list[dict]:
+        """Each entry's name and the shapes of its inputs and runtime parameters."""
+        return [{"entry": g.name, "inputs": {n: list(v.shape) for n, v in g.values.items()
+                                            if v.kind in ("input", "param")}} for g in self.graphs]
+
+
+def resolve_model(model: str):
+    """(source, model_type) of a model name or folder, before anything is compiled; unknown names are ModelNotFound
+    (exit 4), folders of an architecture no pipeline serves a UsageError."""
     from sdk import hub
-    from sdk.models import module_for
     from sdk.weights import read_config
     source = hub.resolve(model)
-    config = read_config(source.path)
-    module = module_for(config.get("model_type", ""))
-    cfg = module.Config.from_dict(config)
-    name = module.__name__.rsplit(".", 1)[-1]
-    if name == "whisper":
-        return module.graphs(cfg)
-    if name == "conformer":
-        return [module.encoder_graph(cfg, 1000), *module.decoder_graphs(cfg)]
-    if name == "clip":
-        return [module.image_graph(cfg, 1), module.text_graph(cfg, 1)]
-    if name in ("vit", "resnet"):
-        return [module.graph(cfg, 1)]
-    length = 256 if name == "esm" else 128
-    return [module.graph(cfg, 1, min(length, getattr(cfg, "max_position_embeddings", length)))]  # tiny configs
+    config = read_config(source.path) if (Path(source.path) / "config.json").is_file() else {}
+    return source, config.get("model_type")  # none in a CTranslate2 (faster-whisper) folder
+
+
+def model_programs(model: str) -> ModelPrograms:
+    """The graphs the pipelines load for `model` with their default options (pipelines/*.py program_graphs: the
+    same function the pipeline builds its session from). `smoke` is the doctor's program."""
+    if model == SMOKE:
+        from sdk.smoke import smoke_graph
+        return ModelPrograms(SMOKE, None, "aie-apps doctor", [smoke_graph()])
+    from sdk.models import ARCHITECTURES
+    source, model_type = resolve_model(model)
+    folder = Path(source.path)
+    if model_type in (None, "whisper"):
+        from pipelines import asr
+        return ModelPrograms(model, folder, "transcribe, dictate (Transcriber)", asr.program_graphs(folder))
+    if ARCHITECTURES.get(model_type) == "sdk.models.conformer":
+        from pipelines import conformer_asr
+        from sdk.models import conformer
+        return ModelPrograms(model, folder, "transcribe, dictate (Transcriber)",
+                             conformer_asr.program_graphs(conformer.load(folder)[0]))
+    if model_type == "bert":
+        from pipelines import text
+        from sdk.models import bert
+        return ModelPrograms(model, folder, "embed-text (TextEmbedder)", text.program_graphs(bert.load(folder)[0]))
+    if ARCHITECTURES.get(model_type) in ("sdk.models.vit", "sdk.models.resnet", "sdk.models.clip"):
+        from pipelines import vision
+        from sdk.models import module_for, vit
+        from sdk.weights import read_config
+        config = read_config(folder)
+        tower = vit if model_type == "clip" else module_for(model_type)  # CLIPForImageClassification: vit.py
+        if not vision.is_zero_shot(config) and tower.Config.from_dict(config).num_labels:
+            return ModelPrograms(model, folder, "classify (ImageClassifier, one frame per run)",
+                                 vision.program_graphs(folder, vision.FRAME_OPTIONS))
+        loaded_by = "ImageEmbedder (CLIP's zero-shot classify adds text graphs sized by its labels: not prebuilt)" \
+            if model_type == "clip" else "ImageEmbedder"
+        return ModelPrograms(model, folder, loaded_by, vision.program_graphs(folder, vision.VisionOptions()))
+    if model_type == "esm":
+        raise UsageError(f"{model}: ESM-2 sessions hold the (batch, length) shapes of the proteins met so far "
+                         "(pipelines/protein.py), so no prebuilt program can match what `embed` loads yet",
+                         fix="run `aie-apps embed` with --device emu or cpu")
+    raise UsageError(f"{source.path} holds a {model_type!r} model, which no pipeline serves",
+                     fix=f"build one of the architectures {', '.join(sorted(ARCHITECTURES))}, or `smoke`")
+
+
+def installed_models() -> tuple[list[str], list[str]]:
+    """(models found on this machine without the network, the others): every short name sdk.hub knows and each
+    pipeline's default model. `aie-apps build --all` builds the first list and `smoke`; it never downloads."""
+    from dataclasses import replace
+
+    from pipelines import asr, protein, text, vision
+    from sdk import hub, settings
+    from sdk.errors import ModelNotFound
+    names = dict.fromkeys([*hub.KNOWN, asr.DEFAULT_MODEL, text.DEFAULT_MODEL, vision.DEFAULT_CLASSIFIER,
+                           vision.DEFAULT_EMBEDDER, protein.DEFAULT_MODEL])
+    offline = replace(settings.load(), offline=True)
+    found, missing = {}, []
+    for name in names:
+        try:
+            found.setdefault(hub.resolve(name, settings=offline).path, name)  # one build per folder
+        except ModelNotFound:
+            missing.append(name)
+    return list(found.values()), missing
 
 
 # ---- the build ---------------------------------------------------------------------------------------------------
@@ -153,9 +211,11 @@ def build(model: str, target: str, out: Path = PREBUILT, toolchain: Toolchain | 
     returns {"key", **its manifest entry}."""
     if target not in TARGETS:
         raise UsageError(f"unknown target {target!r}", fix=f"use one of {sorted(TARGETS)}")
-    toolchain = toolchain or find_toolchain()          # first: without it nothing below can run
+    if model != SMOKE:
+        resolve_model(model)                            # an unknown model is named before a missing toolchain
+    toolchain = toolchain or find_toolchain()          # then: without it nothing below can run
     from sdk.compiler import compile as compile_graphs
-    return build_program(compile_graphs(model_graphs(model), target), model, out, toolchain)
+    return build_program(compile_graphs(model_programs(model).graphs, target), model, out, toolchain)
 
 
 def build_program(program, model: str, out: Path, toolchain: Toolchain, budget_s: float | None = None) -> dict:
@@ -398,6 +458,19 @@ def run(cmd: list[str], cwd: Path | None = None) -> None:
     if done.returncode:
         raise SdkError(f"{Path(cmd[0]).name} failed ({done.returncode}): {done.stderr.strip()[-2000:]}",
                        fix="the toolchain version must be the pinned one; see kernels/README.md")
+
+
+def listing(model: str, targets: list[str]) -> dict:
+    """What `aie-apps build --list MODEL` prints: who loads the program, its content key per target (and whether
+    prebuilt/ already has it), and every entry with its input shapes."""
+    from sdk.compiler import compile as compile_graphs
+    from sdk.runtime import npu_artifacts as npu
+    programs = model_programs(model)
+    keys = {t: compile_graphs(programs.graphs, t).meta["content_key"] for t in targets}
+    built = {k for _, artifacts in npu.read_manifests() for k in artifacts}
+    return {"model": model, "folder": str(programs.folder) if programs.folder else None,
+            "loaded_by": programs.loaded_by, "keys": keys, "built": {t: k in built for t, k in keys.items()},
+            "entries": programs.entries()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -136,6 +136,12 @@ class WhisperTokenizer:
         return self.tok.decode([t for t in tokens if t < self.eot])
 
 
+def program_graphs(folder: Path) -> list:
+    """The graphs a WhisperRecognizer of this model folder runs (its one session): what `aie-apps build` compiles."""
+    cfg, _ = whisper.load(folder)
+    return whisper.program_graphs(cfg, WhisperTokenizer(Path(folder), cfg.vocab_size).timestamp_begin)
+
+
 class WhisperRecognizer:
     def __init__(self, model: str | hub.ModelSource = DEFAULT_MODEL, device: str | None = None,
                  options: TranscribeOptions = TranscribeOptions()):
@@ -151,7 +157,7 @@ class WhisperRecognizer:
         if self.english_only and options.language not in (None, "en"):
             raise UsageError(f"{self.source.name} is an English-only model; it cannot transcribe {options.language!r}",
                              fix="use a multilingual model (e.g. whisper-base, or openai/whisper-tiny when online) or --language en")
-        self.session = Session(whisper.graphs(self.cfg, timestamp_begin=tok.timestamp_begin), weights, device=device)
+        self.session = Session(whisper.program_graphs(self.cfg, tok.timestamp_begin), weights, device=device)
         self.state = self.session.new_state()
         self.session.run("set_suppress", self.state, bias=self._suppress_table(folder))
         self._lock = threading.Lock()

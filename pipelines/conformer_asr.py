@@ -36,7 +36,7 @@ from sdk.errors import InputError, UsageError, WeightError
 from sdk.models import conformer
 from sdk.session import Session
 
-HOP = 160  # 10 ms feature frames at 16 kHz in both families
+HOP = conformer.FEATURE_HOP
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,11 @@ class TransducerDecoder:
 
 # ---- the recogniser -----------------------------------------------------------------------------------------
 
+def program_graphs(cfg: conformer.Config, options: ConformerOptions = ConformerOptions()) -> list:
+    """The graphs a ConformerRecognizer with these options runs (its one session): what `aie-apps build` compiles."""
+    return conformer.program_graphs(cfg, options.window_seconds, options.buckets_seconds)
+
+
 class ConformerRecognizer:
     """A conformer ASR model on one session: `decode_window` for up to `window_seconds` of 16 kHz audio,
     `transcribe` for any length."""
@@ -187,21 +192,14 @@ class ConformerRecognizer:
         self.options = options
         self.frame_samples = HOP * self.cfg.subsampling_factor  # audio per encoder frame
         self.frame_seconds = self.frame_samples / self.sample_rate
-        self.buckets = sorted({self._frames_for(s) for s in options.buckets_seconds if s < options.window_seconds}
-                              | {self._frames_for(options.window_seconds)})
-        graphs = [conformer.encoder_graph(self.cfg, frames) for frames in self.buckets]
-        if self.cfg.head != "ctc":
-            graphs += conformer.decoder_graphs(self.cfg)
-        self.session = Session(graphs, weights, device=device)
+        self.buckets = conformer.encoder_buckets(options.window_seconds, options.buckets_seconds)
+        self.session = Session(program_graphs(self.cfg, options), weights, device=device)
         self.transducer = TransducerDecoder(self.session, self.cfg) if self.cfg.head != "ctc" else None
         self._lock = threading.Lock()  # one session, one caller at a time (dictation may call from a thread)
 
     @property
     def window_seconds(self) -> float:
         return self.options.window_seconds
-
-    def _frames_for(self, seconds: float) -> int:
-        return int(round(seconds * self.sample_rate)) // HOP + 1
 
     def report(self) -> dict:
         return {"model": self.source.name, "model_path": str(self.source.path), "architecture": self.cfg.model_type,
@@ -225,7 +223,7 @@ class ConformerRecognizer:
         padded = np.zeros((1, bucket, self.cfg.num_mel_bins), np.float32)
         padded[0, :len(features)] = features
         lengths = self.cfg.output_length(len(features))
-        out = self.session.run(f"encode_t{bucket}", features=padded,
+        out = self.session.run(conformer.encoder_entry(bucket), features=padded,
                                **{f"length{i}": np.int32(n) for i, n in enumerate(lengths)})
         n = lengths[-1]
         if self.cfg.head == "ctc":

@@ -36,6 +36,11 @@ class TextOptions:
                              f"at least 3", fix="max_length counts [CLS] and [SEP], so 3 leaves room for one token")
 
 
+def program_graphs(cfg: bert.Config, options: TextOptions = TextOptions()) -> list:
+    """The graphs a TextEmbedder with these options runs (its one session): what `aie-apps build` compiles."""
+    return bert.program_graphs(cfg, options.batch_size, options.max_length, options.buckets)
+
+
 class TextEmbedder:
     def __init__(self, model: str = DEFAULT_MODEL, *, device: str | None = None, options: TextOptions = TextOptions()):
         from tokenizers import Tokenizer
@@ -53,11 +58,9 @@ class TextEmbedder:
         self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
         self.tokenizer.no_padding()
         self.tokenizer.no_truncation()
-        self.max_length = min(options.max_length, self.cfg.max_position_embeddings)
-        self.buckets = tuple(b for b in options.buckets if b < self.max_length) + (self.max_length,)
-        graphs = [bert.graph(self.cfg, batch, length)
-                  for batch in sorted({1, options.batch_size}) for length in self.buckets]
-        self.session = Session(graphs, weights, device=device)
+        self.buckets = bert.length_buckets(self.cfg, options.max_length, options.buckets)
+        self.max_length = self.buckets[-1]
+        self.session = Session(program_graphs(self.cfg, options), weights, device=device)
 
     @property
     def dim(self) -> int:
@@ -105,7 +108,7 @@ class TextEmbedder:
         for row, seq in enumerate(ids):
             tokens[row, :len(seq)] = seq
             mask[row, :len(seq)] = 1.0
-        hidden = self.session.run(f"forward_b{batch}_t{length}", ids=tokens, token_types=np.zeros_like(tokens),
+        hidden = self.session.run(bert.entry(batch, length), ids=tokens, token_types=np.zeros_like(tokens),
                                   mask=mask)["hidden"][:len(ids)]
         m = mask[:len(ids), :, None]
         pooled = (hidden * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1.0)

@@ -281,6 +281,38 @@ def _batch(images) -> tuple[list, bool]:
     return ([images] if single else list(images)), single
 
 
+# One image per run: how `aie-apps classify` goes through frames (cameras, videos, images), so its program holds
+# batch 1 only, and what `aie-apps build` builds for a classification model.
+FRAME_OPTIONS = VisionOptions(batch_size=1)
+
+
+def batch_sizes(options: VisionOptions) -> list[int]:
+    """One image runs at batch 1; more in batches of options.batch_size (the last one padded)."""
+    return sorted({1, options.batch_size})
+
+
+def image_graphs(module, cfg, batches: list[int], size: int) -> list:
+    """A vit / resnet tower at each batch size: the session of ImageClassifier, and of ImageEmbedder (vit)."""
+    return [module.graph(cfg, b, size) for b in batches]
+
+
+def program_graphs(folder: Path, options: VisionOptions) -> list:
+    """The graphs ImageClassifier (vit, resnet) or ImageEmbedder (CLIP: its image tower) runs for this model folder
+    with these options: what `aie-apps build` compiles. CLIP's zero-shot classifier adds text graphs sized by the
+    labels given at run time, which no build can know."""
+    config = read_config(folder)
+    batches = batch_sizes(options)
+    if is_zero_shot(config):
+        return [clip.image_graph(clip.load(folder)[0], b) for b in batches]
+    module = vit if config.get("model_type") == "clip" else module_for(config.get("model_type", ""))
+    return image_graphs(module, module.load(folder)[0], batches, Preprocessor.from_folder(folder).output_size)
+
+
+def is_zero_shot(config: dict) -> bool:
+    """A whole CLIP model (both towers) classifies zero-shot; CLIPForImageClassification has a trained head."""
+    return config.get("model_type") == "clip" and "CLIPForImageClassification" not in (config.get("architectures") or ())
+
+
 class _VisionModel:
     """Shared plumbing: resolve the model, read its config and preprocessor, hold one Session."""
 
@@ -293,7 +325,7 @@ class _VisionModel:
         module_for(self.model_type)  # an unknown architecture is a UsageError naming the supported ones
         self.preprocess = Preprocessor.from_folder(self.folder)
         self.size = self.preprocess.output_size
-        self.batches = sorted({1, options.batch_size})
+        self.batches = batch_sizes(options)
 
     def _pixels(self, images: list) -> np.ndarray:
         return np.stack([self.preprocess(read_image(i) if isinstance(i, (str, Path)) else i) for i in images])
@@ -329,8 +361,7 @@ class ImageClassifier(_VisionModel):
     def __init__(self, model: str = DEFAULT_CLASSIFIER, *, labels: Sequence[str] | None = None,
                  device: str | None = None, options: VisionOptions = VisionOptions()):
         super().__init__(model, device, options)
-        self.zero_shot = (self.model_type == "clip"
-                          and "CLIPForImageClassification" not in (self.config.get("architectures") or ()))
+        self.zero_shot = is_zero_shot(self.config)
         if self.zero_shot:
             if not labels:
                 raise UsageError("CLIP classifies zero-shot and needs labels", fix="pass labels, e.g. --labels cat,dog")
@@ -351,8 +382,7 @@ class ImageClassifier(_VisionModel):
                                  "ImageEmbedder for embeddings")
         id2label = self.config.get("id2label") or {}
         self.labels = [str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}"))) for i in range(self.cfg.num_labels)]
-        self.session = Session([self.module.graph(self.cfg, b, self.size) for b in self.batches], weights,
-                               device=device)
+        self.session = Session(image_graphs(self.module, self.cfg, self.batches, self.size), weights, device=device)
 
     def _init_clip(self, labels: list[str], device: str | None):
         from tokenizers import Tokenizer
@@ -386,17 +416,17 @@ class ImageClassifier(_VisionModel):
         for b in self.batches:
             graphs += [clip.image_graph(self.cfg, b), clip.similarity_graph(self.cfg, b, n)]
         self.session = Session(graphs, weights, device=device)
-        self.text_embeds = self.session.run(f"text_b{n}_t{length}", ids=ids, mask=mask,
+        self.text_embeds = self.session.run(clip.text_entry(n, length), ids=ids, mask=mask,
                                             eos=clip.eos_positions(ids, t))["embeds"]
 
     def infer(self, pixels: np.ndarray) -> np.ndarray:
         """Preprocessed pixels [n, 3, S, S] -> class probabilities [n, classes]."""
         def run(batch, x):
             if self.zero_shot:
-                embeds = self.session.run(f"image_b{batch}_s{self.size}", pixels=x)["embeds"]
-                return self.session.run(f"similarity_i{batch}_t{len(self.labels)}", image_embeds=embeds,
+                embeds = self.session.run(clip.image_entry(self.cfg, batch), pixels=x)["embeds"]
+                return self.session.run(clip.similarity_entry(batch, len(self.labels)), image_embeds=embeds,
                                         text_embeds=self.text_embeds)["logits_per_image"]
-            return self.session.run(f"image_b{batch}_s{self.size}", pixels=x)["logits"]
+            return self.session.run(self.module.entry(batch, self.size), pixels=x)["logits"]
         return _softmax(self._run_batched(pixels, run))
 
     def top_k(self, probs: np.ndarray, k: int | None = None) -> list[list[Prediction]]:
@@ -426,9 +456,11 @@ class ImageEmbedder(_VisionModel):
         if self.model_type == "clip":
             self.cfg, weights = clip.load(self.folder)
             graphs, self.output = [clip.image_graph(self.cfg, b) for b in self.batches], "embeds"
+            self.entry = lambda b: clip.image_entry(self.cfg, b)
         elif self.model_type in vit.VARIANTS:
             self.cfg, weights = vit.load(self.folder)
-            graphs, self.output = [vit.graph(self.cfg, b, self.size) for b in self.batches], "pooled"
+            graphs, self.output = image_graphs(vit, self.cfg, self.batches, self.size), "pooled"
+            self.entry = lambda b: vit.entry(b, self.size)
         else:
             raise UsageError(f"{self.model_type} is not an image embedding model", fix="use DINOv2, CLIP or ViT")
         self.session = Session(graphs, weights, device=device)
@@ -440,7 +472,7 @@ class ImageEmbedder(_VisionModel):
         if not batch:
             return np.zeros((0, self.dim), np.float32)
         out = self._run_batched(self._pixels(batch), lambda b, x: self.session.run(
-            f"image_b{b}_s{self.size}", pixels=x)[self.output])
+            self.entry(b), pixels=x)[self.output])
         if self.normalize:
             out = out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
         return out[0] if single else out

@@ -30,8 +30,8 @@ What it enforces (a ContractViolation is a bug in the caller; device faults are 
   which transfer because it wrote them (`_txn`), independently of the build's matching: on a start, the stream
   on the device must equal the one the xclbin made except the argplus of per-run transfers, and each of those
   must be base + word * element size for the word the io values on the device give; anything else is a
-  ContractViolation (an unsynced BO, a stale or misplaced patch, a static transfer touched).
-  test_build_contract's fake aiecc writes its own streams (STREAM_MAGIC, the dispatch's index in word 2).
+  ContractViolation (an unsynced BO, a stale or misplaced patch, a static transfer touched). The fake aiecc
+  (tests/fake_toolchain.py) writes its transactions and their patch records the same way.
 Faults to inject through FAKE.faults: "device" (no device), "context" (context creation fails), "busy"
 (EBUSY), "alloc" (BO allocation fails), "timeout" / "error" (the next runs end in TIMEOUT / ERROR).
 
@@ -59,7 +59,6 @@ from sdk.runtime.arena import ARENAS
 from sdk.runtime.emu import EmuExecutable
 
 PAGE = 4096
-STREAM_MAGIC = 0x46414B45  # "FAKE": first word of every fake instruction stream
 GARBAGE = 0xA5
 DEVICE_NAMES = {"npu1": "RyzenAI-npu1", "npu2": "RyzenAI-npu4"}
 
@@ -163,9 +162,8 @@ class _Design:
             raise RuntimeError(f"{path}: not a {kind}")
         self.doc = doc
         self.program = Program.load(path.parent / doc["program"])
-        # npu1 transactions this fake wrote: (their words as the xclbin made them, what each patch op belongs to)
-        self.streams = [(np.fromfile(path.parent / s["file"], np.uint32), s) if isinstance(s, dict) else (None, s)
-                        for s in doc.get("streams", [])]
+        # npu1 transactions this fake or the fake aiecc wrote: (their words as the xclbin made them, what each patch op belongs to)
+        self.streams = [(np.fromfile(path.parent / s["file"], np.uint32), s) for s in doc.get("streams", [])]
         # a dispatch is named by its step (Step.op) or, as a toolchain names it, by its MLIR sequence symbol
         self.steps = {name: s for e in self.program.entries.values() for s in e.steps if s.kind == "dispatch"
                       for name in (s.op, npu_artifacts.sequence_name(s.op))}
@@ -366,15 +364,11 @@ class kernel:
         if not isinstance(insts, bo) or insts.flag != bo.cacheable or insts.group != self.group_id(1):
             raise ContractViolation("the instruction BO must be a cacheable BO on kernel.group_id(1)")
         stream = insts.device.view(np.uint32)
-        if stream[0] == STREAM_MAGIC:  # test_build_contract's fake aiecc: [magic, length, index, ...]
-            length, dispatch = int(stream[1]), self.ctx.design.doc["streams"][int(stream[2])]
-        else:                          # a transaction: its header's byte size
-            length, dispatch = int(stream[3]) // 4, None
+        length = int(stream[3]) // 4   # a transaction: its header's byte size
         if words != length:
             unit = "bytes" if words == 4 * length else "a wrong count"
             raise ContractViolation(f"instruction count {words} is {unit}; the stream has {length} 32-bit words")
-        if dispatch is None:
-            dispatch = _check_txn(self.ctx.design, stream[:words], data)
+        dispatch = _check_txn(self.ctx.design, stream[:words], data)
         return _dispatch(self.ctx.design, dispatch, data, self.group_id, self.FIRST_DATA)
 
 
@@ -431,7 +425,7 @@ class runlist:
 def _check_txn(design: _Design, stream: np.ndarray, data: list) -> str:
     """The dispatch whose transaction is on the device, its per-run argplus checked against the io values there."""
     for made, entry in design.streams:
-        if made is None or len(made) != len(stream):
+        if len(made) != len(stream):
             continue
         shifted = [t for t in entry["patches"] if t["word"]]
         same = np.ones(len(made), bool)

@@ -1,12 +1,7 @@
 """The build (kernels/build.py) and the npu runtime (sdk/runtime/npu.py) agree on the artifact contract.
 
-No toolchain is installed here, so a FAKE one stands in for it: a Peano `clang++` and an `aiecc` written as
-small scripts that take the flags the build passes and write plausible files where the real tools would (kernel
-objects; final.xclbin + insts_SEQ.bin per runtime sequence on npu1; aie.elf on npu2). The fake aiecc reads the
-runtime sequences out of the design.mlir the build hands it and refuses a sequence the module does not declare,
-so the names the runtime asks for are the names the design declares. Its output files are what
-tests/fake_pyxrt.py loads: where a real xclbin carries the compiled design, the fake one points at the device
-program, which the test saves next to it (the one thing the build itself does not write).
+No toolchain is installed here, so tests/fake_toolchain.py stands in for it (Peano's clang++ and aiecc as small
+scripts taking the flags the build passes, writing files of the right kinds and names where the real tools would).
 
 Then, per target: sdk.runtime.npu_artifacts.find_artifact(program) (its dispatches as the watchdog pass split
 them) finds and sha-verifies every required role of what the build recorded, and NpuBackend against the fake pyxrt loads that program from the built files
@@ -15,9 +10,6 @@ and runs it (EMULATED: outputs equal the emu backend's). Nothing here touches an
 from __future__ import annotations
 
 import json
-import stat
-import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -31,74 +23,18 @@ from sdk.errors import ArtifactMissing
 from sdk.runtime import npu, npu_artifacts
 from sdk.runtime.emu import EmuBackend
 
-from . import fake_pyxrt
-from . import iron_standin as standin
+from . import fake_pyxrt, fake_toolchain
 from .conftest import FIXTURES
 from .test_designs import SYNTH_WEIGHTS, synthetic_graph
 from .test_npu_backend import fake_npu  # noqa: F401  (the fixture: a fake Ryzen AI laptop)
 
 TARGETS = ("npu1", "npu2")
 
-CLANG = """
-import sys
-from pathlib import Path
-args = sys.argv[1:]
-if not any(a.startswith("--target=aie2") for a in args) or "-c" not in args or "-o" not in args:
-    sys.exit(f"clang++ (fake Peano): unexpected flags {args}")
-src, obj = Path(args[args.index("-c") + 1]), Path(args[args.index("-o") + 1])
-if not src.is_file():
-    sys.exit(f"clang++ (fake Peano): no such file {src}")
-obj.write_bytes(b"\\x7fELF fake AIE object of " + src.name.encode())
-"""
-
-AIECC = """
-import hashlib, json, re, struct, sys
-from pathlib import Path
-FLAGS = ["--peano", "--tmpdir", "--get-xclbin", "--xclbin-name", "--get-npu-insts", "--npu-insts-name",
-         "--expand-load-pdis", "--sequence-name", "--get-full-elf", "--full-elf-name"]   # mlir-aie v1.4.5's
-args = sys.argv[1:]
-if args == ["--help"]:
-    print("usage: aiecc (fake)\\n" + "\\n".join(FLAGS))
-    sys.exit(0)
-opts = dict(a[2:].split("=", 1) if "=" in a else (a[2:], True) for a in args[:-1])
-unknown = [o for o in opts if "--" + o not in FLAGS]
-if unknown or "peano" not in opts or not Path(opts["peano"]).is_dir():
-    sys.exit(f"aiecc (fake): bad flags {args}")
-mlir = Path(args[-1]).read_text()
-main = mlir[mlir.index("@main"):]
-sequences = re.findall(r"aie\\.runtime_sequence @(\\w+)\\(%weights", main)
-if not sequences or not list(Path.cwd().glob("*.o")):
-    sys.exit("aiecc (fake): no runtime sequence in @main, or no kernel object in the working directory")
-if "get-full-elf" in opts:
-    doc = {"fake_pyxrt": "elf", "program": "program", "sequences": {f"main:{s}": f"main:{s}" for s in sequences}}
-    Path(opts["full-elf-name"]).write_text(json.dumps(doc))
-    sys.exit(0)
-seq = opts.get("sequence-name")
-if seq not in sequences:
-    sys.exit(f"aiecc (fake): no runtime sequence @{seq} in the design (has {sequences})")
-xclbin = Path(opts["xclbin-name"])
-doc = json.loads(xclbin.read_text()) if xclbin.exists() else {
-    "fake_pyxrt": "xclbin", "uuid": hashlib.sha256(mlir.encode()).hexdigest()[:32], "kernels": ["MLIR_AIE"],
-    "program": "program", "streams": []}
-doc["streams"].append(f"main:{seq}")
-xclbin.write_text(json.dumps(doc))
-words = [MAGIC, 16, len(doc["streams"]) - 1] + [0] * 13
-Path(opts["npu-insts-name"]).write_bytes(struct.pack(f"<{len(words)}I", *words))
-"""
-
-
-def _script(path: Path, body: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"#!{sys.executable}\n" + textwrap.dedent(body).replace("MAGIC", str(fake_pyxrt.STREAM_MAGIC)))
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
-
 
 @pytest.fixture
-def toolchain(tmp_path) -> kbuild.Toolchain:
-    _script(tmp_path / "peano" / "bin" / "clang++", CLANG)
-    aiecc = _script(tmp_path / "mlir_aie" / "bin" / "aiecc.py", AIECC)
-    return kbuild.Toolchain([str(aiecc)], tmp_path / "peano", dict(kbuild.pin()))
+def toolchain(tmp_path, monkeypatch) -> kbuild.Toolchain:
+    with fake_toolchain.installed(tmp_path / "toolchain", monkeypatch) as fake:
+        yield fake
 
 
 def _synthetic_budget(program) -> float:
@@ -126,18 +62,14 @@ def _check_artifact(program, prebuilt: Path, budget_s=None) -> npu_artifacts.Art
     else:
         assert [artifact.sequence(d) for d in _dispatches(device)] == [npu_artifacts.sequence_name(d) for d in
                                                                        _dispatches(device)]
-    # the fake device program stands in for the design the real xclbin / ELF would carry
-    device.save(prebuilt / program.target / artifact.key / "program")
     return artifact
 
 
 @pytest.mark.parametrize("target", TARGETS)
-def test_built_smoke_artifact_is_found_and_runs(fake_npu, toolchain, monkeypatch, target):  # noqa: F811
+def test_built_smoke_artifact_is_found_and_runs(fake_npu, toolchain, target):  # noqa: F811
     """`aie-apps build smoke --target T` (kernels/build.py main) makes what the doctor's smoke dispatch loads."""
     prebuilt = fake_npu(target)
-    monkeypatch.setattr(kbuild, "find_toolchain", lambda: toolchain)
-    with standin.installed():
-        assert kbuild.main(["smoke", "--target", target, "--out", str(prebuilt)]) == 0
+    assert kbuild.main(["smoke", "--target", target, "--out", str(prebuilt)]) == 0
     program = compile_graphs([smoke.smoke_graph()], target)  # compiled again: the key is deterministic
     _check_artifact(program, prebuilt)
     assert "dispatch on " + target in smoke.smoke_dispatch(target)  # the doctor's check, against the fake pyxrt
@@ -152,8 +84,7 @@ def test_built_split_program_is_found_and_runs_like_emu(fake_npu, toolchain, tar
     program = compile_graphs([synthetic_graph()], target)
     budget = _synthetic_budget(program)
     assert len(_dispatches(watchdog.split_dispatches(program, budget))) > len(_dispatches(program)) == 1
-    with standin.installed():
-        entry = kbuild.build_program(program, "synthetic", prebuilt, toolchain, budget)
+    entry = kbuild.build_program(program, "synthetic", prebuilt, toolchain, budget)
     assert entry["key"] == program.meta["content_key"]
     assert npu_artifacts.read_manifest(prebuilt / "manifest.json")[entry["key"]]["files"] == entry["files"]
     _check_artifact(program, prebuilt, budget)
@@ -175,14 +106,11 @@ def test_built_split_program_is_found_and_runs_like_emu(fake_npu, toolchain, tar
     assert fake_pyxrt.FAKE.dispatches == _dispatches(watchdog.split_dispatches(program, budget))
 
 
-@pytest.mark.parametrize("target", ["npu2"])
+@pytest.mark.parametrize("target", TARGETS)
 def test_bert_fixture_builds_in_full_and_is_recorded(toolchain, tmp_path, target):
     """Every kernel step of the BERT fixture has a design (kernels/README.md, the counts): its build goes through
-    the fused design and the (fake) aiecc, and the manifest records it under the program's content key. (npu1:
-    the fake aiecc's instruction streams for a program with per-run addresses are not yet parsed by
-    sdk/runtime/npu_insts.py, work in progress.)"""
-    with standin.installed():
-        entry = kbuild.build(str(FIXTURES / "bert"), target, tmp_path / "prebuilt", toolchain)
+    the fused design and the (fake) aiecc, and the manifest records it under the program's content key."""
+    entry = kbuild.build(str(FIXTURES / "bert"), target, tmp_path / "prebuilt", toolchain)
     recorded = npu_artifacts.read_manifest(tmp_path / "prebuilt" / "manifest.json")
     assert list(recorded) == [entry["key"]] and recorded[entry["key"]]["target"] == target
     assert all((tmp_path / "prebuilt" / f["path"]).is_file() for f in recorded[entry["key"]]["files"].values())
@@ -190,9 +118,8 @@ def test_bert_fixture_builds_in_full_and_is_recorded(toolchain, tmp_path, target
 
 def test_a_rebuild_replaces_its_entry_and_keeps_the_others(toolchain, tmp_path):
     prebuilt = tmp_path / "prebuilt"
-    with standin.installed():
-        first = {t: kbuild.build("smoke", t, prebuilt, toolchain)["key"] for t in TARGETS}
-        again = kbuild.build("smoke", "npu2", prebuilt, toolchain)["key"]
+    first = {t: kbuild.build("smoke", t, prebuilt, toolchain)["key"] for t in TARGETS}
+    again = kbuild.build("smoke", "npu2", prebuilt, toolchain)["key"]
     assert again == first["npu2"]
     assert {k: a["target"] for k, a in npu_artifacts.read_manifest(prebuilt / "manifest.json").items()} == \
         {first["npu1"]: "npu1", first["npu2"]: "npu2"}

@@ -31,7 +31,7 @@ def test_embed_text_from_stdin_to_npy(tmp_path):
     assert "wrote 3x384" in r.stderr
 
 
-def test_embed_text_errors_are_typed_and_on_stderr(tmp_path):
+def test_embed_text_errors_are_typed_and_on_stderr(tmp_path, no_npu):
     r = runner.invoke(app, ["embed-text", "x", "--device", "npu"])
     assert r.exit_code == 3 and "NPU" in r.stderr and r.stdout == ""
     r = runner.invoke(app, ["embed-text", "x", "--model", "nobody/nothing", "--device", "cpu"])
@@ -42,7 +42,7 @@ def test_embed_text_errors_are_typed_and_on_stderr(tmp_path):
     assert r.exit_code == 2 and "unknown device" in r.stderr
 
 
-def test_doctor_reports_missing_npu_with_fixes_and_fails():
+def test_doctor_reports_missing_npu_with_fixes_and_fails(no_npu):
     r = runner.invoke(app, ["doctor", "--json"])
     assert r.exit_code == 3
     report = json.loads(r.stdout)
@@ -52,7 +52,7 @@ def test_doctor_reports_missing_npu_with_fixes_and_fails():
     assert [c["name"] for c in report["checks"]][:3] == ["NPU PCI function", "amdxdna driver", "device node"]
 
 
-def test_info_json_lists_backends_and_models():
+def test_info_json_lists_backends_and_models(no_npu):
     r = runner.invoke(app, ["info", "--json"])
     assert r.exit_code == 0, r.stderr
     info = json.loads(r.stdout)

@@ -9,8 +9,7 @@ from sdk import runtime
 from sdk.errors import DeviceUnavailable, UsageError
 
 
-def test_auto_falls_back_to_cpu_once_with_the_reason(monkeypatch):
-    monkeypatch.setattr(runtime, "_warned", False)
+def test_auto_falls_back_to_cpu_once_with_the_reason(no_npu):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         first = runtime.choose_device("auto")
@@ -20,7 +19,7 @@ def test_auto_falls_back_to_cpu_once_with_the_reason(monkeypatch):
     assert [type(w.message) for w in caught] == [runtime.DeviceFallbackWarning]
 
 
-def test_npu_is_strict_and_unknown_devices_are_usage_errors():
+def test_npu_is_strict_and_unknown_devices_are_usage_errors(no_npu):
     with pytest.raises(DeviceUnavailable) as e:
         runtime.choose_device("npu")
     assert e.value.exit_code == 3 and "doctor" in e.value.fix

@@ -426,7 +426,7 @@ def test_cli_resume_after_a_finished_run_does_nothing_and_never_overwrites_anoth
     assert r.exit_code == 0 and "embedded 2 sequences" in r.stderr and out.read_bytes() != finished[out]
 
 
-def test_cli_errors_are_typed(tmp_path):
+def test_cli_errors_are_typed(tmp_path, no_npu):
     r = runner.invoke(app, ["embed", "-", "--model", "esm2_t6_8M_UR50D", "--device", "cpu"], input=">a\nMK\n")
     assert r.exit_code == 4 and "huggingface-cli download facebook/esm2_t6_8M_UR50D" in r.stderr and r.stdout == ""
     r = _embed("-", input=">a\nMK\n>b\nGS\n>a\nMK\n")

@@ -68,13 +68,13 @@ def test_long_text_is_truncated_with_a_warning():
     assert v.shape == (1, 384) and np.isfinite(v).all()
 
 
-def test_auto_falls_back_to_cpu_and_says_why():
+def test_auto_falls_back_to_cpu_and_says_why(no_npu):
     with TextEmbedder(device="auto") as e:
         r = e.report()
     assert r["device_requested"] == "auto" and r["device_effective"] == "cpu" and r["fallback_reason"]
 
 
-def test_strict_npu_is_a_typed_error():
+def test_strict_npu_is_a_typed_error(no_npu):
     with pytest.raises(DeviceUnavailable) as e:
         TextEmbedder(device="npu")
     assert e.value.exit_code == 3

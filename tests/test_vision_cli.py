@@ -453,7 +453,7 @@ def test_classify_labels_file_that_is_not_utf8_is_an_input_error(tmp_path):
     assert r.exit_code == 1 and "--labels is not valid UTF-8" in r.stderr and isinstance(r.exception, SystemExit)
 
 
-def test_classify_usage_errors_and_automatic_headless(tmp_path, monkeypatch):
+def test_classify_usage_errors_and_automatic_headless(tmp_path, monkeypatch, no_npu):
     r = runner.invoke(app, ["classify", "--model", str(VISION / "vit"), "--device", "cpu"])
     assert r.exit_code == 2 and "nothing to classify" in r.stderr
     r = runner.invoke(app, ["classify", str(tmp_path / "nope.mp4"), "--model", str(VISION / "vit"), "--headless"])

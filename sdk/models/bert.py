@@ -103,13 +103,36 @@ def forward(w, ids, token_types, mask, *, cfg: Config):
     return {"hidden": x}
 
 
+def entry(batch: int, length: int) -> str:
+    """The entry name of the encoder at one static (batch, length)."""
+    return f"forward_b{batch}_t{length}"
+
+
 def graph(cfg: Config, batch: int, length: int) -> Graph:
-    """The encoder at one static (batch, length); entry name encodes the shape."""
+    """The encoder at one static (batch, length)."""
     if length > cfg.max_position_embeddings:
         raise ValueError(f"length {length} exceeds max_position_embeddings {cfg.max_position_embeddings}")
     spec = ((batch, length), "int32")
-    return trace(forward, name=f"forward_b{batch}_t{length}", weights=param_shapes(cfg), cfg=cfg,
+    return trace(forward, name=entry(batch, length), weights=param_shapes(cfg), cfg=cfg,
                  inputs={"ids": spec, "token_types": spec, "mask": ((batch, length), "float32")})
+
+
+# ---- the programs the pipelines run (pipelines/text.py, kernels/build.py and apps/bench.py all take them here) --
+
+def length_buckets(cfg: Config, max_length: int, buckets: tuple[int, ...]) -> tuple[int, ...]:
+    """The padded lengths a text is run at: the buckets below the longest allowed input, then that length."""
+    top = min(max_length, cfg.max_position_embeddings)
+    return tuple(b for b in buckets if b < top) + (top,)
+
+
+def batch_sizes(batch_size: int) -> tuple[int, ...]:
+    """A single text runs at batch 1; anything more in batches of batch_size (the last one padded)."""
+    return tuple(sorted({1, batch_size}))
+
+
+def program_graphs(cfg: Config, batch_size: int, max_length: int, buckets: tuple[int, ...]) -> list[Graph]:
+    """Every graph of one text-embedding session: each batch size at each length bucket."""
+    return [graph(cfg, b, t) for b in batch_sizes(batch_size) for t in length_buckets(cfg, max_length, buckets)]
 
 
 def load(folder: str | Path) -> tuple[Config, dict[str, np.ndarray]]:

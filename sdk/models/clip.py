@@ -139,11 +139,23 @@ def similarity_forward(w, image_embeds, text_embeds):
             "image_embeds": _unit(image_embeds), "text_embeds": _unit(text_embeds)}
 
 
+def text_entry(batch: int, length: int) -> str:
+    return f"text_b{batch}_t{length}"
+
+
+def image_entry(cfg: Config, batch: int) -> str:
+    return vit.entry(batch, cfg.vision.image_size)
+
+
+def similarity_entry(images: int, texts: int) -> str:
+    return f"similarity_i{images}_t{texts}"
+
+
 def text_graph(cfg: Config, batch: int, length: int | None = None) -> Graph:
     length = length or cfg.text.max_position_embeddings
     if length > cfg.text.max_position_embeddings:
         raise UsageError(f"text length {length} exceeds {cfg.text.max_position_embeddings} positions")
-    return trace(text_forward, name=f"text_b{batch}_t{length}", weights=param_shapes(cfg), cfg=cfg,
+    return trace(text_forward, name=text_entry(batch, length), weights=param_shapes(cfg), cfg=cfg,
                  inputs={"ids": ((batch, length), "int32"), "mask": ((batch, length), "float32"),
                          "eos": ((batch,), "int32")})
 
@@ -154,7 +166,7 @@ def image_graph(cfg: Config, batch: int) -> Graph:
 
 def similarity_graph(cfg: Config, images: int, texts: int) -> Graph:
     p = cfg.projection_dim
-    return trace(similarity_forward, name=f"similarity_i{images}_t{texts}", weights=param_shapes(cfg),
+    return trace(similarity_forward, name=similarity_entry(images, texts), weights=param_shapes(cfg),
                  inputs={"image_embeds": ((images, p), "float32"), "text_embeds": ((texts, p), "float32")})
 
 

@@ -368,10 +368,14 @@ def joint(w, enc, dec, *, cfg: Config):
 
 # ---- graphs and loading ------------------------------------------------------------------------------------
 
+def encoder_entry(frames: int) -> str:
+    return f"encode_t{frames}"
+
+
 def encoder_graph(cfg: Config, frames: int) -> Graph:
     """The encoder (with its head) for one bucket of `frames` feature frames, batch 1."""
     params = {f"length{s}": ((), "int32") for s in range(cfg.num_stages + 1)}
-    return trace(encode, name=f"encode_t{frames}", weights=param_shapes(cfg), cfg=cfg,
+    return trace(encode, name=encoder_entry(frames), weights=param_shapes(cfg), cfg=cfg,
                  inputs={"features": ((1, frames, cfg.num_mel_bins), "float32")}, params=params)
 
 
@@ -382,6 +386,27 @@ def decoder_graphs(cfg: Config) -> list[Graph]:
     return [trace(predict, name="predict", weights=param_shapes(cfg), cfg=cfg,
                   inputs={"token": ((1,), "int32"), "h": state, "c": state}),
             trace(joint, name="joint", weights=param_shapes(cfg), cfg=cfg, inputs={"enc": jh, "dec": jh})]
+
+
+# ---- the programs the pipelines run (pipelines/conformer_asr.py, kernels/build.py, apps/bench.py) -------------
+
+SAMPLE_RATE, FEATURE_HOP = 16000, 160   # 10 ms feature frames at 16 kHz in both families
+
+
+def frames_for(seconds: float) -> int:
+    """Feature frames of `seconds` of audio (the front end's centred frames: one more than whole hops)."""
+    return int(round(seconds * SAMPLE_RATE)) // FEATURE_HOP + 1
+
+
+def encoder_buckets(window_seconds: float, buckets_seconds: tuple[float, ...]) -> list[int]:
+    """Encoder lengths in frames: the buckets shorter than the window, then the window itself."""
+    return sorted({frames_for(s) for s in buckets_seconds if s < window_seconds} | {frames_for(window_seconds)})
+
+
+def program_graphs(cfg: Config, window_seconds: float, buckets_seconds: tuple[float, ...]) -> list[Graph]:
+    """Every graph of one recogniser's session: the encoder at each bucket, and a transducer's decoder steps."""
+    graphs = [encoder_graph(cfg, frames) for frames in encoder_buckets(window_seconds, buckets_seconds)]
+    return graphs + (decoder_graphs(cfg) if cfg.head != "ctc" else [])
 
 
 def read_checkpoint(folder: Path) -> dict[str, np.ndarray]:

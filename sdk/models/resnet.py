@@ -144,9 +144,13 @@ def forward(w, pixels, *, cfg: Config):
     return out
 
 
+def entry(batch: int, size: int) -> str:
+    return f"image_b{batch}_s{size}"
+
+
 def graph(cfg: Config, batch: int, size: int | None = None) -> Graph:
     size = size or cfg.image_size
-    return trace(forward, name=f"image_b{batch}_s{size}", weights=param_shapes(cfg), cfg=cfg,
+    return trace(forward, name=entry(batch, size), weights=param_shapes(cfg), cfg=cfg,
                  inputs={"pixels": ((batch, cfg.num_channels, size, size), "float32")})
 
 

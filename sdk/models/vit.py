@@ -271,12 +271,16 @@ def forward(w, pixels, *, cfg: Config):
     return out
 
 
+def entry(batch: int, size: int) -> str:
+    return f"image_b{batch}_s{size}"
+
+
 def graph(cfg: Config, batch: int, size: int | None = None) -> Graph:
     """The tower at one static batch and square image size (default: the trained size)."""
     size = size or cfg.image_size
     if size % cfg.patch_size:
         raise UsageError(f"image size {size} is not a multiple of the patch size {cfg.patch_size}")
-    return trace(forward, name=f"image_b{batch}_s{size}", weights=param_shapes(cfg), cfg=cfg,
+    return trace(forward, name=entry(batch, size), weights=param_shapes(cfg), cfg=cfg,
                  inputs={"pixels": ((batch, cfg.num_channels, size, size), "float32")})
 
 

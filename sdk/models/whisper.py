@@ -295,6 +295,16 @@ def graphs(cfg: Config, *, timestamp_begin: int | None = None, prefill: tuple[in
     return out
 
 
+# Prefill lengths (decode_{n}) of the program the pipelines run; none today. The Whisper program set below takes
+# its shapes from here, so a new bucket is a one-line change that the pipelines, the build and bench all see.
+PREFILL: tuple[int, ...] = ()
+
+
+def program_graphs(cfg: Config, timestamp_begin: int) -> list[Graph]:
+    """Every graph of one transcription session (pipelines/asr.py): what `aie-apps build` compiles for Whisper."""
+    return graphs(cfg, timestamp_begin=timestamp_begin, prefill=PREFILL)
+
+
 def load(folder: str | Path) -> tuple[Config, dict[str, np.ndarray]]:
     """A Hugging Face folder (config.json + model.safetensors) or a CTranslate2 one (model.bin)."""
     folder = Path(folder)
