@@ -176,7 +176,7 @@ def test_build_all_builds_smoke_and_each_installed_model_and_reports_the_rest(mo
 
     def no_download(*args):
         raise AssertionError("build --all must never download")
-    monkeypatch.setattr(hub, "_download", no_download)
+    monkeypatch.setattr(hub, "download", no_download)
     found, missing = kbuild.installed_models()
     assert {"all-MiniLM-L6-v2", "whisper-tiny.en"} <= set(found) and not set(found) & set(missing)
     monkeypatch.setattr(kbuild, "installed_models", lambda: ([str(FIXTURES / "bert"), str(FIXTURES / "esm")],
