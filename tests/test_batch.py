@@ -1,0 +1,177 @@
+"""Batch jobs on a Ray cluster (pipelines/batch.py, `--ray`): a real two-node cluster on 127.0.0.1 in a
+namespace of its own (a head, and a node advertising one NPU), driven by the CLI as a user would. Outputs are
+compared with the single-machine commands'; a worker is killed mid-job; a job is interrupted and resumed."""
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from apps.main import app
+from pipelines.batch import INSTALL, ClusterOptions, Progress, require_ray
+from sdk.errors import UsageError
+
+from .conftest import FIXTURES
+from .dictation_support import librivox_clips
+from .ray_cluster import ROOT, LocalCluster, unusable
+
+runner = CliRunner()
+ESM = FIXTURES / "esm"
+SWISSPROT = Path("/usr/share/EMBOSS/test/data/structure/swsmall.fasta")
+
+
+# ---- without a cluster ----------------------------------------------------------------------------------------
+
+def test_nothing_imports_ray_unless_a_job_runs_on_it():
+    code = ("import sys, apps.main, pipelines.batch; from typer.testing import CliRunner; "
+            "CliRunner().invoke(apps.main.app, ['embed-text', '--help']); assert 'ray' not in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_a_missing_cluster_extra_is_a_usage_error_with_the_install_command(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError, as without the extra
+    with pytest.raises(UsageError) as info:
+        require_ray()
+    assert INSTALL in info.value.fix
+    r = runner.invoke(app, ["embed-text", "hello", "--ray", "auto", "-o", str(tmp_path / "v.npy")])
+    assert r.exit_code == 2 and INSTALL in r.stderr and not (tmp_path / "v.npy").exists()
+
+
+def test_ray_jobs_write_files():
+    for args in (["embed-text", "hello"], ["transcribe", str(librivox_clips()[0][0])]):
+        r = runner.invoke(app, [*args, "--ray", "auto"])
+        assert r.exit_code == 2 and "--ray" in r.stderr and "-o" in r.stderr
+
+
+def test_options_out_of_range_are_usage_errors():
+    with pytest.raises(UsageError):
+        ClusterOptions(max_errors=-1)
+
+
+def test_progress_line_says_done_total_rate_and_eta():
+    progress = Progress(10, stream=io.StringIO())
+    progress.start -= 2.0  # two seconds in
+    progress.update(4)
+    assert re.fullmatch(r"4/10 items, 2\.\d\d items/s, ETA 3 s", progress.line())
+
+
+# ---- on a real two-node cluster ----------------------------------------------------------------------------------
+
+needs_cluster = pytest.mark.skipif(unusable() is not None, reason=unusable() or "")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = LocalCluster([{"cpus": 1}, {"cpus": 1, "resources": {"NPU": 1}}])
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+def _wait_for(condition, job: subprocess.Popen, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert job.poll() is None, job.communicate()
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def _single(*args) -> None:
+    r = runner.invoke(app, list(map(str, args)))
+    assert r.exit_code == 0, r.stderr
+
+
+@needs_cluster
+@pytest.mark.slow
+def test_transcribe_on_the_cluster_is_interrupted_resumed_and_equals_one_machine(cluster, tmp_path):
+    speech = []
+    for n, sentence in enumerate(["The quick brown fox jumps over the lazy dog.",
+                                  "Seven batch jobs ran on two small machines today."]):
+        speech.append(tmp_path / f"flite{n}.wav")
+        subprocess.run(["flite", "-voice", "slt", "-t", sentence, "-o", str(speech[-1])], check=True)
+    good = [wav for wav, _ in librivox_clips()] + speech
+    broken = tmp_path / "broken.wav"
+    broken.write_bytes(np.random.default_rng(0).bytes(4000))  # passes the path checks, fails to decode
+    one, many = tmp_path / "one", tmp_path / "many"
+    one.mkdir(), many.mkdir()
+    _single("transcribe", *good, "-o", one)
+
+    job = cluster.cli_popen("transcribe", *map(str, good + [broken]), "-o", str(many), "--ray", cluster.address)
+    _wait_for(lambda: any(many.glob("*.txt")), job)
+    (driver,) = cluster.pids("apps.main")
+    os.kill(driver, signal.SIGINT)
+    _, stderr = job.communicate(timeout=120)
+    assert job.returncode == 130, stderr
+    first = len({t.stem for t in many.glob("*.txt")})
+    assert 1 <= first < len(good)
+
+    r = cluster.cli("transcribe", *map(str, good + [broken]), "-o", str(many), "--ray", cluster.address)
+    # a bad file fails the job (budget 0) with its name, after every other transcript is written
+    assert r.returncode == 1 and "broken.wav" in r.stderr and "1 input(s) failed" in r.stderr, r.stderr
+    done_before = len(list((many / ".aie-apps-ray").glob("shard-*.json")))
+    assert f"{len(good) + 1 - done_before} of {len(good) + 1} items ran" in r.stderr, r.stderr
+    for wav in good:
+        assert (many / f"{wav.stem}.txt").read_text() == (one / f"{wav.stem}.txt").read_text(), wav.name
+
+    r = cluster.cli("transcribe", *map(str, good + [broken]), "-o", str(many), "--ray", cluster.address,
+                    "--max-errors", "1")
+    assert r.returncode == 0 and f"1 of {len(good) + 1} items ran" in r.stderr, r.stderr
+    assert f"{len(good)} already complete, 1 failed" in r.stderr and "skipped" in r.stderr and "broken.wav" in r.stderr
+    assert sorted(p.name for p in many.glob("*.txt")) == sorted(f"{w.stem}.txt" for w in good)
+
+
+@needs_cluster
+@pytest.mark.slow
+def test_embed_text_on_the_cluster_survives_a_killed_worker_and_equals_one_machine(cluster, tmp_path):
+    words = "the a cat dog river sings under bright old quiet market train city morning light".split()
+    lines = [" ".join(words[(i * k) % len(words)] for k in range(1, 4 + i % 9)) + f" {i}" for i in range(2000)]
+    corpus = tmp_path / "lines.txt"
+    corpus.write_text("\n".join(lines) + "\n")
+    _single("embed-text", "-f", corpus, "-o", tmp_path / "one.npy")
+
+    out = tmp_path / "many.npy"
+    job = cluster.cli_popen("embed-text", "-f", str(corpus), "-o", str(out), "--ray", cluster.address)
+    _wait_for(lambda: any(out.with_name("many.npy.parts").glob("part-*.npz")), job)
+    workers = cluster.pids("NpuWorker")  # the actor on the second node (the one with the NPU resource)
+    assert len(workers) == 1
+    os.kill(workers[0], signal.SIGKILL)
+    _, stderr = job.communicate(timeout=300)
+    assert job.returncode == 0, stderr
+    assert "2000 of 2000 items ran (1000 on cpu actors, 1000 on npu actors" in stderr, stderr  # each block once
+    assert "device_effective: 2000 cpu" in stderr  # the NPU resource is a label here: no NPU, so it ran on the CPU
+    many, one = np.load(out), np.load(tmp_path / "one.npy")
+    assert many.shape == one.shape == (2000, 384)
+    np.testing.assert_allclose(many, one, atol=1e-6, rtol=0)
+    assert not out.with_name("many.npy.parts").exists()
+
+
+@needs_cluster
+@pytest.mark.skipif(not SWISSPROT.exists(), reason="needs Debian emboss-test (swsmall.fasta)")
+def test_embed_fasta_on_the_cluster_equals_one_machine(cluster, tmp_path):
+    rng = np.random.default_rng(1)
+    alphabet = np.array(list("ACDEFGHIKLMNPQRSTVWY"))
+    generated = "".join(f">gen{i}\n{''.join(rng.choice(alphabet, rng.integers(20, 200)))}\n" for i in range(157))
+    fasta = tmp_path / "proteins.fasta"
+    fasta.write_text(SWISSPROT.read_text() + generated)
+    _single("embed", fasta, "-o", tmp_path / "one.npz", "--model", ESM, "--device", "cpu")
+
+    r = cluster.cli("embed", str(fasta), "-o", str(tmp_path / "many.npz"), "--model", str(ESM), "--device", "cpu",
+                    "--ray", cluster.address)
+    assert r.returncode == 0 and "300 of 300 items ran (300 on cpu actors" in r.stderr, r.stderr
+    with np.load(tmp_path / "one.npz") as one, np.load(tmp_path / "many.npz") as many:
+        assert sorted(one.files) == sorted(many.files)
+        for key in one.files:
+            if key == "embeddings":
+                np.testing.assert_allclose(many[key], one[key], atol=1e-6, rtol=0)
+            else:
+                assert many[key].tolist() == one[key].tolist(), key
