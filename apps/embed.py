@@ -141,8 +141,9 @@ def embed(
 def _embed_on_ray(records, parts: Path, output: Path, fmt: str, run: dict, resume: bool, *, model, device, options,
                   address: str, max_errors: int):
     """The same parts, resume and merge as on one machine; a Ray cluster embeds what is missing."""
-    from pipelines.batch import ClusterOptions, embed_fasta
+    from pipelines.batch import ClusterOptions, embed_fasta, require_ray
 
+    require_ray()  # before the parts folder exists: without Ray it would hold a run that never started
     with _writing(parts, "pass -o in a folder you can write to"):
         done = _prepare_parts(parts, run, resume)
     todo = [r for r in records if r.id not in done]

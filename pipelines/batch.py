@@ -235,6 +235,9 @@ def _dataset(ray, task, todo: list[Item], device: str | None, cluster: ClusterOp
                          fix="start NPU nodes with `ray start ... --resources=\"$(python -m pipelines.batch)\"`, "
                              "or use --device auto")
     spare = int(resources.get("CPU", 0)) - npus  # an NPU actor holds one core for its host work
+    if not npus and spare < cluster.cpus_per_actor:
+        raise UsageError(f"the Ray cluster has {spare} CPUs, fewer than one actor's {cluster.cpus_per_actor}",
+                         fix="join nodes with CPUs (`ray start --num-cpus N`), or lower cpus_per_actor")
     cpu_actors = 0 if device == "npu" else max(1 if not npus else 0, spare // cluster.cpus_per_actor)
     npu_share = npus * cluster.npu_weight / (npus * cluster.npu_weight + cpu_actors)
     groups: dict[str, list[Item]] = {"npu": [], "cpu": []}
@@ -317,6 +320,7 @@ def transcribe(files: Sequence[Path], output_dir: Path, target: Callable[[Path],
     """Each file's transcript to `target(file)` (what the single-machine command writes). What was made from
     what is kept in OUTPUT_DIR/.aie-apps-ray/ (shard files of id -> digest) for resume; an input's digest is its
     path, size and modification time with the settings."""
+    require_ray()  # before anything is written
     journal = output_dir / ".aie-apps-ray"
     journal.mkdir(exist_ok=True)
     done = {}
@@ -359,6 +363,7 @@ def embed_texts(texts: Sequence[str], output: Path, *, model: str, options=None,
     line numbers, digests, vectors); a rerun keeps those whose digest matches; the folder goes once `output`
     is whole."""
     from pipelines.text import TextOptions
+    require_ray()  # before anything is written
     options = options or TextOptions()
     parts = output.with_name(output.name + ".parts")
     parts.mkdir(exist_ok=True)

@@ -97,15 +97,13 @@ class LocalCluster:
         return found
 
     def stop(self):
-        try:
-            if self.init_pid:
-                self.run([str(Path(sys.executable).with_name("ray")), "stop", "--force"], check=False, timeout=60)
-        finally:
-            if self.init_pid:  # the namespace's init: the kernel ends every process left in it
-                try:
-                    os.kill(self.init_pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            if self.holder is not None:
-                self.holder.wait(timeout=30)
-            shutil.rmtree(self.tmp, ignore_errors=True)
+        """Kill the namespace's init: the kernel then ends every process in it, Ray's daemons and workers
+        included, at once (what `ray stop --force` does, in ~25 s on a loaded 2-core machine)."""
+        if self.init_pid:
+            try:
+                os.kill(self.init_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self.holder is not None:
+            self.holder.wait(timeout=30)
+        shutil.rmtree(self.tmp, ignore_errors=True)
