@@ -8,7 +8,8 @@ device; the other CPUs get CPU actors of `cpus_per_actor` cores each. The driver
 as one shard, atomically, in the single-machine command's format; what a shard holds is known by id and
 digest, so rerunning the same command skips it (resume), and a block Ray retries after a worker died is
 written once. A bad input is reported and skipped, up to `max_errors`; more fail the job with the list, after
-everything else is saved.
+everything else is saved. (Ray Data's CheckpointConfig is not used: it tracks rows written by a Ray Datasink in
+a store of its own, a second record of what is done beside outputs that already say it.)
 
     from pipelines.batch import ClusterOptions, embed_texts
     report = embed_texts(lines, Path("vectors.npy"), model="all-MiniLM-L6-v2", device="auto",
@@ -21,6 +22,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import sys
 import time
@@ -31,6 +33,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from sdk import errors, hub
 from sdk.errors import InputError, SdkError, UsageError
 
 INSTALL = "pip install 'aie-apps[cluster]'"
@@ -196,6 +199,8 @@ def run(task, items: Sequence[Item], save: Callable[[list[Item], list], None], *
                 report.by_device.update(str(d) for d in block["device"])
                 progress.update(len(block["id"]))
             progress.close()
+        except ray.exceptions.RayError as e:  # the job stopped: an actor could not start, or Ray itself failed
+            raise job_failed(str(e)) from None
         finally:
             ray.shutdown()
     report.elapsed = time.perf_counter() - start
@@ -208,6 +213,17 @@ def run(task, items: Sequence[Item], save: Callable[[list[Item], list], None], *
     for i, why in report.failed:
         print(f"warning: skipped {i}: {why}", file=sys.stderr)
     return report
+
+
+def job_failed(ray_error: str) -> SdkError:
+    """Ray's error as ours: a typed error a worker raised (a model missing on that node) keeps its type, message
+    and fix; anything else names Ray's first line."""
+    typed = re.search(r"^sdk\.errors\.(\w+): (.*)$(?:\n  fix: (.*)$)?", ray_error, re.MULTILINE)
+    if typed and isinstance(getattr(errors, typed[1], None), type):
+        return getattr(errors, typed[1])(f"on a Ray worker: {typed[2]}", fix=typed[3] or "")
+    return SdkError(f"the Ray job failed: {ray_error.strip().splitlines()[0]}",
+                    fix="check that aie-apps and its models are installed on every node; Ray's logs are under "
+                        "/tmp/ray/session_latest/logs on each node")
 
 
 def _connect(ray, address: str | None):
@@ -321,6 +337,7 @@ def transcribe(files: Sequence[Path], output_dir: Path, target: Callable[[Path],
     what is kept in OUTPUT_DIR/.aie-apps-ray/ (shard files of id -> digest) for resume; an input's digest is its
     path, size and modification time with the settings."""
     require_ray()  # before anything is written
+    hub.resolve(model)  # a wrong model name fails here, not in every actor
     journal = output_dir / ".aie-apps-ray"
     journal.mkdir(exist_ok=True)
     done = {}
@@ -364,6 +381,7 @@ def embed_texts(texts: Sequence[str], output: Path, *, model: str, options=None,
     is whole."""
     from pipelines.text import TextOptions
     require_ray()  # before anything is written
+    hub.resolve(model)
     options = options or TextOptions()
     parts = output.with_name(output.name + ".parts")
     parts.mkdir(exist_ok=True)

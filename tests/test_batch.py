@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from apps.main import app
-from pipelines.batch import INSTALL, ClusterOptions, Progress, require_ray
-from sdk.errors import UsageError
+from pipelines.batch import INSTALL, ClusterOptions, Progress, job_failed, npu_resources, require_ray
+from sdk.errors import ModelNotFound, SdkError, UsageError
 
 from .conftest import FIXTURES
 from .dictation_support import librivox_clips
@@ -57,6 +57,36 @@ def test_ray_jobs_write_files():
     for args in (["embed-text", "hello"], ["transcribe", str(librivox_clips()[0][0])]):
         r = runner.invoke(app, [*args, "--ray", "auto"])
         assert r.exit_code == 2 and "--ray" in r.stderr and "-o" in r.stderr
+
+
+def test_a_wrong_model_fails_before_any_cluster_work(tmp_path):
+    r = runner.invoke(app, ["embed-text", "hello", "-o", str(tmp_path / "v.npy"), "--model", str(tmp_path / "none"),
+                            "--ray", "127.0.0.1:1"])  # nothing listens there: the model check comes first
+    assert r.exit_code == 4 and "does not exist" in r.stderr and not (tmp_path / "v.npy.parts").exists()
+
+
+def test_a_typed_error_raised_on_a_worker_keeps_its_type_and_fix():
+    ray_error = ("The actor died because of an error raised in its creation task, ray::MapWorker(...).__init__()\n"
+                 "  File \"/x/sdk/hub.py\", line 86, in resolve\n"
+                 "sdk.errors.ModelNotFound: model path /m does not exist\n  fix: check the path\n")
+    e = job_failed(ray_error)
+    assert isinstance(e, ModelNotFound) and e.exit_code == 4
+    assert e.message == "on a Ray worker: model path /m does not exist" and e.fix == "check the path"
+    other = job_failed("ray.exceptions.ObjectLostError: object 123 lost\nmore")
+    assert type(other) is SdkError and "ObjectLostError: object 123 lost" in other.message and "every node" in other.fix
+
+
+def test_npu_resource_helper_advertises_one_per_usable_device(monkeypatch):
+    from sdk.runtime import checks
+    monkeypatch.setattr(checks, "run_checks", lambda: [])
+    monkeypatch.setattr(checks, "find_npu_pci", lambda: [checks.NpuPci("0000:c5:00.1", 0x17F0, 0x10, "npu2")])
+    monkeypatch.setattr(checks, "npu_usable", lambda found: True)
+    assert npu_resources() == {"NPU": 1}
+    monkeypatch.setattr(checks, "npu_usable", lambda found: False)
+    assert npu_resources() == {}
+    out = subprocess.run([sys.executable, "-m", "pipelines.batch"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "{}"  # this machine: no usable NPU, so no resource (`ray start --resources='{}'`)
 
 
 def test_options_out_of_range_are_usage_errors():
