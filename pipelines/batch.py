@@ -33,7 +33,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from sdk import errors, hub
+from sdk import errors, hub, settings
 from sdk.errors import InputError, SdkError, UsageError
 
 INSTALL = "pip install 'aie-apps[cluster]'"
@@ -178,6 +178,9 @@ def run(task, items: Sequence[Item], save: Callable[[list[Item], list], None], *
     """Run `items` not already in `done` (id -> digest) on the cluster; `save(items, results)` writes one
     shard atomically. Raises InputError listing the bad inputs when there are more than `max_errors`."""
     ray = require_ray()
+    device = device or settings.load().device  # placement depends on it: read here, not in each actor
+    if device not in settings.DEVICES:
+        raise UsageError(f"unknown device {device!r}", fix=f"use one of {', '.join(settings.DEVICES)}")
     todo = [it for it in items if done.get(it.id) != it.digest]
     report = BatchReport(total=len(items), skipped=len(items) - len(todo))
     by_id = {it.id: it for it in todo}
@@ -245,7 +248,7 @@ def _dataset(ray, task, todo: list[Item], device: str | None, cluster: ClusterOp
     """The items split between an NPU actor pool (one actor per `NPU` resource) and a CPU actor pool (the
     remaining CPUs), unioned. Returns the dataset and the actor counts."""
     resources = ray.cluster_resources()
-    npus = int(resources.get(NPU_RESOURCE, 0)) if device in (None, "auto", "npu") else 0
+    npus = int(resources.get(NPU_RESOURCE, 0)) if device in ("auto", "npu") else 0
     if device == "npu" and not npus:
         raise UsageError(f"--device npu, but no node of the cluster advertises the {NPU_RESOURCE} resource",
                          fix="start NPU nodes with `ray start ... --resources=\"$(python -m pipelines.batch)\"`, "
@@ -284,9 +287,9 @@ def _worker_class(task, device: str | None, kind: str) -> type:
     return type(f"{kind.capitalize()}Worker", (_Worker,), {"task": task, "device": device, "kind": kind})
 
 
-def _cpu_device(device: str | None) -> str | None:
+def _cpu_device(device: str) -> str:
     """CPU actors run where no NPU was given to them: `auto` would grab a local NPU the NPU actor owns."""
-    return "cpu" if device in (None, "auto") else device
+    return "cpu" if device == "auto" else device
 
 
 class Progress:
