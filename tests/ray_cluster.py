@@ -46,7 +46,9 @@ class LocalCluster:
         return f"127.0.0.1:{PORT}"
 
     def start(self) -> "LocalCluster":
-        self.holder = subprocess.Popen(["unshare", "-n", "-p", "-f", "--mount-proc", "sleep", "infinity"])
+        # unshare's own complaint when its child is killed at stop() is noise
+        self.holder = subprocess.Popen(["unshare", "-n", "-p", "-f", "--mount-proc", "sleep", "infinity"],
+                                       stderr=subprocess.DEVNULL)
         children = Path(f"/proc/{self.holder.pid}/task/{self.holder.pid}/children")
         for _ in range(200):
             text = children.read_text().split() if children.exists() else []
