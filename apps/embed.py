@@ -57,7 +57,9 @@ def embed(
     fmt = fmt or (output.suffix.lstrip(".") if output is not None else "jsonl")
     if fmt not in FORMATS:
         raise UsageError(f"unknown output format {fmt!r}", fix="use --format npz or jsonl (or -o ending in .npz/.jsonl)")
-    if output is None and (fmt == "npz" or resume or ray is not None):
+    if ray is not None and output is None:
+        raise UsageError("--ray writes its results to a file", fix="pass -o OUT.npz (or OUT.jsonl)")
+    if output is None and (fmt == "npz" or resume):
         raise UsageError("npz output and --resume need a file", fix="pass -o OUT.npz (or OUT.jsonl)")
     if on_long not in ("truncate", "skip", "error"):
         raise UsageError(f"unknown --on-long {on_long!r}", fix="use truncate, skip or error")

@@ -54,7 +54,8 @@ def test_a_missing_cluster_extra_is_a_usage_error_with_the_install_command(monke
 
 
 def test_ray_jobs_write_files():
-    for args in (["embed-text", "hello"], ["transcribe", str(librivox_clips()[0][0])]):
+    fasta = Path("/usr/share/EMBOSS/test/data/globins.fasta")
+    for args in (["embed-text", "hello"], ["transcribe", str(librivox_clips()[0][0])], ["embed", str(fasta)]):
         r = runner.invoke(app, [*args, "--ray", "auto"])
         assert r.exit_code == 2 and "--ray" in r.stderr and "-o" in r.stderr
 
