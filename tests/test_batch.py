@@ -116,7 +116,7 @@ def cluster():
         c.stop()
 
 
-def _wait_for(condition, job: subprocess.Popen, timeout=240):
+def _wait_for(condition, job: subprocess.Popen, timeout=900):  # a bound for a machine under heavy load
     deadline = time.monotonic() + timeout
     while not condition():
         assert job.poll() is None, job.communicate()
@@ -147,7 +147,7 @@ def test_transcribe_on_the_cluster_is_interrupted_resumed_and_equals_one_machine
     _wait_for(lambda: any(many.glob("*.txt")), job)
     (driver,) = cluster.pids("apps.main")
     os.kill(driver, signal.SIGINT)
-    _, stderr = job.communicate(timeout=120)
+    _, stderr = job.communicate(timeout=900)
     assert job.returncode == 130, stderr
     done_before = len(list((many / ".aie-apps-ray").glob("shard-*.json")))  # one per transcript recorded
     assert 1 <= done_before < len(good)
@@ -181,7 +181,7 @@ def test_embed_text_on_the_cluster_survives_a_killed_worker_and_equals_one_machi
     workers = cluster.pids("NpuWorker")  # the actor on the second node (the one with the NPU resource)
     assert len(workers) == 1
     os.kill(workers[0], signal.SIGKILL)
-    _, stderr = job.communicate(timeout=300)
+    _, stderr = job.communicate(timeout=900)
     assert job.returncode == 0, stderr
     assert "2000 of 2000 items ran (1000 on cpu actors, 1000 on npu actors" in stderr, stderr  # each block once
     assert "device_effective: 2000 cpu" in stderr  # the NPU resource is a label here: no NPU, so it ran on the CPU
