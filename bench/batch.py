@@ -3,8 +3,8 @@ Ray worker processes, and the per-item overhead of going through Ray.
 
     PYTHONPATH=. python bench/batch.py [--lines 2000] [--copies 2] [--rounds 3]
 
-Contenders: one process with one thread (AIE_APPS_THREADS=1, the like of one Ray worker) and with the default
-threads, then `--ray` on a 1-node and on a 2-node cluster of 1-CPU nodes (one CPU actor per node), each cluster
+Contenders: one process with one thread (AIE_APPS_THREADS and BLAS's threads 1: a Ray worker with one CPU gets
+OMP_NUM_THREADS=1 from Ray) and with the default threads, then `--ray` on a 1-node and on a 2-node cluster of 1-CPU nodes (one CPU actor per node), each cluster
 on 127.0.0.1 in a namespace of its own (tests/ray_cluster.py; needs root). Each is the CLI a user runs, as a
 new process, timed wall to wall (start-up and model loading included), on the whole input and on one item:
 the one-item time is the fixed start-up, (whole - one) / (items - 1) the time per item once running, and its
@@ -64,6 +64,7 @@ def main():
     parser.add_argument("--lines", type=int, default=2000, help="embed-text: lines")
     parser.add_argument("--copies", type=int, default=2, help="transcribe: copies of the 5 LibriVox clips")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--jobs", default="embed-text,transcribe", help="which of embed-text,transcribe to time")
     args = parser.parse_args()
     if unusable():
         raise SystemExit(f"cannot start a cluster here: {unusable()}")
@@ -79,8 +80,11 @@ def main():
         jobs = {"embed-text": (args.lines, lambda out, n: ["embed-text", "-f", str(text[n]), "-o", str(out / "v.npy")]),
                 "transcribe": (len(audio), lambda out, n: ["transcribe", *map(str, audio[:n]), "-o", str(out)])}
         for job, (items, argv) in jobs.items():
+            if job not in args.jobs.split(","):
+                continue
             def single(threads):
-                env = {**base, **({"AIE_APPS_THREADS": str(threads)} if threads else {})}
+                pinned = {var: str(threads) for var in ("AIE_APPS_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+                env = {**base, **(pinned if threads else {})}
                 return lambda out, n: timed([sys.executable, "-m", "apps.main", *argv(out, n), "--device", "cpu"], env)
 
             def on_ray(c):
