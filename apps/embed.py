@@ -44,6 +44,8 @@ def embed(
     on_long: Annotated[str, typer.Option("--on-long", help="longer sequences: truncate | skip | error")] = "truncate",
     resume: Annotated[bool, typer.Option("--resume", help="continue an interrupted run into the same -o")] = False,
     model: Annotated[str, typer.Option("--model", help="esm2_t6_8M_UR50D, facebook/esm2_..., or a folder")] = "esm2_t6_8M_UR50D",
+    ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto (the running one, else a local one) or HOST:PORT; needs -o")] = None,
+    max_errors: Annotated[int, typer.Option("--max-errors", help="with --ray: bad inputs to skip (listed) before the job fails")] = 0,
     device: DeviceOpt = None,
 ):
     """Embed protein sequences with ESM-2 (fair-esm compatible pooling and layer numbers)."""
@@ -55,6 +57,8 @@ def embed(
     fmt = fmt or (output.suffix.lstrip(".") if output is not None else "jsonl")
     if fmt not in FORMATS:
         raise UsageError(f"unknown output format {fmt!r}", fix="use --format npz or jsonl (or -o ending in .npz/.jsonl)")
+    if ray is not None and output is None:
+        raise UsageError("--ray writes its results to a file", fix="pass -o OUT.npz (or OUT.jsonl)")
     if output is None and (fmt == "npz" or resume):
         raise UsageError("npz output and --resume need a file", fix="pass -o OUT.npz (or OUT.jsonl)")
     if on_long not in ("truncate", "skip", "error"):
@@ -88,6 +92,10 @@ def embed(
         err(f"all {len(records)} sequences are already embedded in {output}")
         return
 
+    if ray is not None:
+        _embed_on_ray(records, parts, output, fmt, run, resume, model=model, device=device, options=options,
+                      address=ray, max_errors=max_errors)
+        return
     embedder = ProteinEmbedder(model, device=device, options=options)
     with _writing(parts, "pass -o in a folder you can write to"):
         done = _prepare_parts(parts, run, resume)
@@ -130,6 +138,30 @@ def embed(
     err(f"embedded {len(records)} sequences ({residues} residues) with {report['model']} on "
         f"{report['device_effective']} (requested {report['device_requested']}{share}) in {progress.elapsed():.1f} s"
         f"{where}")
+
+
+def _embed_on_ray(records, parts: Path, output: Path, fmt: str, run: dict, resume: bool, *, model, device, options,
+                  address: str, max_errors: int):
+    """The same parts, resume and merge as on one machine; a Ray cluster embeds what is missing."""
+    from pipelines.batch import ClusterOptions, embed_fasta, require_ray
+
+    require_ray()  # before the parts folder exists: without Ray it would hold a run that never started
+    with _writing(parts, "pass -o in a folder you can write to"):
+        done = _prepare_parts(parts, run, resume)
+    todo = [r for r in records if r.id not in done]
+    with _writing(parts, "free disk space, then rerun the same command with --resume"):
+        report = embed_fasta(todo, lambda batch, vectors: _write_part(parts, batch, vectors,
+                                                                      ragged=options.pooling == "per-residue"),
+                             model=model, device=device, options=options,
+                             cluster=ClusterOptions(address=address, max_errors=max_errors))
+    results = _read_parts(parts)
+    kept = [r for r in records if r.id in results]  # without the bad inputs --max-errors let through
+    with _writing(output, f"free disk space or fix permissions, then rerun with --resume (the embeddings "
+                          f"are kept in {parts})"):
+        _write_atomic(output, fmt, kept, [results[r.id] for r in kept], run)
+    shutil.rmtree(parts, ignore_errors=True)
+    err(f"embedded {len(kept)} sequences ({len(records) - len(todo)} from an earlier run); {report.summary()}; "
+        f"wrote {output}")
 
 
 @contextmanager

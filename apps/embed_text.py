@@ -21,6 +21,8 @@ def embed_text(
     file: Annotated[Optional[Path], typer.Option("--file", "-f", help="read one text per line from this file")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write a .npy matrix here instead of JSON lines on stdout")] = None,
     model: Annotated[str, typer.Option("--model", help="model name or folder")] = "all-MiniLM-L6-v2",
+    ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto (the running one, else a local one) or HOST:PORT; needs -o")] = None,
+    max_errors: Annotated[int, typer.Option("--max-errors", help="with --ray: bad inputs to skip (listed) before the job fails")] = 0,
     device: DeviceOpt = None,
 ):
     """Embed texts with a BERT-family sentence encoder (mean pooling, L2-normalised)."""
@@ -28,6 +30,8 @@ def embed_text(
 
     if texts and file:
         raise UsageError("give texts as arguments or --file, not both")
+    if ray is not None and output is None:
+        raise UsageError("--ray writes its results to a file", fix="pass -o vectors.npy")
     if output is not None:  # before reading input and loading the model: a bad path must not cost the work
         if output.suffix != ".npy":
             raise UsageError(f"--output must end in .npy, got {output.name}", fix="e.g. -o vectors.npy")
@@ -52,6 +56,12 @@ def embed_text(
     else:
         for i, text in enumerate(texts, 1):
             utf8_argument(text, f"text argument {i}", fix="pass UTF-8 text")
+    if ray is not None:
+        from pipelines.batch import ClusterOptions, embed_texts
+        report = embed_texts(texts, output, model=model, device=device,
+                             cluster=ClusterOptions(address=ray, max_errors=max_errors))
+        err(f"wrote {len(texts)} embeddings to {output}: {report.summary()}")
+        return
     with TextEmbedder(model, device=device) as embedder:
         vectors = embedder.embed(list(texts))
         report = embedder.report()

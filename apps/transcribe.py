@@ -61,12 +61,16 @@ def transcribe(
     language: Annotated[Optional[str], typer.Option("--language", help="e.g. en, de; default: detect")] = None,
     task: Annotated[str, typer.Option("--task", help="transcribe or translate (to English)")] = "transcribe",
     device: DeviceOpt = None,
+    ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto (the running one, else a local one) or HOST:PORT; needs -o DIR")] = None,
+    max_errors: Annotated[int, typer.Option("--max-errors", help="with --ray: bad inputs to skip (listed) before the job fails")] = 0,
 ):
     """Transcribe audio files (Whisper tiny.en by default, offline; Parakeet and GigaAM with --model).
     An unreadable file is reported on stderr and skipped; the exit code is then 1."""
     from pipelines.asr import TranscribeOptions
     from pipelines.audio import check_audio_path
 
+    if ray is not None and output_dir is None:
+        raise UsageError("--ray writes one transcript per file", fix="pass -o DIR")
     if output_dir is not None and not output_dir.is_dir():
         raise UsageError(f"output directory {output_dir} does not exist", fix="create it first")
     usable = []
@@ -80,6 +84,15 @@ def transcribe(
         raise typer.Exit(1)
     if output_dir is not None:
         _check_targets(usable, output_dir, fmt)
+    if ray is not None:
+        from pipelines.batch import ClusterOptions, transcribe as transcribe_on_ray
+        report = transcribe_on_ray(usable, output_dir, lambda p: _target(output_dir, p, fmt), lambda t: render(t, fmt),
+                                   model=model, options=TranscribeOptions(language=language, task=task),
+                                   device=device, cluster=ClusterOptions(address=ray, max_errors=max_errors))
+        err(f"wrote transcripts to {output_dir}: {report.summary()}")
+        if len(files) > len(usable):
+            raise typer.Exit(1)
+        return
     transcriber = _load(model, device, TranscribeOptions(language=language, task=task))
     array = fmt is Format.json and output_dir is None and len(files) > 1  # stdout stays one JSON document
     failed, printed = len(files) - len(usable), 0
