@@ -29,6 +29,7 @@ from typing import Annotated, Optional
 import typer
 
 from sdk import settings as sdk_settings
+from sdk.atomic import atomic_open
 from sdk.errors import DeviceIOError, SdkError, UsageError
 
 from .cli import DeviceOpt, app, command, err, out_json
@@ -368,7 +369,8 @@ def _save_unprocessed(stream, settings) -> Path | None:
     folder = settings.home / "recordings"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / time.strftime("dictation-%Y%m%d-%H%M%S.wav")
-    soundfile.write(str(path), audio, 16000)
+    with atomic_open(path, "wb") as f:
+        soundfile.write(f, audio, 16000, format="WAV")
     return path
 
 

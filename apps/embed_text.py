@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
+from sdk.atomic import atomic_open
 from sdk.errors import InputError, UsageError
 
 from .cli import DeviceOpt, app, command, err, utf8_argument
@@ -57,11 +58,19 @@ def embed_text(
         report = embedder.report()
     if output is not None:
         try:
-            np.save(output, vectors)
-        except OSError as e:
-            raise InputError(f"cannot write {output}: {e.strerror or e}", fix="pass a writable .npy path") from None
+            with atomic_open(output, "wb") as f:  # a failed write leaves an existing file whole
+                np.save(f, vectors)
+        except OSError as e:  # the vectors are not lost: they go to stdout instead
+            err(f"error: cannot write {output}: {e.strerror or e}; the embeddings follow on stdout as JSON lines\n"
+                f"  fix: check the permissions and free space of {output.parent}")
+            _print_jsonl(texts, vectors, report)
+            raise typer.Exit(1) from None
         err(f"wrote {vectors.shape[0]}x{vectors.shape[1]} embeddings to {output} (device {report['device_effective']})")
         return
+    _print_jsonl(texts, vectors, report)
+
+
+def _print_jsonl(texts, vectors, report) -> None:
     for text, vec in zip(texts, vectors):
         print(jsonlib.dumps({"text": text, "embedding": [round(float(x), 7) for x in vec],
                              "model": report["model"], "device": report["device_effective"]}))
