@@ -23,7 +23,6 @@ One WhisperRecognizer holds one session (weights resident) and one decoding stat
 """
 from __future__ import annotations
 
-import json
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -38,7 +37,8 @@ from sdk.errors import UsageError, WeightError
 from sdk.models import whisper
 from sdk.ops import NEG_INF
 from sdk.session import Session
-from sdk.weights import read_config
+from sdk.vocab import read_tokenizer, read_vocabulary
+from sdk.weights import read_config, read_json_object
 
 DEFAULT_MODEL = "whisper-tiny.en"
 TIME_PRECISION = 0.02          # seconds per timestamp token
@@ -107,11 +107,10 @@ class WhisperTokenizer:
     """tokenizer.json through `tokenizers`, plus Whisper's special ids (timestamps from vocabulary.txt)."""
 
     def __init__(self, folder: Path, vocab_size: int):
-        from tokenizers import Tokenizer
         path = folder / "tokenizer.json"
-        if not path.is_file():
+        if not path.exists():
             raise WeightError(f"no tokenizer.json in {folder}", fix="use a complete Whisper model folder")
-        self.tok = Tokenizer.from_file(str(path))
+        self.tok = read_tokenizer(path)
         special = self.tok.token_to_id
         self.eot, self.sot = special("<|endoftext|>"), special("<|startoftranscript|>")
         self.translate, self.transcribe = special("<|translate|>"), special("<|transcribe|>")
@@ -122,8 +121,8 @@ class WhisperTokenizer:
         self.sot_prev, self.sot_lm = special("<|startofprev|>"), special("<|startoflm|>")
         self.timestamp_begin = self.no_timestamps + 1
         vocabulary = folder / "vocabulary.txt"
-        if vocabulary.is_file():  # CTranslate2 folders: the timestamps live here, not in tokenizer.json
-            lines = vocabulary.read_text(encoding="utf-8").split("\n")
+        if vocabulary.exists():  # CTranslate2 folders: the timestamps live here, not in tokenizer.json
+            lines = read_vocabulary(vocabulary)
             if len(lines) <= self.timestamp_begin or lines[self.timestamp_begin] != "<|0.00|>":
                 raise WeightError(f"{vocabulary} does not have <|0.00|> at id {self.timestamp_begin}",
                                   fix="use the vocabulary.txt that came with the model")
@@ -386,10 +385,7 @@ def _nonempty(segments: list[Segment]) -> list[Segment]:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise WeightError(f"cannot read {path}: {e}", fix="restore the file from the model's source") from None
+    return read_json_object(path, path.name)
 
 
 # ---- the facade: every ASR family behind one class ------------------------------------------------------------

@@ -28,6 +28,7 @@ from sdk.errors import InputError, ModelNotFound, UsageError, WeightError
 from sdk.models import esm
 from sdk.runtime import choose_device
 from sdk.session import Session
+from sdk.vocab import read_vocabulary
 from sdk.weights import read_config
 
 DEFAULT_MODEL = "esm2_t6_8M_UR50D"
@@ -56,7 +57,7 @@ class EsmTokenizer:
     def for_model(cls, folder: Path) -> "EsmTokenizer":
         """The tokenizer, after checking that the model's vocab.txt (when it ships one) is the ESM-2 alphabet."""
         vocab = Path(folder) / "vocab.txt"
-        if vocab.exists() and tuple(vocab.read_text().split()) != ALPHABET:
+        if vocab.exists() and tuple(t.strip() for t in read_vocabulary(vocab) if t.strip()) != ALPHABET:
             raise WeightError(f"{vocab} is not the 33-token ESM-2 alphabet",
                               fix="use an ESM-2 checkpoint (facebook/esm2_*) with its own vocab.txt")
         return cls()

@@ -18,6 +18,7 @@ from sdk import hub
 from sdk.errors import InputError, UsageError, WeightError
 from sdk.models import bert
 from sdk.session import Session
+from sdk.vocab import read_tokenizer
 from sdk.weights import read_config
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
@@ -38,8 +39,6 @@ class TextOptions:
 
 class TextEmbedder:
     def __init__(self, model: str = DEFAULT_MODEL, *, device: str | None = None, options: TextOptions = TextOptions()):
-        from tokenizers import Tokenizer
-
         self.source = hub.resolve(model)
         model_type = read_config(self.source.path).get("model_type")
         if model_type not in (None, "bert"):
@@ -50,9 +49,7 @@ class TextEmbedder:
         tokenizer_file = Path(self.source.path) / "tokenizer.json"
         if not tokenizer_file.exists():
             raise WeightError(f"no tokenizer.json in {self.source.path}", fix="use a folder with tokenizer.json")
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        self.tokenizer.no_padding()
-        self.tokenizer.no_truncation()
+        self.tokenizer = read_tokenizer(tokenizer_file)
         self.max_length = min(options.max_length, self.cfg.max_position_embeddings)
         self.buckets = tuple(b for b in options.buckets if b < self.max_length) + (self.max_length,)
         graphs = [bert.graph(self.cfg, batch, length)

@@ -14,7 +14,6 @@ Sources turn camera indices, /dev/videoN, video files, images, folders and video
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 import threading
@@ -29,7 +28,8 @@ from sdk import hub
 from sdk.errors import DeviceIOError, InputError, UsageError, WeightError
 from sdk.models import clip, module_for, resnet, vit
 from sdk.session import Session
-from sdk.weights import read_config
+from sdk.vocab import read_tokenizer
+from sdk.weights import read_config, read_json_object
 
 DEFAULT_CLASSIFIER = "google/vit-base-patch16-224"
 DEFAULT_EMBEDDER = "facebook/dinov2-small"
@@ -154,13 +154,10 @@ class Preprocessor:
     @classmethod
     def from_folder(cls, folder: str | Path) -> "Preprocessor":
         path = Path(folder) / "preprocessor_config.json"
-        try:
-            return cls.from_config(json.loads(path.read_text()))
-        except OSError:
+        if not path.exists():
             raise WeightError(f"no preprocessor_config.json in {folder}",
-                              fix="use a model folder saved with its image processor") from None
-        except ValueError as e:
-            raise WeightError(f"{path} is not valid JSON: {e}", fix="restore the file from its source") from None
+                              fix="use a model folder saved with its image processor")
+        return cls.from_config(read_json_object(path, "preprocessor_config.json"))
 
     @property
     def output_size(self) -> int:
@@ -352,7 +349,6 @@ class ImageClassifier(_VisionModel):
                                device=device)
 
     def _init_clip(self, labels: list[str], device: str | None):
-        from tokenizers import Tokenizer
         for label in labels:
             if not isinstance(label, str) or not label.strip():
                 raise UsageError(f"labels must be non-empty strings, got {label!r}",
@@ -365,9 +361,7 @@ class ImageClassifier(_VisionModel):
         tokenizer_file = self.folder / "tokenizer.json"
         if not tokenizer_file.exists():
             raise WeightError(f"no tokenizer.json in {self.folder}", fix="use a CLIP folder with its tokenizer.json")
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
+        tokenizer = read_tokenizer(tokenizer_file)
         t = self.cfg.text
         length = t.max_position_embeddings
         ids = np.full((len(labels), length), t.pad_token_id, np.int32)
