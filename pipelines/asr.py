@@ -159,19 +159,33 @@ class WhisperRecognizer:
 
     def transcribe(self, source: str | Path | np.ndarray, sample_rate: int | None = None) -> Transcript:
         """Transcribe a file or an array (mono or [frames, channels]; `sample_rate` defaults to 16 kHz)."""
-        samples = audio.load_audio(source, sample_rate)
-        total_frames = len(samples) // audio.WHISPER_HOP
+        if isinstance(source, (str, Path)):  # decoded window by window: memory stays bounded for any length
+            blocks = audio.stream_audio(source)
+        else:
+            blocks = iter([audio.load_audio(source, sample_rate)])
+        hop = audio.WHISPER_HOP
+        need = max(audio.WHISPER_CHUNK, self.cfg.n_frames * hop)  # samples ahead of the seek point to decode
+        buffer, read, ended = np.zeros(0, np.float32), 0, False  # buffer ends at sample `read` of the audio
         segments, seek, language = [], 0, None
         with self._lock:
-            while seek < total_frames:
-                window = samples[seek * audio.WHISPER_HOP: seek * audio.WHISPER_HOP + audio.WHISPER_CHUNK]
+            while True:
+                buffer = buffer[max(0, seek * hop - (read - len(buffer))):]  # from the seek point on
+                while not ended and len(buffer) < need:
+                    block = next(blocks, None)
+                    ended = block is None
+                    if not ended:
+                        buffer, read = np.concatenate([buffer, block]), read + len(block)
+                total_frames = read // hop if ended else seek + self.cfg.n_frames
+                if seek >= total_frames:
+                    break
                 size = min(self.cfg.n_frames, total_frames - seek)
-                found, advance, language = self._window(window, size, seek * FRAME_SECONDS, language)
+                found, advance, language = self._window(buffer[:audio.WHISPER_CHUNK], size, seek * FRAME_SECONDS,
+                                                        language)
                 segments += found
                 seek += max(advance, 1)
         report = self.report()
         return Transcript(" ".join(s.text for s in segments), segments, language or "en",
-                          round(len(samples) / audio.SAMPLE_RATE, 3), report["device_requested"],
+                          round(read / audio.SAMPLE_RATE, 3), report["device_requested"],
                           report["device_effective"], str(source) if isinstance(source, (str, Path)) else "",
                           report)
 
@@ -454,6 +468,7 @@ class Transcriber:
 
     def feed(self, samples: np.ndarray, sample_rate: int, *, block: bool = True) -> None:
         """Push audio you captured yourself (any rate; resampled). Starts a stream on first use."""
+        audio.check_sample_rate(sample_rate)
         if self._stream is None:
             self.start()
         self._stream.feed(samples, sample_rate, block=block)
