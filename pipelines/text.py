@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -22,6 +23,49 @@ from sdk.vocab import read_tokenizer
 from sdk.weights import read_config
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+# Bounds for text read from files and pipes (a line longer than this is far past the 512 tokens an encoder
+# sees; /dev/zero or `yes` must end in an error, not in the OOM killer). Both are parameters of read_lines.
+MAX_LINE_BYTES = 1 << 20
+MAX_INPUT_BYTES = 256 << 20
+
+
+def read_lines(stream: BinaryIO, where: str, *, max_line_bytes: int = MAX_LINE_BYTES,
+               max_bytes: int = MAX_INPUT_BYTES) -> list[str]:
+    """One text per line of a binary stream: lines end at b"\n" only (a final "\r" is dropped, so CRLF
+    files work; U+2028 and other Unicode breaks stay inside their line), each decoded as strict UTF-8. A
+    blank line, an over-long line or an over-long input is an InputError naming the line: the rows of the
+    result are exactly the lines of the input, or there is no result."""
+    lines: list[str] = []
+    total, number, blank = 0, 0, []
+    while True:
+        raw = stream.readline(max_line_bytes + 2)  # + "\r\n"
+        if not raw:
+            break
+        number += 1
+        total += len(raw)
+        if total > max_bytes:
+            raise InputError(f"{where} holds more than {max_bytes:,} bytes of text",
+                             fix="split the input into smaller files and embed them one by one")
+        body = raw[:-1] if raw.endswith(b"\n") else raw
+        body = body[:-1] if body.endswith(b"\r") else body
+        if len(body) > max_line_bytes:
+            raise InputError(f"line {number} of {where} is longer than {max_line_bytes:,} bytes",
+                             fix="one text per line: is this a binary file, or text without line breaks?")
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"line {number} of {where} is not UTF-8 text ({e.reason} at byte {e.start})",
+                             fix="convert the input to UTF-8 (e.g. with iconv)") from None
+        if not text.strip():
+            blank.append(number)
+        lines.append(text)
+    if len(blank) == len(lines):
+        raise InputError(f"no texts to embed in {where}", fix="give at least one line (one text per line)")
+    if blank:
+        shown = ", ".join(map(str, blank[:10])) + (f", ... ({len(blank)} in all)" if len(blank) > 10 else "")
+        raise InputError(f"{where} has blank lines ({shown}); every line is one text and gets one row",
+                         fix="remove the blank lines first, e.g. `grep -v '^[[:space:]]*$'`")
+    return lines
 
 
 @dataclass(frozen=True)
