@@ -72,7 +72,11 @@ def stream_audio(path: str | Path, *, target: int = SAMPLE_RATE, block_seconds: 
             last = len(block) < per_block
             frames += len(block)
             mono = to_mono(float_samples(block, name)) if len(block) else np.zeros(0, np.float32)
-            yield mono if resampler is None else resampler.resample_chunk(mono, last=last)
+            out = mono if resampler is None else resampler.resample_chunk(mono, last=last)
+            if not np.isfinite(out).all():  # float samples near the float32 limit overflow when filtered
+                raise InputError(f"{name} holds float samples too large to process (|x| near 3.4e38)",
+                                 fix="check how the audio was produced; float WAV samples belong in [-1, 1]")
+            yield out
             if last:
                 break
     if frames == 0:
@@ -135,19 +139,21 @@ def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.nd
     if rate <= 0:
         raise InputError(f"invalid sample rate {rate}", fix="pass the sample rate the audio was recorded at")
     import soxr
-    return soxr.resample(samples, rate, target, quality="HQ").astype(np.float32, copy=False)
+    out = soxr.resample(samples, rate, target, quality="HQ").astype(np.float32, copy=False)
+    if not np.isfinite(out).all():  # float samples near the float32 limit overflow when filtered
+        raise InputError("the audio holds float samples too large to process (|x| near 3.4e38)",
+                         fix="check how the audio was produced; float samples belong in [-1, 1]")
+    return out
 
 
 def load_audio(source: str | Path | np.ndarray, sample_rate: int | None = None, *,
                target: int = SAMPLE_RATE) -> np.ndarray:
     """Mono float32 samples at `target` Hz from a file, or from an array recorded at `sample_rate` (default:
     already at `target`). Raises InputError for unreadable files and for audio without samples."""
-    if isinstance(source, (str, Path)):
-        samples, rate = read_audio(source)
-        name = str(source)
-    else:
-        samples, rate, name = source, check_sample_rate(target if sample_rate is None else sample_rate), "the audio array"
-    samples = to_mono(float_samples(samples, name))
+    if isinstance(source, (str, Path)):  # the streaming reader: one decoder and resampler for every file
+        return np.concatenate(list(stream_audio(source, target=target)))
+    rate, name = check_sample_rate(target if sample_rate is None else sample_rate), "the audio array"
+    samples = to_mono(float_samples(source, name))
     if samples.size == 0:
         raise InputError(f"{name} has no samples", fix="pass audio that is at least a fraction of a second long")
     return resample(samples, rate, target)

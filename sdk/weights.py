@@ -9,6 +9,7 @@ Weights leave here as float32 numpy arrays, converted once.
 from __future__ import annotations
 
 import json
+import math
 import mmap
 import os
 import re
@@ -210,9 +211,29 @@ def map_weights(checkpoint: Mapping[str, np.ndarray], table: Sequence[tuple[str,
 
 
 def known_fields(cls, d: dict, *, skip: tuple[str, ...] = ()) -> dict:
-    """The entries of a config dict that are fields of dataclass `cls` (unknown keys, and `skip`, ignored)."""
+    """The entries of a config dict that are fields of dataclass `cls` (unknown keys, `skip` and nulls
+    ignored), each checked against the field's type: a WeightError names the first that does not fit."""
     from dataclasses import fields
-    return {f.name: d[f.name] for f in fields(cls) if f.name in d and f.name not in skip}
+    out = {}
+    for f in fields(cls):
+        if f.name in d and f.name not in skip and d[f.name] is not None:
+            value = d[f.name]
+            if not _fits(value, str(f.type)):
+                raise WeightError(f"config.json: {f.name} is {value!r}, not a value of type {f.type}",
+                                  fix="restore config.json from the model's source")
+            out[f.name] = value
+    return out
+
+
+def _fits(value, annotation: str) -> bool:
+    scalar = {"int": lambda v: type(v) is int, "bool": lambda v: type(v) is bool, "str": lambda v: type(v) is str,
+              "float": lambda v: type(v) in (int, float) and math.isfinite(v)}
+    if annotation in scalar:
+        return scalar[annotation](value)
+    if annotation.startswith("tuple[") and annotation.endswith(", ...]"):
+        inner = annotation[6:-6]
+        return isinstance(value, (list, tuple)) and all(_fits(v, inner) for v in value)
+    return True  # nested configs and unions: their own from_dict checks them
 
 
 # Sane bounds for the sizes a config.json declares: (smallest, largest). Far above every real model, far
@@ -267,7 +288,8 @@ def _check_sizes(doc: dict, path: Path, where: str) -> None:
             _check_sizes(value, path, f"{where}{key}.")
         elif key in CONFIG_BOUNDS:
             low, high = CONFIG_BOUNDS[key]
-            for v in value if isinstance(value, list) else [value]:
+            listed = key in ("hidden_sizes", "depths")  # the only sizes that are lists
+            for v in value if listed and isinstance(value, list) else [value]:
                 if type(v) is not int or not low <= v <= high:
                     raise WeightError(f"{path}: {where}{key} is {value!r}; it must be an integer from {low} to "
                                       f"{high:,}", fix=fix)

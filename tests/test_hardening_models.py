@@ -111,10 +111,10 @@ def test_a_billion_layers_config_stays_within_256_mb(tmp_path):
         except WeightError as e:
             print("typed", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert r.stdout.startswith("typed"), r.stderr[-2000:]
-    assert int(r.stdout.split()[1]) < 256 * 1024  # KiB
+    assert r.stdout.startswith("typed"), (r.returncode, r.stdout, r.stderr[-2000:])
+    assert int(r.stdout.split()[1]) < 256 * 1024, r.stdout  # KiB
 
 
 def _sharded(tmp_path) -> Path:
