@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import numbers
 import re
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -323,6 +324,9 @@ class ProteinEmbedder:
         self.choice = choose_device(device)  # strict devices fail here, before any work
         self.session: Session | None = None
         self._shapes: set[tuple[int, int]] = set()
+        # one embedder may be shared by threads: a rebuild (new shapes) must not close the session another
+        # thread is running, so rebuilds and runs take turns
+        self._lock = threading.RLock()
 
     @property
     def dim(self) -> int:
@@ -379,9 +383,12 @@ class ProteinEmbedder:
         plan = plan_batches([len(t) for t in tokens], self.buckets, self.options.toks_per_batch)
         if not plan:
             return
-        self._ensure_session({(b.batch, b.length) for b in plan})
+        shapes = {(b.batch, b.length) for b in plan}
         for b in plan:
-            yield b.indices, self._run(b, [tokens[i] for i in b.indices])
+            with self._lock:  # per batch, not across the yield: other threads' batches interleave
+                self._ensure_session(shapes)
+                vectors = self._run(b, [tokens[i] for i in b.indices])
+            yield b.indices, vectors
 
     def _ensure_session(self, shapes: set[tuple[int, int]]):
         """One session holds every static shape seen so far; new shapes rebuild it (weights stay as loaded)."""

@@ -8,6 +8,7 @@ masked inside attention and excluded from pooling, so a sentence's vector does n
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,6 +100,7 @@ class TextEmbedder:
         graphs = [bert.graph(self.cfg, batch, length)
                   for batch in sorted({1, options.batch_size}) for length in self.buckets]
         self.session = Session(graphs, weights, device=device)
+        self._lock = threading.Lock()
 
     @property
     def dim(self) -> int:
@@ -135,7 +137,8 @@ class TextEmbedder:
         step = self.options.batch_size
         for start in range(0, len(order), step):
             chunk = order[start:start + step]
-            out[chunk] = self._embed_batch([ids[k] for k in chunk])
+            with self._lock:  # an embedder may be shared by threads; its session runs one batch at a time
+                out[chunk] = self._embed_batch([ids[k] for k in chunk])
         return out
 
     def _embed_batch(self, ids: list[list[int]]) -> np.ndarray:
