@@ -65,7 +65,9 @@ def _load(model: str):
         family, cfg = presets[model]
         return family, cfg, None
     folder = Path(model) if Path(model).is_dir() else hub.resolve(model).path
-    family = "whisper" if (folder / "model.bin").exists() else read_config(folder).get("model_type", "")
+    # the config names the architecture; only a CTranslate2 folder (its config.json has no model_type) is
+    # recognised by its model.bin, whose own reader then checks that it is a Whisper model
+    family = read_config(folder).get("model_type") or ("whisper" if (folder / "model.bin").exists() else "")
     cfg, weights = module_for(family).load(folder)
     return family, cfg, weights
 

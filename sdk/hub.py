@@ -82,6 +82,10 @@ def resolve(name: str, *, settings: Settings | None = None) -> ModelSource:
     path = Path(name).expanduser()
     if path.is_dir():
         return ModelSource(name, path, "path")
+    if path.exists() or path.is_symlink():  # a file, FIFO or device: say what it is, not that it is missing
+        kind = "a file" if path.is_file() else "not a folder (a device, FIFO, socket or broken link)"
+        raise ModelNotFound(f"model path {name} is {kind}; a model is a folder (config.json and weights)",
+                            fix=f"pass the folder that holds the model files{', e.g. ' + str(path.parent) if path.is_file() else ''}")
     if name.startswith(("/", "./", "../", "~")):
         raise ModelNotFound(f"model path {name} does not exist", fix="check the path")
     alias, known = _known(name)
@@ -91,15 +95,20 @@ def resolve(name: str, *, settings: Settings | None = None) -> ModelSource:
     if folder := _hf_cache_dir(repo, settings):
         return ModelSource(alias, folder, "hf-cache")
     ours = settings.models_dir / repo.replace("/", "--")
-    if ours.is_dir() and (ours / "config.json").exists():
+    files = known.files if known else Known(repo).files
+    missing = [f for f in files if not (ours / f).is_file()]
+    if ours.is_dir() and not missing:  # every file: a download cut off after config.json is not a model
         return ModelSource(alias, ours, "cache")
+    if ours.is_dir() and settings.offline and len(missing) < len(files):
+        raise ModelNotFound(f"the download of {repo} in {ours} is incomplete (missing {', '.join(missing)})",
+                            fix="go online to finish it (unset AIE_APPS_OFFLINE/HF_HUB_OFFLINE), or delete the folder")
     installs = f"`{known.install}` (offline-capable), or " if known and known.install else ""
     if settings.offline or "/" not in repo:
         why = "offline mode is on" if settings.offline else f"{name!r} is not a known model name or repo id"
         raise ModelNotFound(f"model {name!r} is not installed or cached, and {why}",
                             fix=f"{installs}pass a local folder, or go online (unset AIE_APPS_OFFLINE/HF_HUB_OFFLINE) "
                                 f"with a Hugging Face repo id")
-    return ModelSource(alias, _download(repo, known.files if known else Known(repo).files, ours), "download")
+    return ModelSource(alias, _download(repo, files, ours), "download")
 
 
 def _download(repo: str, files: tuple[str, ...], folder: Path) -> Path:
