@@ -51,6 +51,10 @@ def _graphs(family: str, cfg, length: int):
     if family not in builders:
         raise UsageError(f"bench does not know how to drive a {family!r} model",
                          fix=f"use one of {sorted(builders) + ['whisper']}, or a preset: {sorted(_presets())}")
+    longest = getattr(cfg, "max_position_embeddings", None)
+    if family in ("bert", "esm") and longest is not None and length > longest:
+        raise UsageError(f"--length {length} is longer than this model's {longest} positions",
+                         fix=f"pass --length {longest} or less")
     g = builders[family]()
     return [g], [g.name]
 
