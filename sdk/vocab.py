@@ -25,6 +25,11 @@ def read_tokenizer(path: str | Path):
                           fix="restore tokenizer.json from the model's source") from None
     tokenizer.no_padding()
     tokenizer.no_truncation()
+    try:  # some damage shows only when text is encoded (a WordPiece model without its [UNK] token)
+        tokenizer.encode("a \u2603 1")
+    except Exception as e:
+        raise WeightError(f"{path} cannot encode text: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}",
+                          fix="restore tokenizer.json from the model's source") from None
     return tokenizer
 
 

@@ -279,7 +279,7 @@ CI_INPUTS = {"safetensors": 150, "shard-index": 60, "config": 60, "tokenizer": 1
 def fuzz_one(name: str, inputs: int, seed: int, save: Path | None) -> dict:
     """Run one reader over `inputs` mutated inputs in this process; the summary as a dict."""
     from sdk.errors import SdkError
-    case = CASES[name]
+    case, save = CASES[name], Path(save) if save else None
     rng = random.Random(f"{seed}/{name}")
     unexpected, typed, results = [], 0, 0
     with tempfile.TemporaryDirectory(prefix=f"fuzz-{name}-") as tmp:
