@@ -94,7 +94,7 @@ class TextEmbedder:
         tokenizer_file = Path(self.source.path) / "tokenizer.json"
         if not tokenizer_file.exists():
             raise WeightError(f"no tokenizer.json in {self.source.path}", fix="use a folder with tokenizer.json")
-        self.tokenizer = read_tokenizer(tokenizer_file)
+        self.tokenizer = read_tokenizer(tokenizer_file, encodes_any_text=True)
         self.max_length = min(options.max_length, self.cfg.max_position_embeddings)
         self.buckets = tuple(b for b in options.buckets if b < self.max_length) + (self.max_length,)
         graphs = [bert.graph(self.cfg, batch, length)

@@ -386,7 +386,7 @@ class ImageClassifier(_VisionModel):
         tokenizer_file = self.folder / "tokenizer.json"
         if not tokenizer_file.exists():
             raise WeightError(f"no tokenizer.json in {self.folder}", fix="use a CLIP folder with its tokenizer.json")
-        tokenizer = read_tokenizer(tokenizer_file)
+        tokenizer = read_tokenizer(tokenizer_file, encodes_any_text=True)
         t = self.cfg.text
         length = t.max_position_embeddings
         ids = np.full((len(labels), length), t.pad_token_id, np.int32)

@@ -9,8 +9,10 @@ from .errors import WeightError
 from .weights import read_model_file
 
 
-def read_tokenizer(path: str | Path):
-    """A `tokenizers.Tokenizer` from a tokenizer.json, padding and truncation off (callers bucket lengths)."""
+def read_tokenizer(path: str | Path, *, encodes_any_text: bool = False):
+    """A `tokenizers.Tokenizer` from a tokenizer.json, padding and truncation off (callers bucket lengths).
+    `encodes_any_text`: the caller encodes user text, so the tokenizer must encode any text (an ASR decoder's
+    vocabulary need not, and may have no unknown token)."""
     from tokenizers import Tokenizer
     path = Path(path)
     raw = read_model_file(path, what="tokenizer.json")
@@ -26,7 +28,8 @@ def read_tokenizer(path: str | Path):
     tokenizer.no_padding()
     tokenizer.no_truncation()
     try:  # some damage shows only when text is encoded (a WordPiece model without its [UNK] token)
-        tokenizer.encode("a \u2603 1")
+        if encodes_any_text:
+            tokenizer.encode("a \u2603 1")
     except Exception as e:
         raise WeightError(f"{path} cannot encode text: {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}",
                           fix="restore tokenizer.json from the model's source") from None
