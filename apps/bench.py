@@ -65,6 +65,9 @@ def _graphs(family: str, cfg, length: int, folder: Path | None):
         graphs = vision.program_graphs(folder) if folder else [vit.graph(cfg, 1)]
         return graphs, [graphs[0].name]   # batch 1
     if family == "esm":  # ESM-2 sessions hold the shapes met so far (pipelines/protein.py): one at `length`
+        if length > cfg.max_position_embeddings:
+            raise UsageError(f"--length {length} is longer than this model's {cfg.max_position_embeddings} "
+                             f"positions", fix=f"pass --length {cfg.max_position_embeddings} or less")
         g = esm.graph(cfg, 1, length)
         return [g], [g.name]
     raise UsageError(f"bench does not know how to drive a {family!r} model",

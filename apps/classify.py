@@ -13,6 +13,7 @@ score, inference ms and a smoothed FPS; `q` or Esc closes it.
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import time
 from collections import deque
@@ -47,7 +48,32 @@ def gui_available() -> tuple[bool, str]:
         return False, "no display (DISPLAY is not set)"
     if not settings.x11_display and gui not in ("GTK3", "WAYLAND"):
         return False, f"DISPLAY is not set and OpenCV's {gui} window needs X11 (XWayland on a Wayland desktop)"
+    if settings.x11_display and gui not in ("WAYLAND",) and not x11_reachable(settings.display):
+        return False, f"the X display {settings.display!r} does not answer (DISPLAY names no running X server)"
     return True, ""
+
+
+def x11_reachable(display: str, timeout: float = 1.0) -> bool:
+    """Whether an X server listens at DISPLAY ("[host]:N[.screen]"): Qt aborts the process when it cannot
+    connect, so this is checked first. Local displays are the socket /tmp/.X11-unix/XN (or its abstract twin),
+    remote ones TCP port 6000 + N."""
+    host, _, rest = display.rpartition(":")
+    number = rest.split(".")[0]
+    if not number.isdigit():
+        return False
+    if host in ("", "unix") or host.startswith("/"):
+        addresses = [(socket.AF_UNIX, f"/tmp/.X11-unix/X{number}"), (socket.AF_UNIX, f"\0/tmp/.X11-unix/X{number}")]
+    else:
+        addresses = [(socket.AF_INET, (host, 6000 + int(number)))]
+    for family, address in addresses:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.settimeout(timeout)
+                s.connect(address)
+                return True
+        except OSError:
+            continue
+    return False
 
 
 class Stats:

@@ -16,7 +16,9 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -29,6 +31,7 @@ from typing import Annotated, Optional
 import typer
 
 from sdk import settings as sdk_settings
+from sdk.atomic import atomic_open
 from sdk.errors import DeviceIOError, SdkError, UsageError
 
 from .cli import DeviceOpt, app, command, err, out_json
@@ -274,25 +277,59 @@ class Sink:
 
 # ----------------------------------------------------------------------------------------------- control socket
 
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes on Linux, the last one a NUL
+_SOCKET_FIX = "set XDG_RUNTIME_DIR to a short folder only you can write (normally /run/user/$(id -u))"
+
+
 def socket_path(settings=None) -> Path:
     settings = settings or sdk_settings.load()
-    return settings.runtime_dir / SOCKET_NAME
+    return check_socket_path(settings.runtime_dir / SOCKET_NAME)
+
+
+def check_socket_path(path: Path) -> Path:
+    """`path` if a control socket can live there: short enough for AF_UNIX, in a folder (not a file), and not
+    a folder or a non-socket file itself; else the error that says which and what to do."""
+    if len(os.fsencode(path)) > SOCKET_PATH_MAX:
+        raise UsageError(f"the control socket path {path} is {len(os.fsencode(path))} bytes, longer than a unix "
+                         f"socket path can be ({SOCKET_PATH_MAX})", fix=_SOCKET_FIX)
+    if path.parent.exists() and not path.parent.is_dir():
+        raise UsageError(f"the control socket's folder {path.parent} is a file, not a folder", fix=_SOCKET_FIX)
+    if path.is_dir():
+        raise UsageError(f"the control socket path {path} is a folder", fix=f"move {path} away, or {_SOCKET_FIX}")
+    if path.exists() and not stat.S_ISSOCK(path.lstat().st_mode):
+        raise UsageError(f"{path} is a {'symlink' if path.is_symlink() else 'regular file'}, not a dictation "
+                         f"control socket; it is left alone", fix=f"move {path} away, or {_SOCKET_FIX}")
+    return path
 
 
 def send(command_word: str, path: Path | None = None) -> str | None:
-    """Send a command to the running session; None when none is running (a stale socket is removed)."""
-    path = path or socket_path()
+    """Send a command to the running session; None when none is running (a stale socket is removed; nothing
+    else at that path is ever deleted)."""
+    path = check_socket_path(path or socket_path())
     if not path.exists():
         return None
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)
         try:
             s.connect(str(path))
-        except (ConnectionRefusedError, FileNotFoundError):
+        except ConnectionRefusedError:  # a socket nobody listens on: left by a session that was killed
             path.unlink(missing_ok=True)
             return None
-        s.sendall(command_word.encode() + b"\n")
-        return s.recv(1024).decode().strip()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise UsageError(f"cannot reach the dictation session at {path}: {e.strerror or e}",
+                             fix=f"check the permissions of {path.parent}, or {_SOCKET_FIX}") from None
+        try:
+            s.sendall(command_word.encode() + b"\n")
+            reply = s.recv(1024)
+        except TimeoutError:
+            raise DeviceIOError(f"the dictation session at {path} did not answer within 5 s",
+                                fix="it may be hung: end it with `kill <pid>` (it saves what it captured)") from None
+        except OSError as e:
+            raise DeviceIOError(f"the dictation session at {path} closed the connection: {e.strerror or e}",
+                                fix="run the command again; if it keeps failing, restart the session") from None
+        return reply.decode("utf-8", errors="replace").strip()
 
 
 class ControlServer:
@@ -303,15 +340,18 @@ class ControlServer:
         if send("status", path) is not None:
             raise UsageError(f"a dictation session is already running (socket {path})",
                              fix="stop it with `aie-apps dictate stop`, or use `aie-apps dictate toggle`")
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.unlink(missing_ok=True)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)  # the socket is created 0600: only this user may control dictation
         try:
-            self.sock.bind(str(path))
-        finally:
-            os.umask(old)
-        os.chmod(path, 0o600)
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            path.unlink(missing_ok=True)  # a stale socket (send() above found nobody listening)
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old = os.umask(0o177)  # the socket is created 0600: only this user may control dictation
+            try:
+                self.sock.bind(str(path))
+            finally:
+                os.umask(old)
+            os.chmod(path, 0o600)
+        except OSError as e:
+            raise UsageError(f"cannot create the control socket {path}: {e.strerror or e}", fix=_SOCKET_FIX) from None
         self.sock.listen(4)
         self.sock.settimeout(0.2)
         self._closed = threading.Event()
@@ -325,16 +365,31 @@ class ControlServer:
             except (socket.timeout, OSError):
                 continue
             with conn:
-                conn.settimeout(2)
                 try:
-                    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-                    if int.from_bytes(creds[4:8], sys.byteorder) != os.getuid():
-                        conn.sendall(b"refused\n")
-                        continue
-                    word = conn.recv(64).decode().strip()
-                    conn.sendall((self.handle(word) + "\n").encode())
-                except OSError:
-                    continue
+                    self._answer(conn)
+                except Exception as e:  # this thread must outlive any client: the session stays controllable
+                    err(f"dictation: dropped a control message ({type(e).__name__}: {e})")
+
+    def _answer(self, conn: socket.socket) -> None:
+        """One request: a command word of at most 64 bytes; whatever else arrives gets an answer or is dropped."""
+        conn.settimeout(2)  # a client that sends nothing holds the server for at most this long
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+            if int.from_bytes(creds[4:8], sys.byteorder) != os.getuid():
+                conn.sendall(b"refused\n")
+                return
+            raw = conn.recv(64)
+            word = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            conn.sendall(b"unknown command (not UTF-8)\n")
+            return
+        except OSError:  # gone, or silent past the timeout
+            return
+        reply = self.handle(word) if word.isprintable() else f"unknown command {word!r}"
+        try:
+            conn.sendall((reply + "\n").encode("utf-8", errors="replace"))
+        except OSError:
+            pass
 
     def close(self):
         self._closed.set()
@@ -368,7 +423,8 @@ def _save_unprocessed(stream, settings) -> Path | None:
     folder = settings.home / "recordings"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / time.strftime("dictation-%Y%m%d-%H%M%S.wav")
-    soundfile.write(str(path), audio, 16000)
+    with atomic_open(path, "wb") as f:
+        soundfile.write(f, audio, 16000, format="WAV")
     return path
 
 
@@ -412,11 +468,27 @@ def dictate(
         return
     if fast and file is None:
         raise UsageError("--fast needs --file")
+    if save_audio is not None and (save_audio.is_dir() or not save_audio.parent.is_dir()):
+        why = "is a folder" if save_audio.is_dir() else f"is in a folder that does not exist ({save_audio.parent})"
+        raise UsageError(f"--save-audio {save_audio} {why}", fix="pass a .wav file path in an existing folder, "
+                                                               f"e.g. --save-audio {save_audio / 'take.wav' if save_audio.is_dir() else 'take.wav'}")
     from pipelines.asr import TranscribeOptions
     decoding = TranscribeOptions(language=language, task=task)
     _run_session(settings, output=output, partials=partials, typer_tool=typer_tool, paste_chord=paste_chord,
                  model=model, decoding=decoding, input_device=input_device, file=file, fast=fast, vad=vad,
                  silence_timeout=silence_timeout, max_duration=max_duration, save_audio=save_audio, device=device)
+
+
+def _stop_on_sigterm():
+    """SIGTERM (kill, systemd, a desktop session ending) ends the session as Ctrl-C does: what was said is
+    written, the socket removed and the summary printed. Returns the handler it replaced (None off the main
+    thread, where signals cannot be handled)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+    return signal.signal(signal.SIGTERM, interrupt)
 
 
 def _show(events, sink, stream):
@@ -457,6 +529,7 @@ def _run_session(settings, *, output, partials, typer_tool, paste_chord, model, 
         return f"unknown command {word!r}"
 
     server = ControlServer(socket_path(settings), handle)
+    previous = _stop_on_sigterm()
     stream.start()
     try:
         try:
@@ -478,6 +551,8 @@ def _run_session(settings, *, output, partials, typer_tool, paste_chord, model, 
                 f" saved to {saved}")
         raise
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         sink.close()
         server.close()
         report = stream.report()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import sys
 import time
@@ -24,6 +23,7 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
+from sdk.atomic import atomic_open, write_atomic
 from sdk.errors import InputError, UsageError
 
 from .cli import DeviceOpt, app, command, err
@@ -201,15 +201,31 @@ def _prepare_parts(parts: Path | None, run: dict, resume: bool) -> dict:
         raise UsageError(f"{parts} holds partial results of an interrupted run",
                          fix="pass --resume to continue it, or delete that folder to start over")
     if parts.exists():
-        saved = json.loads((parts / "run.json").read_text()) if (parts / "run.json").exists() else None
+        saved = _read_run(parts / "run.json")
+        if saved == "damaged":  # a full disk left it empty or cut off: the parts cannot be matched to a run
+            err(f"warning: {parts / 'run.json'} is damaged, so the saved parts cannot be matched to these settings; "
+                f"they are discarded and embedded again")
+            shutil.rmtree(parts)
+            return _prepare_parts(parts, run, resume)
         if saved != run:
             raise UsageError(f"--resume: {parts} was made with different settings or input "
                              f"({', '.join(_changed(saved, run))})",
                              fix="rerun with the original options and FASTA, or delete that folder to start over")
         return _read_parts(parts)
     parts.mkdir(parents=True)
-    (parts / "run.json").write_text(json.dumps(run))
+    write_atomic(parts / "run.json", json.dumps(run))
     return {}
+
+
+def _read_run(path: Path) -> dict | None | str:
+    """The settings an interrupted run recorded; None when it recorded none, "damaged" when unreadable."""
+    if not path.exists():
+        return None
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "damaged"
+    return saved if isinstance(saved, dict) else "damaged"
 
 
 def _changed(saved: dict | None, run: dict) -> list[str]:
@@ -229,21 +245,27 @@ def _saved_run(output: Path) -> dict | None:
 
 def _write_part(parts: Path, records, vectors, *, ragged: bool):
     """One batch, written under a temporary name and renamed: a part is either whole or absent."""
-    index = len(list(parts.glob("part-*.npz")))
-    target = parts / f"part-{index:06d}.npz"
-    tmp = parts / f".{target.name}.tmp"
+    # after the next free number, not the count: a damaged part removed on --resume leaves a gap
+    index = max((int(p.stem.split("-")[1]) for p in parts.glob("part-[0-9]*.npz")), default=-1) + 1
     data = np.concatenate(vectors) if ragged else np.stack(vectors)
     rows = np.array([len(v) for v in vectors]) if ragged else np.zeros(0, int)
-    with open(tmp, "wb") as f:
+    with atomic_open(parts / f"part-{index:06d}.npz", "wb") as f:
         np.savez(f, ids=np.array([r.id for r in records]), rows=rows, data=data)
-    os.replace(tmp, target)
 
 
 def _read_parts(parts: Path) -> dict:
     out = {}
     for path in sorted(parts.glob("part-*.npz")):
-        with np.load(path) as p:
-            ids, rows, data = p["ids"], p["rows"], p["data"]
+        try:
+            with np.load(path) as p:
+                ids, rows, data = p["ids"], p["rows"], p["data"]
+            whole = (len(rows) == len(ids) and rows.sum() == len(data)) if len(rows) else len(ids) == len(data)
+            if not whole:
+                raise ValueError("its arrays disagree in length")
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # cut off by a full disk
+            err(f"warning: {path} is damaged ({e}); its sequences are embedded again")
+            path.unlink()
+            continue
         if len(rows):  # per-residue: the sequences' rows are concatenated
             out.update(zip(ids.tolist(), np.split(data, np.cumsum(rows)[:-1])))
         else:
@@ -252,9 +274,8 @@ def _read_parts(parts: Path) -> dict:
 
 
 def _write_atomic(output: Path, fmt: str, records, vectors, run: dict):
-    tmp = output.with_name(f".{output.name}.tmp")
     output.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb" if fmt == "npz" else "w") as f:
+    with atomic_open(output, "wb" if fmt == "npz" else "w") as f:
         if fmt == "npz":
             meta = dict(ids=np.array([r.id for r in records]), headers=np.array([r.header for r in records]),
                         lengths=np.array([len(r.sequence) for r in records]), layers=np.array(run["layers"]),
@@ -268,7 +289,6 @@ def _write_atomic(output: Path, fmt: str, records, vectors, run: dict):
         else:
             for r, v in zip(records, vectors):
                 f.write(json.dumps(_json_record(r, v, run["layers"])) + "\n")
-    os.replace(tmp, output)
 
 
 def _json_record(record, vector, layers) -> dict:

@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import numpy as np
 import typer
 
+from sdk.atomic import atomic_open
 from sdk.errors import InputError, UsageError
 
 from .cli import DeviceOpt, app, command, err, utf8_argument
@@ -26,7 +27,7 @@ def embed_text(
     device: DeviceOpt = None,
 ):
     """Embed texts with a BERT-family sentence encoder (mean pooling, L2-normalised)."""
-    from pipelines.text import TextEmbedder
+    from pipelines.text import TextEmbedder, read_lines
 
     if texts and file:
         raise UsageError("give texts as arguments or --file, not both")
@@ -41,18 +42,15 @@ def embed_text(
             raise UsageError(f"--output {output} is a folder", fix="pass a file path ending in .npy")
     if file is not None:
         try:
-            data = file.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"cannot read {file}: {e}", fix="pass a UTF-8 text file with one text per line") from None
-        texts = _lines(data, str(file))
+            with open(file, "rb") as f:
+                texts = read_lines(f, str(file))
+        except OSError as e:
+            raise InputError(f"cannot read {file}: {e.strerror or e}",
+                             fix="pass a UTF-8 text file with one text per line") from None
     elif not texts:
         if sys.stdin.isatty():
             raise UsageError("no texts given", fix='pass texts as arguments, --file FILE, or pipe lines to stdin')
-        try:  # bytes, decoded strictly: text-mode stdin lets undecodable bytes through as surrogates
-            data = sys.stdin.buffer.read().decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise InputError(f"cannot read stdin: {e}", fix="pipe UTF-8 text with one text per line") from None
-        texts = _lines(data, "stdin")
+        texts = read_lines(sys.stdin.buffer, "stdin")  # bytes, decoded strictly, split at "\n" only
     else:
         for i, text in enumerate(texts, 1):
             utf8_argument(text, f"text argument {i}", fix="pass UTF-8 text")
@@ -67,19 +65,19 @@ def embed_text(
         report = embedder.report()
     if output is not None:
         try:
-            np.save(output, vectors)
-        except OSError as e:
-            raise InputError(f"cannot write {output}: {e.strerror or e}", fix="pass a writable .npy path") from None
+            with atomic_open(output, "wb") as f:  # a failed write leaves an existing file whole
+                np.save(f, vectors)
+        except OSError as e:  # the vectors are not lost: they go to stdout instead
+            err(f"error: cannot write {output}: {e.strerror or e}; the embeddings follow on stdout as JSON lines\n"
+                f"  fix: check the permissions and free space of {output.parent}")
+            _print_jsonl(texts, vectors, report)
+            raise typer.Exit(1) from None
         err(f"wrote {vectors.shape[0]}x{vectors.shape[1]} embeddings to {output} (device {report['device_effective']})")
         return
+    _print_jsonl(texts, vectors, report)
+
+
+def _print_jsonl(texts, vectors, report) -> None:
     for text, vec in zip(texts, vectors):
         print(jsonlib.dumps({"text": text, "embedding": [round(float(x), 7) for x in vec],
                              "model": report["model"], "device": report["device_effective"]}))
-
-
-def _lines(data: str, where: str) -> list[str]:
-    """The non-blank lines; none is an error, as an empty FASTA is for `embed`."""
-    lines = [line for line in data.splitlines() if line.strip()]
-    if not lines:
-        raise InputError(f"no texts to embed in {where}", fix="give at least one non-blank line (one text per line)")
-    return lines

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from sdk.atomic import write_atomic
 from sdk.errors import InputError, UsageError
 
 from .cli import DeviceOpt, app, command, err, report_error
@@ -112,7 +113,7 @@ def transcribe(
         else:
             target = _target(output_dir, path, fmt)
             try:
-                target.write_text(text, encoding="utf-8")
+                write_atomic(target, text)  # a failed write leaves an existing transcript whole
             except OSError as e:  # the transcript is not lost: it goes to stdout instead
                 err(f"error: cannot write {target}: {e.strerror or e}; its transcript follows on stdout\n"
                     f"  fix: check the permissions and free space of the -o directory")

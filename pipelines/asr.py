@@ -23,7 +23,6 @@ One WhisperRecognizer holds one session (weights resident) and one decoding stat
 """
 from __future__ import annotations
 
-import json
 import threading
 import zlib
 from dataclasses import dataclass, field
@@ -38,7 +37,8 @@ from sdk.errors import UsageError, WeightError
 from sdk.models import whisper
 from sdk.ops import NEG_INF
 from sdk.session import Session
-from sdk.weights import read_config
+from sdk.vocab import read_tokenizer, read_vocabulary
+from sdk.weights import read_config, read_json_object
 
 DEFAULT_MODEL = "whisper-tiny.en"
 TIME_PRECISION = 0.02          # seconds per timestamp token
@@ -107,11 +107,10 @@ class WhisperTokenizer:
     """tokenizer.json through `tokenizers`, plus Whisper's special ids (timestamps from vocabulary.txt)."""
 
     def __init__(self, folder: Path, vocab_size: int):
-        from tokenizers import Tokenizer
         path = folder / "tokenizer.json"
-        if not path.is_file():
+        if not path.exists():
             raise WeightError(f"no tokenizer.json in {folder}", fix="use a complete Whisper model folder")
-        self.tok = Tokenizer.from_file(str(path))
+        self.tok = read_tokenizer(path)
         special = self.tok.token_to_id
         self.eot, self.sot = special("<|endoftext|>"), special("<|startoftranscript|>")
         self.translate, self.transcribe = special("<|translate|>"), special("<|transcribe|>")
@@ -122,8 +121,8 @@ class WhisperTokenizer:
         self.sot_prev, self.sot_lm = special("<|startofprev|>"), special("<|startoflm|>")
         self.timestamp_begin = self.no_timestamps + 1
         vocabulary = folder / "vocabulary.txt"
-        if vocabulary.is_file():  # CTranslate2 folders: the timestamps live here, not in tokenizer.json
-            lines = vocabulary.read_text(encoding="utf-8").split("\n")
+        if vocabulary.exists():  # CTranslate2 folders: the timestamps live here, not in tokenizer.json
+            lines = read_vocabulary(vocabulary)
             if len(lines) <= self.timestamp_begin or lines[self.timestamp_begin] != "<|0.00|>":
                 raise WeightError(f"{vocabulary} does not have <|0.00|> at id {self.timestamp_begin}",
                                   fix="use the vocabulary.txt that came with the model")
@@ -166,19 +165,33 @@ class WhisperRecognizer:
 
     def transcribe(self, source: str | Path | np.ndarray, sample_rate: int | None = None) -> Transcript:
         """Transcribe a file or an array (mono or [frames, channels]; `sample_rate` defaults to 16 kHz)."""
-        samples = audio.load_audio(source, sample_rate)
-        total_frames = len(samples) // audio.WHISPER_HOP
+        if isinstance(source, (str, Path)):  # decoded window by window: memory stays bounded for any length
+            blocks = audio.stream_audio(source)
+        else:
+            blocks = iter([audio.load_audio(source, sample_rate)])
+        hop = audio.WHISPER_HOP
+        need = max(audio.WHISPER_CHUNK, self.cfg.n_frames * hop)  # samples ahead of the seek point to decode
+        buffer, read, ended = np.zeros(0, np.float32), 0, False  # buffer ends at sample `read` of the audio
         segments, seek, language = [], 0, None
         with self._lock:
-            while seek < total_frames:
-                window = samples[seek * audio.WHISPER_HOP: seek * audio.WHISPER_HOP + audio.WHISPER_CHUNK]
+            while True:
+                buffer = buffer[max(0, seek * hop - (read - len(buffer))):]  # from the seek point on
+                while not ended and len(buffer) < need:
+                    block = next(blocks, None)
+                    ended = block is None
+                    if not ended:
+                        buffer, read = np.concatenate([buffer, block]), read + len(block)
+                total_frames = read // hop if ended else seek + self.cfg.n_frames
+                if seek >= total_frames:
+                    break
                 size = min(self.cfg.n_frames, total_frames - seek)
-                found, advance, language = self._window(window, size, seek * FRAME_SECONDS, language)
+                found, advance, language = self._window(buffer[:audio.WHISPER_CHUNK], size, seek * FRAME_SECONDS,
+                                                        language)
                 segments += found
                 seek += max(advance, 1)
         report = self.report()
         return Transcript(" ".join(s.text for s in segments), segments, language or "en",
-                          round(len(samples) / audio.SAMPLE_RATE, 3), report["device_requested"],
+                          round(read / audio.SAMPLE_RATE, 3), report["device_requested"],
                           report["device_effective"], str(source) if isinstance(source, (str, Path)) else "",
                           report)
 
@@ -392,10 +405,7 @@ def _nonempty(segments: list[Segment]) -> list[Segment]:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise WeightError(f"cannot read {path}: {e}", fix="restore the file from the model's source") from None
+    return read_json_object(path, path.name)
 
 
 # ---- the facade: every ASR family behind one class ------------------------------------------------------------
@@ -464,6 +474,7 @@ class Transcriber:
 
     def feed(self, samples: np.ndarray, sample_rate: int, *, block: bool = True) -> None:
         """Push audio you captured yourself (any rate; resampled). Starts a stream on first use."""
+        audio.check_sample_rate(sample_rate)
         if self._stream is None:
             self.start()
         self._stream.feed(samples, sample_rate, block=block)

@@ -10,9 +10,11 @@ it goes, with a TruncatedAudioWarning. Resampling uses soxr (high quality).
 """
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -39,12 +41,53 @@ def read_audio(path: str | Path) -> tuple[np.ndarray, int]:
         with sf.SoundFile(str(path)) as f:
             samples, rate, log = f.read(dtype="float32", always_2d=False), f.samplerate, f.extra_info
     except (sf.LibsndfileError, RuntimeError) as e:
-        readable = path.suffix.lower() in (".wav", ".flac", ".ogg")  # a format we read: the file itself is bad
-        raise InputError(f"cannot read {path} as audio: {getattr(e, 'error_string', None) or e}",
-                         fix="the file looks truncated or corrupt: export or record it again" if readable else
-                         "use a wav, flac or ogg file (convert others with `sox in.mp3 out.wav` or ffmpeg)") from None
+        raise _unreadable(path, e) from None
     _warn_if_truncated(path, log, len(samples), int(rate))
     return samples, int(rate)
+
+
+def stream_audio(path: str | Path, *, target: int = SAMPLE_RATE, block_seconds: float = 30.0) -> Iterator[np.ndarray]:
+    """Mono float32 blocks at `target` Hz of an audio file, decoded and resampled block by block (a streaming
+    soxr resampler, HQ), so that memory stays bounded for a file of any length. Blocks hold about
+    `block_seconds` of audio (the last one less; a block may be empty). The same checks and errors as
+    read_audio; an InputError at the end when the file held no samples."""
+    import soundfile as sf
+    import soxr
+    path = Path(path)
+    check_audio_path(path)
+    try:
+        f = sf.SoundFile(str(path))
+    except (sf.LibsndfileError, RuntimeError) as e:
+        raise _unreadable(path, e) from None
+    with f:
+        rate, name = int(f.samplerate), str(path)
+        _warn_if_truncated(path, f.extra_info, f.frames, rate)
+        resampler = soxr.ResampleStream(rate, target, 1, dtype="float32", quality="HQ") if rate != target else None
+        frames, per_block = 0, max(1, int(rate * block_seconds))
+        while True:
+            try:
+                block = f.read(per_block, dtype="float32", always_2d=True)
+            except (sf.LibsndfileError, RuntimeError) as e:
+                raise _unreadable(path, e) from None
+            last = len(block) < per_block
+            frames += len(block)
+            mono = to_mono(float_samples(block, name)) if len(block) else np.zeros(0, np.float32)
+            out = mono if resampler is None else resampler.resample_chunk(mono, last=last)
+            if not np.isfinite(out).all():  # float samples near the float32 limit overflow when filtered
+                raise InputError(f"{name} holds float samples too large to process (|x| near 3.4e38)",
+                                 fix="check how the audio was produced; float WAV samples belong in [-1, 1]")
+            yield out
+            if last:
+                break
+    if frames == 0:
+        raise InputError(f"{name} has no samples", fix="pass audio that is at least a fraction of a second long")
+
+
+def _unreadable(path: Path, e: Exception) -> InputError:
+    readable = path.suffix.lower() in (".wav", ".flac", ".ogg")  # a format we read: the file itself is bad
+    return InputError(f"cannot read {path} as audio: {getattr(e, 'error_string', None) or e}",
+                      fix="the file looks truncated or corrupt: export or record it again" if readable else
+                      "use a wav, flac or ogg file (convert others with `sox in.mp3 out.wav` or ffmpeg)")
 
 
 def check_audio_path(path: Path) -> None:
@@ -52,8 +95,13 @@ def check_audio_path(path: Path) -> None:
     app can check all its inputs before it loads a model)."""
     if path.is_dir():
         raise InputError(f"{path} is a folder, not an audio file", fix=f"pass the audio files in it, e.g. {path}/*.wav")
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"audio file {path} does not exist", fix="check the path")
+    if not path.is_file():  # a FIFO or a device would be read forever, or block
+        raise InputError(f"{path} is not a regular file (a device, FIFO or socket)",
+                         fix="save the audio to a file first (e.g. `sox -d talk.wav`), then pass that file")
+    if not os.access(path, os.R_OK):
+        raise InputError(f"audio file {path} is not readable (permission denied)", fix=f"check the permissions of {path}")
     if path.stat().st_size == 0:
         raise InputError(f"audio file {path} is empty (0 bytes)", fix="record or copy the file again")
 
@@ -91,25 +139,32 @@ def resample(samples: np.ndarray, rate: int, target: int = SAMPLE_RATE) -> np.nd
     if rate <= 0:
         raise InputError(f"invalid sample rate {rate}", fix="pass the sample rate the audio was recorded at")
     import soxr
-    return soxr.resample(samples, rate, target, quality="HQ").astype(np.float32, copy=False)
+    out = soxr.resample(samples, rate, target, quality="HQ").astype(np.float32, copy=False)
+    if not np.isfinite(out).all():  # float samples near the float32 limit overflow when filtered
+        raise InputError("the audio holds float samples too large to process (|x| near 3.4e38)",
+                         fix="check how the audio was produced; float samples belong in [-1, 1]")
+    return out
 
 
 def load_audio(source: str | Path | np.ndarray, sample_rate: int | None = None, *,
                target: int = SAMPLE_RATE) -> np.ndarray:
     """Mono float32 samples at `target` Hz from a file, or from an array recorded at `sample_rate` (default:
     already at `target`). Raises InputError for unreadable files and for audio without samples."""
-    if isinstance(source, (str, Path)):
-        samples, rate = read_audio(source)
-        name = str(source)
-    else:
-        samples, rate, name = source, target if sample_rate is None else sample_rate, "the audio array"
-        if not isinstance(rate, (int, np.integer)) or rate <= 0:  # 0 must not mean "the default"
-            raise UsageError(f"sample_rate must be a positive integer (Hz), got {rate!r}",
-                             fix="pass the rate the audio was recorded at, e.g. sample_rate=48000")
-    samples = to_mono(float_samples(samples, name))
+    if isinstance(source, (str, Path)):  # the streaming reader: one decoder and resampler for every file
+        return np.concatenate(list(stream_audio(source, target=target)))
+    rate, name = check_sample_rate(target if sample_rate is None else sample_rate), "the audio array"
+    samples = to_mono(float_samples(source, name))
     if samples.size == 0:
         raise InputError(f"{name} has no samples", fix="pass audio that is at least a fraction of a second long")
     return resample(samples, rate, target)
+
+
+def check_sample_rate(rate) -> int:
+    """`rate` as an int when it is a positive integer number of Hz (True is not 1 Hz, 0 not "the default")."""
+    if isinstance(rate, (bool, np.bool_)) or not isinstance(rate, (int, np.integer)) or rate <= 0:
+        raise UsageError(f"sample_rate must be a positive integer (Hz), got {rate!r}",
+                         fix="pass the rate the audio was recorded at, e.g. sample_rate=48000")
+    return int(rate)
 
 
 def float_samples(samples, name: str = "the audio array") -> np.ndarray:

@@ -19,7 +19,6 @@ emitted at (see ConformerStream; `transcribe` is a stream fed all at once).
 """
 from __future__ import annotations
 
-import json
 import math
 import threading
 from dataclasses import dataclass
@@ -35,6 +34,8 @@ from sdk import hub
 from sdk.errors import InputError, UsageError, WeightError
 from sdk.models import conformer
 from sdk.session import Session
+from sdk.vocab import read_tokenizer
+from sdk.weights import read_config, read_json_object
 
 HOP = conformer.FEATURE_HOP
 
@@ -58,8 +59,7 @@ class Vocabulary:
     @classmethod
     def from_folder(cls, folder: Path, config: dict) -> "Vocabulary":
         if (folder / "tokenizer.json").exists():
-            from tokenizers import Tokenizer
-            return cls(tokenizer=Tokenizer.from_file(str(folder / "tokenizer.json")))
+            return cls(tokenizer=read_tokenizer(folder / "tokenizer.json"))
         for name in ("tokenizer.model", f"{config.get('model_name', '')}_tokenizer.model"):
             if (folder / name).exists():
                 return cls(sentencepiece_pieces((folder / name).read_bytes()))
@@ -184,7 +184,7 @@ class ConformerRecognizer:
         self.source = hub.resolve(str(model))
         folder = Path(self.source.path)
         self.cfg, weights = conformer.load(folder)
-        config = json.loads((folder / "config.json").read_text())
+        config = read_config(folder)
         self.vocabulary = Vocabulary.from_folder(folder, config)
         self.front_end = _front_end(self.cfg, folder)
         if options.overlap_seconds >= options.window_seconds / 2:
@@ -284,7 +284,7 @@ def _front_end(cfg: conformer.Config, folder: Path):
         return lambda samples: audio.gigaam_log_mel(samples, n_mels=cfg.num_mel_bins)
     settings = {}
     if (folder / "preprocessor_config.json").exists():
-        pre = json.loads((folder / "preprocessor_config.json").read_text())
+        pre = read_json_object(folder / "preprocessor_config.json", "preprocessor_config.json")
         pre = pre.get("feature_extractor", pre)
         settings = {ours: pre[theirs] for ours, theirs in (("n_fft", "n_fft"), ("win_length", "win_length"),
                                                            ("hop", "hop_length"), ("preemphasis", "preemphasis"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import numbers
 import re
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from sdk.errors import InputError, ModelNotFound, UsageError, WeightError
 from sdk.models import esm
 from sdk.runtime import choose_device
 from sdk.session import Session
+from sdk.vocab import read_vocabulary
 from sdk.weights import read_config
 
 DEFAULT_MODEL = "esm2_t6_8M_UR50D"
@@ -56,7 +58,7 @@ class EsmTokenizer:
     def for_model(cls, folder: Path) -> "EsmTokenizer":
         """The tokenizer, after checking that the model's vocab.txt (when it ships one) is the ESM-2 alphabet."""
         vocab = Path(folder) / "vocab.txt"
-        if vocab.exists() and tuple(vocab.read_text().split()) != ALPHABET:
+        if vocab.exists() and tuple(t.strip() for t in read_vocabulary(vocab) if t.strip()) != ALPHABET:
             raise WeightError(f"{vocab} is not the 33-token ESM-2 alphabet",
                               fix="use an ESM-2 checkpoint (facebook/esm2_*) with its own vocab.txt")
         return cls()
@@ -101,24 +103,34 @@ def sanitize_id(word: str) -> str:
     return re.sub(r"^\.", "_", re.sub(r"[^A-Za-z0-9._-]", "_", word))
 
 
-def read_fasta(source: str | Path | TextIO) -> list[Record]:
+# Input bounds (parameters of read_fasta): titin, the longest protein, has ~35,000 residues; these stop
+# /dev/zero, a genome on one line or a runaway pipe with an InputError instead of exhausting memory.
+MAX_FASTA_LINE = 1 << 24       # characters in one line
+MAX_FASTA_RECORD = 1 << 24     # residues in one record
+MAX_FASTA_INPUT = 1 << 30      # characters in the whole input
+
+
+def read_fasta(source: str | Path | TextIO, *, max_line: int = MAX_FASTA_LINE, max_record: int = MAX_FASTA_RECORD,
+               max_input: int = MAX_FASTA_INPUT) -> list[Record]:
     """Records of a FASTA file (a path, '-' is not special here, or an open text stream).
 
     Tolerates blank lines, CRLF, lower case, spaces inside sequence lines, ';' comment lines and a '*'
     terminator; records without residues are returned with an empty sequence. Anything else (digits,
     punctuation, an internal '*', residues before the first header) is an InputError naming the record, its
-    line and the residue position. Records that look like DNA or RNA are read, with a warning naming them."""
+    line and the residue position. Records that look like DNA or RNA are read, with a warning naming them.
+    The input is read line by line within the bounds above (an InputError past any of them)."""
+    limits = (max_line, max_record, max_input)
     if isinstance(source, (str, Path)):
         try:
             with open(source, encoding="utf-8", newline=None) as f:
-                records = _parse_fasta(f)
+                records = _parse_fasta(f, *limits)
         except OSError as e:
             raise InputError(f"cannot read {source}: {e.strerror}", fix="check the FASTA path") from None
     elif not isinstance(source, Iterable) or isinstance(source, (bytes, io.BufferedIOBase, io.RawIOBase)):
         raise UsageError(f"read_fasta takes a path or a text stream, got {type(source).__name__}",
                          fix="pass the file's path, or open it in text mode (open(path) without 'b')")
     else:
-        records = _parse_fasta(source)
+        records = _parse_fasta(source, *limits)
     # ESM-2 embeds nucleotide letters as amino acids without complaint, into meaningless vectors; only a
     # warning, since short peptides of these letters (ACGT) are real proteins
     nucleotides = [r.id for r in records if _looks_like_nucleotides(r.sequence)]
@@ -136,9 +148,25 @@ def _looks_like_nucleotides(sequence: str) -> bool:
     return letters >= 20 and sum(sequence.count(c) for c in "ACGTUN") >= 0.9 * letters
 
 
-def _parse_fasta(source: TextIO) -> list[Record]:
+def _bounded_lines(source, max_line: int, max_input: int):
+    """The lines of a text stream (read with a length limit, so a line without an end cannot grow without
+    bound) or of any other iterable of strings."""
+    lines = iter(lambda: source.readline(max_line + 1), "") if hasattr(source, "readline") else source
+    total = 0
+    for number, line in enumerate(lines, 1):
+        total += len(line)
+        if len(line.rstrip("\r\n")) > max_line:
+            raise InputError(f"line {number} of the FASTA input is longer than {max_line:,} characters",
+                             fix="is it a binary file? (wrap long sequences, or pass max_line= to read_fasta)")
+        if total > max_input:
+            raise InputError(f"the FASTA input is longer than {max_input:,} characters",
+                             fix="split it into smaller files (e.g. `seqkit split`), or pass max_input= to read_fasta")
+        yield number, line
+
+
+def _parse_fasta(source: TextIO, max_line: int, max_record: int, max_input: int) -> list[Record]:
     records: list[Record] = []
-    header, start, chunks, terminated = None, 0, [], False
+    header, start, chunks, terminated, residues = None, 0, [], False, 0
 
     def finish():
         if header is not None:
@@ -147,11 +175,11 @@ def _parse_fasta(source: TextIO) -> list[Record]:
                                   start))
 
     try:
-        for number, line in enumerate(source, 1):
+        for number, line in _bounded_lines(source, max_line, max_input):
             line = line.rstrip("\r\n").lstrip("\ufeff") if number == 1 else line.rstrip("\r\n")
             if line.startswith(">"):
                 finish()
-                header, start, chunks, terminated = line[1:].strip(), number, [], False
+                header, start, chunks, terminated, residues = line[1:].strip(), number, [], False, 0
                 continue
             text = "".join(line.split())
             if not text or line.startswith(";"):
@@ -170,6 +198,10 @@ def _parse_fasta(source: TextIO) -> list[Record]:
                 position = sum(len(c) for c in chunks) + bad + 1
                 raise InputError(f"{where}: invalid character {text[bad]!r} at residue {position} (line {number})",
                                  fix="sequences may contain amino-acid letters, '-', '.' and a final '*' only")
+            residues += len(text)
+            if residues > max_record:
+                raise InputError(f"{where} has more than {max_record:,} residues",
+                                 fix="ESM-2 reads at most a few thousand; pass max_record= to read_fasta for more")
             chunks.append(text)
     except UnicodeDecodeError as e:
         raise InputError(f"the FASTA input is not UTF-8 text: {e.reason}", fix="pass a plain-text FASTA file") from None
@@ -292,6 +324,9 @@ class ProteinEmbedder:
         self.choice = choose_device(device)  # strict devices fail here, before any work
         self.session: Session | None = None
         self._shapes: set[tuple[int, int]] = set()
+        # one embedder may be shared by threads: a rebuild (new shapes) must not close the session another
+        # thread is running, so rebuilds and runs take turns
+        self._lock = threading.RLock()
 
     @property
     def dim(self) -> int:
@@ -348,9 +383,12 @@ class ProteinEmbedder:
         plan = plan_batches([len(t) for t in tokens], self.buckets, self.options.toks_per_batch)
         if not plan:
             return
-        self._ensure_session({(b.batch, b.length) for b in plan})
+        shapes = {(b.batch, b.length) for b in plan}
         for b in plan:
-            yield b.indices, self._run(b, [tokens[i] for i in b.indices])
+            with self._lock:  # per batch, not across the yield: other threads' batches interleave
+                self._ensure_session(shapes)
+                vectors = self._run(b, [tokens[i] for i in b.indices])
+            yield b.indices, vectors
 
     def _ensure_session(self, shapes: set[tuple[int, int]]):
         """One session holds every static shape seen so far; new shapes rebuild it (weights stay as loaded)."""

@@ -8,9 +8,11 @@ masked inside attention and excluded from pooling, so a sentence's vector does n
 """
 from __future__ import annotations
 
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -18,9 +20,53 @@ from sdk import hub
 from sdk.errors import InputError, UsageError, WeightError
 from sdk.models import bert
 from sdk.session import Session
+from sdk.vocab import read_tokenizer
 from sdk.weights import read_config
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
+# Bounds for text read from files and pipes (a line longer than this is far past the 512 tokens an encoder
+# sees; /dev/zero or `yes` must end in an error, not in the OOM killer). Both are parameters of read_lines.
+MAX_LINE_BYTES = 1 << 20
+MAX_INPUT_BYTES = 256 << 20
+
+
+def read_lines(stream: BinaryIO, where: str, *, max_line_bytes: int = MAX_LINE_BYTES,
+               max_bytes: int = MAX_INPUT_BYTES) -> list[str]:
+    """One text per line of a binary stream: lines end at b"\n" only (a final "\r" is dropped, so CRLF
+    files work; U+2028 and other Unicode breaks stay inside their line), each decoded as strict UTF-8. A
+    blank line, an over-long line or an over-long input is an InputError naming the line: the rows of the
+    result are exactly the lines of the input, or there is no result."""
+    lines: list[str] = []
+    total, number, blank = 0, 0, []
+    while True:
+        raw = stream.readline(max_line_bytes + 2)  # + "\r\n"
+        if not raw:
+            break
+        number += 1
+        total += len(raw)
+        if total > max_bytes:
+            raise InputError(f"{where} holds more than {max_bytes:,} bytes of text",
+                             fix="split the input into smaller files and embed them one by one")
+        body = raw[:-1] if raw.endswith(b"\n") else raw
+        body = body[:-1] if body.endswith(b"\r") else body
+        if len(body) > max_line_bytes:
+            raise InputError(f"line {number} of {where} is longer than {max_line_bytes:,} bytes",
+                             fix="one text per line: is this a binary file, or text without line breaks?")
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise InputError(f"line {number} of {where} is not UTF-8 text ({e.reason} at byte {e.start})",
+                             fix="convert the input to UTF-8 (e.g. with iconv)") from None
+        if not text.strip():
+            blank.append(number)
+        lines.append(text)
+    if len(blank) == len(lines):
+        raise InputError(f"no texts to embed in {where}", fix="give at least one line (one text per line)")
+    if blank:
+        shown = ", ".join(map(str, blank[:10])) + (f", ... ({len(blank)} in all)" if len(blank) > 10 else "")
+        raise InputError(f"{where} has blank lines ({shown}); every line is one text and gets one row",
+                         fix="remove the blank lines first, e.g. `grep -v '^[[:space:]]*$'`")
+    return lines
 
 
 @dataclass(frozen=True)
@@ -43,8 +89,6 @@ def program_graphs(cfg: bert.Config, options: TextOptions = TextOptions()) -> li
 
 class TextEmbedder:
     def __init__(self, model: str = DEFAULT_MODEL, *, device: str | None = None, options: TextOptions = TextOptions()):
-        from tokenizers import Tokenizer
-
         self.source = hub.resolve(model)
         model_type = read_config(self.source.path).get("model_type")
         if model_type not in (None, "bert"):
@@ -55,12 +99,11 @@ class TextEmbedder:
         tokenizer_file = Path(self.source.path) / "tokenizer.json"
         if not tokenizer_file.exists():
             raise WeightError(f"no tokenizer.json in {self.source.path}", fix="use a folder with tokenizer.json")
-        self.tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        self.tokenizer.no_padding()
-        self.tokenizer.no_truncation()
+        self.tokenizer = read_tokenizer(tokenizer_file, encodes_any_text=True)
         self.buckets = bert.length_buckets(self.cfg, options.max_length, options.buckets)
         self.max_length = self.buckets[-1]
         self.session = Session(program_graphs(self.cfg, options), weights, device=device)
+        self._lock = threading.Lock()
 
     @property
     def dim(self) -> int:
@@ -97,7 +140,8 @@ class TextEmbedder:
         step = self.options.batch_size
         for start in range(0, len(order), step):
             chunk = order[start:start + step]
-            out[chunk] = self._embed_batch([ids[k] for k in chunk])
+            with self._lock:  # an embedder may be shared by threads; its session runs one batch at a time
+                out[chunk] = self._embed_batch([ids[k] for k in chunk])
         return out
 
     def _embed_batch(self, ids: list[list[int]]) -> np.ndarray:

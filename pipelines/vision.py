@@ -14,7 +14,6 @@ Sources turn camera indices, /dev/videoN, video files, images, folders and video
 from __future__ import annotations
 
 import functools
-import json
 import math
 import re
 import threading
@@ -29,7 +28,8 @@ from sdk import hub
 from sdk.errors import DeviceIOError, InputError, UsageError, WeightError
 from sdk.models import clip, module_for, resnet, vit
 from sdk.session import Session
-from sdk.weights import read_config
+from sdk.vocab import read_tokenizer
+from sdk.weights import read_config, read_json_object
 
 DEFAULT_CLASSIFIER = "google/vit-base-patch16-224"
 DEFAULT_EMBEDDER = "facebook/dinov2-small"
@@ -154,13 +154,10 @@ class Preprocessor:
     @classmethod
     def from_folder(cls, folder: str | Path) -> "Preprocessor":
         path = Path(folder) / "preprocessor_config.json"
-        try:
-            return cls.from_config(json.loads(path.read_text()))
-        except OSError:
+        if not path.exists():
             raise WeightError(f"no preprocessor_config.json in {folder}",
-                              fix="use a model folder saved with its image processor") from None
-        except ValueError as e:
-            raise WeightError(f"{path} is not valid JSON: {e}", fix="restore the file from its source") from None
+                              fix="use a model folder saved with its image processor")
+        return cls.from_config(read_json_object(path, "preprocessor_config.json"))
 
     @property
     def output_size(self) -> int:
@@ -221,14 +218,39 @@ def _as_rgb(image: np.ndarray) -> np.ndarray:
     return image[:, :, :3]
 
 
-def read_image(path: str | Path) -> np.ndarray:
-    """An image file as RGB uint8 [H, W, 3]; InputError when it is missing or not a readable image."""
+# Decoding needs width x height x 3 bytes and more: the size a header declares is checked against this first.
+MAX_IMAGE_PIXELS = 64_000_000   # 8000 x 8000; read_image(max_pixels=...) raises it
+MAX_IMAGE_BYTES = 512 << 20     # the encoded file
+
+
+def read_image(path: str | Path, *, max_pixels: int = MAX_IMAGE_PIXELS) -> np.ndarray:
+    """An image file as RGB uint8 [H, W, 3]; InputError when it is missing, unreadable, declares more than
+    `max_pixels` pixels (checked from the header, before decoding), or is not a readable image."""
     import cv2
+
+    from .image_size import declared_size
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise InputError(f"no such image file: {path}", fix="check the path")
-    data = np.fromfile(path, np.uint8)
-    image = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
+    if not path.is_file():
+        raise InputError(f"{path} is not a regular file (a folder, device or FIFO)", fix="pass an image file")
+    try:
+        if path.stat().st_size > MAX_IMAGE_BYTES:
+            raise InputError(f"{path} is {path.stat().st_size:,} bytes, more than an image file read here can be "
+                             f"({MAX_IMAGE_BYTES:,})", fix="downscale it first (e.g. `convert in.png -resize 4000x4000 out.png`)")
+        data = np.fromfile(path, np.uint8)
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or e}", fix=f"check the permissions of {path}") from None
+    size = declared_size(data[:1 << 20].tobytes())
+    if size is not None and size[0] * size[1] > max_pixels:
+        raise InputError(f"{path} declares {size[0]} x {size[1]} pixels, more than the limit of {max_pixels:,}",
+                         fix="downscale it first (e.g. `convert in.png -resize 4000x4000 out.png`), or pass a larger "
+                             "max_pixels")
+    try:
+        image = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
+    except cv2.error as e:  # OpenCV's own pixel limit, or an allocation it could not make
+        reason = str(e).strip().splitlines()[-1][:200]
+        raise InputError(f"cannot decode {path}: {reason}", fix="pass a smaller or an uncorrupted image") from None
     if image is None:
         raise InputError(f"cannot read {path} as an image (unsupported or corrupt)",
                          fix="pass a JPEG, PNG, BMP, WebP or TIFF file")
@@ -385,7 +407,6 @@ class ImageClassifier(_VisionModel):
         self.session = Session(image_graphs(self.module, self.cfg, self.batches, self.size), weights, device=device)
 
     def _init_clip(self, labels: list[str], device: str | None):
-        from tokenizers import Tokenizer
         for label in labels:
             if not isinstance(label, str) or not label.strip():
                 raise UsageError(f"labels must be non-empty strings, got {label!r}",
@@ -398,9 +419,7 @@ class ImageClassifier(_VisionModel):
         tokenizer_file = self.folder / "tokenizer.json"
         if not tokenizer_file.exists():
             raise WeightError(f"no tokenizer.json in {self.folder}", fix="use a CLIP folder with its tokenizer.json")
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        tokenizer.no_padding()
-        tokenizer.no_truncation()
+        tokenizer = read_tokenizer(tokenizer_file, encodes_any_text=True)
         t = self.cfg.text
         length = t.max_position_embeddings
         ids = np.full((len(labels), length), t.pad_token_id, np.int32)

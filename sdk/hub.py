@@ -97,6 +97,10 @@ def resolve(name: str, *, settings: Settings | None = None) -> ModelSource:
     path = Path(name).expanduser()
     if path.is_dir():
         return ModelSource(name, path, "path")
+    if path.exists() or path.is_symlink():  # a file, FIFO or device: say what it is, not that it is missing
+        kind = "a file" if path.is_file() else "not a folder (a device, FIFO, socket or broken link)"
+        raise ModelNotFound(f"model path {name} is {kind}; a model is a folder (config.json and weights)",
+                            fix=f"pass the folder that holds the model files{', e.g. ' + str(path.parent) if path.is_file() else ''}")
     if name.startswith(("/", "./", "../", "~")):
         raise ModelNotFound(f"model path {name} does not exist", fix="check the path")
     alias, known = _known(name)
@@ -166,9 +170,14 @@ def download(repo: str, known: Known | None, settings: Settings) -> Path:
             if weights is None:
                 raise ModelNotFound(f"{repo} has no {' / '.join(WEIGHTS)}",
                                     fix="only safetensors and CTranslate2 checkpoints are read (never pickles)")
-            if weights.endswith(".index.json"):
-                from .weights import read_shard_index
-                for shard in sorted(set(read_shard_index(snapshot / weights).values())):
+            if weights.endswith(".index.json"):  # the shards it names (their reader checks them again at load)
+                from .weights import read_json_object
+                weight_map = read_json_object(snapshot / weights, "shard index").get("weight_map")
+                shards = set(weight_map.values()) if isinstance(weight_map, dict) else set()
+                for shard in sorted(shards):
+                    if not isinstance(shard, str) or Path(shard).name != shard:
+                        raise ModelNotFound(f"{repo}'s shard index names {shard!r}, not a file of the repo",
+                                            fix="only checkpoints whose shards sit beside their index load")
                     fetch(shard, required=True)
             for extra in EXTRAS:
                 fetch(extra, required=False)

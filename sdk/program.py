@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from .atomic import write_atomic
 from .errors import ProgramError
 
 FORMAT_VERSION = 1
@@ -99,7 +100,7 @@ class Program:
 
     # -- disk round trip: program.json + constants.safetensors --
     def save(self, folder: str | Path) -> Path:
-        from safetensors.numpy import save_file
+        from safetensors.numpy import save
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         doc = {
@@ -108,9 +109,9 @@ class Program:
             "entries": [{"name": e.name, "inputs": e.inputs, "outputs": e.outputs,
                          "steps": [_step_doc(s) for s in e.steps]} for e in self.entries.values()],
         }
-        (folder / "program.json").write_text(json.dumps(doc, indent=1))
-        save_file({k: np.ascontiguousarray(v) for k, v in self.constants.items()},
-                  str(folder / "constants.safetensors"))
+        write_atomic(folder / "constants.safetensors",
+                     save({k: np.ascontiguousarray(v) for k, v in self.constants.items()}))
+        write_atomic(folder / "program.json", json.dumps(doc, indent=1))  # last: a program.json means complete
         return folder
 
     @classmethod

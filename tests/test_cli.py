@@ -25,7 +25,7 @@ def test_embed_text_prints_a_unit_vector_per_text():
 
 def test_embed_text_from_stdin_to_npy(tmp_path):
     out = tmp_path / "v.npy"
-    r = runner.invoke(app, ["embed-text", "-o", str(out), "--device", "cpu"], input="one\n\ntwo\nthree\n")
+    r = runner.invoke(app, ["embed-text", "-o", str(out), "--device", "cpu"], input="one\ntwo\nthree\n")
     assert r.exit_code == 0, r.stderr
     assert np.load(out).shape == (3, 384) and r.stdout == ""
     assert "wrote 3x384" in r.stderr
@@ -72,7 +72,7 @@ def test_info_names_the_cpu_engine_and_refuses_an_unknown_one(monkeypatch):
 
 def test_embed_text_stdin_or_arguments_that_are_not_utf8_are_input_errors():
     r = runner.invoke(app, ["embed-text", "--device", "cpu"], input=b"\xff\xfe bad\n")
-    assert r.exit_code == 1 and "cannot read stdin" in r.stderr and "fix:" in r.stderr and r.stdout == ""
+    assert r.exit_code == 1 and "line 1 of stdin is not UTF-8" in r.stderr and "fix:" in r.stderr and r.stdout == ""
     r = runner.invoke(app, ["embed-text", "\udcff", "--device", "cpu"])  # how a non-UTF-8 argv byte arrives
     assert r.exit_code == 1 and "not valid UTF-8" in r.stderr
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import stat
 import subprocess
 import sys
@@ -236,8 +237,9 @@ def test_control_socket_is_user_only_and_answers(tmp_path):
         server.close()
     assert got == ["cancel", "stop", "status"]   # the second server asked whether one runs
     assert not path.exists() and send("stop", path) is None
-    path.parent.mkdir(exist_ok=True)
-    path.touch()                                  # a stale socket file from a crashed session
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))                         # a stale socket from a session that was killed
+    stale.close()
     assert send("stop", path) is None and not path.exists()
 
 

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lower number = lower layer. The first matching prefix decides.
 LAYERS = [
     ("sdk.ops", 0), ("sdk.errors", 0), ("sdk.settings", 0), ("sdk.weights", 0), ("sdk.hub", 0),
+    ("sdk.atomic", 0), ("sdk.vocab", 0),
     ("sdk.graph", 1), ("sdk.program", 1),
     ("sdk.models", 2),
     ("sdk.compiler", 3),

@@ -16,7 +16,6 @@ encoder.py / decoder.py. Our weight names are transformers' Parakeet names; Giga
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 from .. import ops
 from ..errors import UsageError
 from ..graph import Graph, trace
-from ..weights import known_fields, map_weights, read_config, read_safetensors
+from ..weights import known_fields, map_weights, read_config, read_safetensors, read_safetensors_shards
 
 
 @dataclass(frozen=True)
@@ -414,10 +413,7 @@ def read_checkpoint(folder: Path) -> dict[str, np.ndarray]:
     index = folder / "model.safetensors.index.json"
     if (folder / "model.safetensors").exists() or not index.exists():
         return read_safetensors(folder / "model.safetensors")
-    ckpt = {}
-    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-        ckpt |= read_safetensors(folder / shard)
-    return ckpt
+    return read_safetensors_shards(folder, index.name)
 
 
 def load(folder: str | Path) -> tuple[Config, dict[str, np.ndarray]]:
