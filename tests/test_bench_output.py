@@ -25,16 +25,16 @@ def test_estimate_rows_name_only_the_parts_that_take_time():
 
 
 def test_measured_rows_say_where_they_were_measured():
-    args = ["bench", str(FIXTURES / "bert"), "--length", "8", "--runs", "2", "--device"]
+    args = ["bench", str(FIXTURES / "bert"), "--length", "16", "--runs", "2", "--device"]   # 16: a TextEmbedder bucket
     emu = runner.invoke(app, [*args, "emu"])
     assert emu.exit_code == 0, emu.output
     (row,) = [line for line in emu.stdout.splitlines() if "emulated" in line]
-    assert row.startswith("  forward_b1_t8: emulated, per run: 1 dispatch, 0 host steps, 2 syncs,")
+    assert row.startswith("  forward_b1_t16: emulated, per run: 1 dispatch, 0 host steps, 2 syncs,")
     assert "not NPU time" in row and "measured on emulated" not in emu.stdout
     cpu = runner.invoke(app, [*args, "cpu"])
     assert cpu.exit_code == 0, cpu.output
     (row,) = [line for line in cpu.stdout.splitlines() if "measured on" in line]
-    assert row.startswith("  forward_b1_t8: measured on the CPU: ") and row.endswith("per run (wall time, mean of 2)")
+    assert row.startswith("  forward_b1_t16: measured on the CPU: ") and row.endswith("per run (wall time, mean of 2)")
 
 
 def ct2_header(spec: str) -> bytes:
