@@ -112,6 +112,10 @@ def resolve(name: str, *, settings: Settings | None = None) -> ModelSource:
     ours = settings.models_dir / repo.replace("/", "--")  # folders the SDK made itself
     if ours.is_dir() and _complete(ours, known):
         return ModelSource(alias, ours, "cache")
+    missing = [f for f in (known or Known(repo)).files if not (ours / f).is_file()]
+    if ours.is_dir() and settings.offline and (ours / CONFIG).is_file():
+        raise ModelNotFound(f"the copy of {repo} in {ours} is incomplete (missing {', '.join(missing)})",
+                            fix=f"go online and run `aie-apps models pull {name}`, or delete the folder")
     if settings.offline or "/" not in repo:
         raise _not_installed(name, known, settings)
     return ModelSource(alias, download(repo, known, settings), "download")

@@ -60,4 +60,4 @@ def test_bench_takes_a_model_bin_for_whisper_only_when_it_is_one(tmp_path):
     bert = shutil.copytree(FIXTURES / "bert", tmp_path / "bert")
     (bert / "model.bin").write_bytes(ct2_header("WhisperSpec"))  # a stray file: config.json says what it is
     r = runner.invoke(app, ["bench", str(bert), "--estimate-only", "--length", "8"])
-    assert r.exit_code == 0 and "forward_b1_t8: ESTIMATE" in r.stdout, r.output
+    assert r.exit_code == 0 and "forward_b1_t16: ESTIMATE" in r.stdout, r.output

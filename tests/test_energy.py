@@ -153,7 +153,7 @@ def test_bench_energy_without_a_counter_still_prints_the_timings(tmp_path, monke
     r = bench_energy()
     assert r.exit_code == 0, r.output
     assert f"energy counter unavailable: {tmp_path / 'no-powercap'} does not exist" in r.stdout
-    assert re.search(r"^  cpu forward_b1_t8: [\d.]+ (ms|us) per run$", r.stdout, re.M)
+    assert re.search(r"^  cpu forward_b1_t16: [\d.]+ (ms|us) per run$", r.stdout, re.M)
     assert "npu: unavailable" in r.stdout
     assert "modprobe intel_rapl_msr" in r.stderr and "Traceback" not in r.output
 
@@ -180,8 +180,8 @@ def test_bench_energy_puts_the_npu_row_beside_the_cpu_row(tmp_path, monkeypatch,
     """With a (fake) Ryzen AI machine: both devices measured, each run charged its own energy. EMULATED."""
     from apps import bench
     prebuilt = fake_npu("npu2")
-    family, cfg, weights = bench._load(str(FIXTURES / "bert"))
-    build(bench._graphs(family, cfg, 8)[0], "npu2", prebuilt)
+    family, cfg, weights, folder = bench._load(str(FIXTURES / "bert"))
+    build(bench._graphs(family, cfg, 8, folder)[0], "npu2", prebuilt)
     p0 = zone(tmp_path / "powercap", "intel-rapl:0", "package-0", 0)
     monkeypatch.setattr(powercap, "ROOT", tmp_path / "powercap")
     real_run = Session.run
@@ -200,4 +200,4 @@ def test_bench_energy_puts_the_npu_row_beside_the_cpu_row(tmp_path, monkeypatch,
         (row,) = energy[device]["entries"].values()
         assert row["joules_per_run"] == pytest.approx(uj / 1e6)
     text = bench_energy()
-    assert re.search(r"^  npu forward_b1_t8: .* per run, 0\.04 J per run \(", text.stdout, re.M), text.stdout
+    assert re.search(r"^  npu forward_b1_t16: .* per run, 0\.04 J per run \(", text.stdout, re.M), text.stdout

@@ -56,7 +56,7 @@ def test_bench_does_not_take_a_bert_folder_with_a_model_bin_for_whisper(tmp_path
     r = CliRunner().invoke(app, ["bench", str(folder), "--json", "--length", "16"])
     assert r.exit_code == 0 and json.loads(r.stdout), r.output  # benchmarked as the BERT its config names
     r = CliRunner().invoke(app, ["bench", str(folder)])  # the default --length 128 > its 64 positions
-    assert r.exit_code == 2 and "longer than this model's 64 positions" in r.stderr
+    assert r.exit_code == 2 and "longer than embed-text runs (64 tokens)" in r.stderr
     junk = tmp_path / "junk"
     junk.mkdir()
     (junk / "config.json").write_text("{}")
