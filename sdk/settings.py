@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEVICES = ("auto", "npu", "emu", "cpu")
-CPU_ENGINES = ("opencv", "numpy")
 
 
 def _truthy(value: str | None) -> bool:
@@ -22,8 +21,7 @@ class Settings:
     runtime_dir: Path      # XDG_RUNTIME_DIR (dictation control socket), else the cache home
     session_type: str      # the desktop session: "x11", "wayland" or "tty" (XDG_SESSION_TYPE, else the displays)
     x11_display: bool      # DISPLAY is set: an X server (or XWayland) can be reached
-    threads: int           # AIE_APPS_THREADS: the cpu backend's workers, default the CPUs this process may use
-    cpu_engine: str        # AIE_APPS_CPU_ENGINE: "opencv" (default; entries it cannot run use numpy) or "numpy"
+    threads: int           # AIE_APPS_THREADS: the cpu backend's intra-op threads, default the CPUs this process may use
 
     @property
     def has_display(self) -> bool:
@@ -52,7 +50,6 @@ def load(environ=None) -> Settings:
         session_type=_session_type(env),
         x11_display=bool(env.get("DISPLAY")),
         threads=_threads(env.get("AIE_APPS_THREADS")),
-        cpu_engine=(env.get("AIE_APPS_CPU_ENGINE") or "opencv").strip().lower(),
     )
 
 
