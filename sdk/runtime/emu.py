@@ -28,9 +28,10 @@ import numpy as np
 from ..compiler import catalog, layout
 from ..compiler.hardware import TARGETS
 from ..errors import InputError, ProgramError, UsageError
-from ..ops import ERFC_A, ERFC_P, OPS
+from ..ops import OPS
 from ..program import Program, Step, Usage
 from .backend import Counters, State, check_inputs
+from .emu_numerics import ERFC_A, ERFC_P
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 ARENAS = ("weights", "state", "io", "scratch")
