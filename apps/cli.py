@@ -22,6 +22,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", help="auto | npu | emu | cpu (default: $AIE_APPS_DEVICE or auto; npu is strict)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")]
+PrecisionOpt = Annotated[str, typer.Option(
+    "--precision", help="cpu backend: fp32 (default) or int8 (int8 weights where the model's accuracy gate allows)")]
 
 
 def err(message: str) -> None:

@@ -10,7 +10,7 @@ import typer
 
 from sdk.errors import InputError, UsageError
 
-from .cli import DeviceOpt, app, command, err, report_error
+from .cli import DeviceOpt, PrecisionOpt, app, command, err, report_error
 
 
 class Format(str, Enum):
@@ -61,12 +61,14 @@ def transcribe(
     language: Annotated[Optional[str], typer.Option("--language", help="e.g. en, de; default: detect")] = None,
     task: Annotated[str, typer.Option("--task", help="transcribe or translate (to English)")] = "transcribe",
     device: DeviceOpt = None,
+    precision: PrecisionOpt = "fp32",
 ):
     """Transcribe audio files (Whisper tiny.en by default, offline; Parakeet and GigaAM with --model).
     An unreadable file is reported on stderr and skipped; the exit code is then 1."""
     from pipelines.asr import TranscribeOptions
     from pipelines.audio import check_audio_path
 
+    options = TranscribeOptions(language=language, task=task, precision=precision)  # bad options: before any work
     if output_dir is not None and not output_dir.is_dir():
         raise UsageError(f"output directory {output_dir} does not exist", fix="create it first")
     usable = []
@@ -80,7 +82,7 @@ def transcribe(
         raise typer.Exit(1)
     if output_dir is not None:
         _check_targets(usable, output_dir, fmt)
-    transcriber = _load(model, device, TranscribeOptions(language=language, task=task))
+    transcriber = _load(model, device, options)
     array = fmt is Format.json and output_dir is None and len(files) > 1  # stdout stays one JSON document
     failed, printed = len(files) - len(usable), 0
     for path in usable:

@@ -267,3 +267,37 @@ def test_threads_setting():
     assert settings.load({"AIE_APPS_THREADS": "zero"}).threads >= 1
     assert settings.load({}).threads >= 1
     assert CpuBackend(3).threads == 3
+
+
+def test_int8_entries_run_quantized_matmuls_close_to_fp32(record_parity):
+    import onnx
+    program = compiler.compile([bert.graph(bert.TINY, 1, 16), bert.graph(bert.TINY, 1, 8)])
+    rng = np.random.default_rng(7)
+    weights = _rand(program, rng)
+    quantized, plain = program.entry("forward_b1_t16").name, program.entry("forward_b1_t8").name
+    exe = CpuBackend(2, precision={quantized: "int8"}).load(program, weights)
+    try:
+        ops_of = {name: {n.op_type for n in onnx.load_from_string(g.model).graph.node} for name, g in exe.graphs.items()}
+        assert "MatMulInteger" in ops_of[quantized] and "MatMulInteger" not in ops_of[plain]
+        inputs = _inputs(program, quantized, rng)
+        ours = exe.run(quantized, inputs)["hidden"]
+    finally:
+        exe.close()
+    ref = oracle(program, quantized, weights, inputs, {})["hidden"]
+    _, rel = record_parity("bert.tiny.int8-vs-oracle", ours, ref)
+    assert 1e-5 < rel <= 3e-2  # quantized (not the fp32 graph), and close: 8-bit weights and activations
+
+
+def test_an_unknown_precision_is_a_usage_error():
+    program = compiler.compile([bert.graph(bert.TINY, 1, 8)])
+    weights = _rand(program, np.random.default_rng(8))
+    with pytest.raises(UsageError, match="unknown cpu precision int4"):
+        CpuBackend(2, precision="int4").load(program, weights)
+    with pytest.raises(UsageError, match="entry 'nope'"):
+        CpuBackend(2, precision={"nope": "int8"}).load(program, weights)
+
+
+def test_int8_is_refused_on_the_emulator():
+    from sdk.session import Session
+    with pytest.raises(UsageError, match="cpu backend option"):
+        Session([bert.graph(bert.TINY, 1, 8)], {}, device="emu", precision="int8")

@@ -36,10 +36,10 @@ class _Graph:
     """The nodes and constants of one entry's ONNX graph. Buffers are SSA values: a state buffer written by a
     step gets a new name, and readers after it read the newest one."""
 
-    def __init__(self, program: Program):
+    def __init__(self, program: Program, int8: bool):
         from onnx import TensorProto, helper, numpy_helper
         self.helper, self.tensor, self.numpy_helper = helper, TensorProto, numpy_helper
-        self.program = program
+        self.program, self.int8 = program, int8
         self.nodes, self.constants, self.weights = [], [], {}  # weights: initializer name -> array
         self.current: dict[str, str] = {}  # buffer -> the value that holds it now
         self.reads: list[str] = []          # buffers read from the caller (inputs and state), in order
@@ -49,8 +49,9 @@ class _Graph:
             return ""
         if buffer not in self.current:
             self.current[buffer] = buffer
-            if self.program.buffers[buffer].usage is Usage.WEIGHTS:
-                self.weights[buffer] = None  # filled by the executable
+            buf = self.program.buffers[buffer]
+            if buf.usage is Usage.WEIGHTS:
+                self.weights[buffer] = (None, buf.dtype, buf.shape)  # the weight itself, given by the executable
             else:
                 self.reads.append(buffer)
         return self.current[buffer]
@@ -65,11 +66,12 @@ class _Graph:
         self.constants.append(self.numpy_helper.from_array(np.asarray(array), name))
         return name
 
-    def derived(self, buffer: str, suffix: str, make) -> str:
-        """An initializer computed from a weight once, at load (a linear's transposed weight)."""
+    def derived(self, buffer: str, suffix: str, make, dtype: str, shape) -> str:
+        """An initializer computed from a weight once, when the session is built (a linear's transposed
+        weight): make(weights) -> array of `dtype` and `shape`."""
         name = f"{buffer}{suffix}"
         if name not in self.weights:
-            self.weights[name] = make
+            self.weights[name] = (make, dtype, tuple(shape))
         return name
 
 
@@ -96,11 +98,35 @@ def _slice(g, out, x, axes, starts, stops, steps):
 
 def _linear(g, out, x, w, b=None, **_):
     # a weight [out, in] transposed once, at load: MatMul then reads [in, out] as torch exports do
+    if g.int8 and g.program.buffers[w].usage is Usage.WEIGHTS:
+        return _linear_int8(g, out, x, w, b)
     if g.program.buffers[w].usage is Usage.WEIGHTS:
-        wt = g.derived(w, ".T", lambda weights: np.ascontiguousarray(weights[w].T))
+        wt = g.derived(w, ".T", lambda weights: np.ascontiguousarray(weights[w].T), "float32",
+                       g.program.buffers[w].shape[::-1])
     else:
         wt = g.node("Transpose", [g.value(w)], perm=[1, 0])
     y = g.node("MatMul", [g.value(x), wt], None if b else out)
+    return g.node("Add", [y, g.value(b)], out) if b else y
+
+
+def _int8_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A weight [out, in] as int8 [in, out] and a float32 scale per output column (symmetric: zero point 0)."""
+    wt = np.ascontiguousarray(weight.T, np.float32)  # C order: ORT reads a C-ordered array in place
+    scale = np.maximum(np.abs(wt).max(axis=0), np.float32(1e-30)) / np.float32(127)
+    return np.clip(np.rint(wt / scale), -127, 127).astype(np.int8), scale.astype(np.float32)
+
+
+def _linear_int8(g, out, x, w, b=None):
+    """x quantized per tensor at run time (uint8), the weight per output column at load (int8), an integer
+    GEMM: the pattern ORT's quantize_dynamic writes, which its optimizer fuses into one DynamicQuantizeMatMul."""
+    shape = g.program.buffers[w].shape
+    wq = g.derived(w, ".int8", lambda weights: _int8_columns(weights[w])[0], "int8", shape[::-1])
+    ws = g.derived(w, ".scale", lambda weights: _int8_columns(weights[w])[1], "float32", shape[:1])
+    quantized = [f"{out}.q", f"{out}.q_scale", f"{out}.q_zero"]
+    g.nodes.append(g.helper.make_node("DynamicQuantizeLinear", [g.value(x)], quantized))
+    product = g.node("MatMulInteger", [quantized[0], wq, quantized[2]])
+    y = g.node("Mul", [g.node("Cast", [product], to=g.tensor.FLOAT), g.node("Mul", [quantized[1], ws])],
+               None if b else out)
     return g.node("Add", [y, g.value(b)], out) if b else y
 
 
@@ -224,15 +250,15 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "length_mask": _length_mask,
     "cache_write": _cache_write,
 }
-_DTYPES = {"float32": 1, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
+_DTYPES = {"float32": 1, "int8": 3, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
 
 
 class EntryGraph:
     """One entry written as an ONNX model: which buffers it reads from the caller, which it writes back
     (state, bound in place) and which it returns; `model` is the serialised ModelProto, `key` its digest."""
 
-    def __init__(self, program: Program, entry: Entry):
-        g = _Graph(program)
+    def __init__(self, program: Program, entry: Entry, precision: str = "fp32"):
+        g = _Graph(program, precision == "int8")
         for step in entry.steps:
             if step.op not in LOWERINGS:
                 raise SdkError(f"the cpu backend has no ONNX form for op {step.op}",
@@ -257,11 +283,10 @@ class EntryGraph:
         def info(name, buffer):
             return g.helper.make_tensor_value_info(name, _DTYPES[buffers[buffer].dtype], buffers[buffer].shape)
         externals = []
-        for name in g.weights:
+        for name, (_, dtype, shape) in g.weights.items():
             t = g.tensor()
-            t.name, t.data_type = name, _DTYPES[buffers[name.removesuffix(".T")].dtype]
-            shape = buffers[name.removesuffix(".T")].shape
-            t.dims.extend(shape[::-1] if name.endswith(".T") else shape)
+            t.name, t.data_type = name, _DTYPES[dtype]
+            t.dims.extend(shape)
             t.data_location = g.tensor.EXTERNAL
             where = t.external_data.add()
             where.key, where.value = "location", "caller"  # never read: the session is given the arrays
@@ -273,16 +298,34 @@ class EntryGraph:
         self.key = hashlib.sha256(self.model).hexdigest()
 
 
+PRECISIONS = ("fp32", "int8")
+
+
+def entry_precisions(program: Program, precision: str | Mapping[str, str]) -> dict[str, str]:
+    """Each entry's precision: one for all, or entry name -> precision (entries not named stay fp32)."""
+    chosen = {name: precision for name in program.entries} if isinstance(precision, str) else \
+        {name: precision.get(name, "fp32") for name in program.entries}
+    bad = sorted({p for p in chosen.values() if p not in PRECISIONS} |
+                 ({f"entry {n!r}" for n in precision if n not in program.entries} if not isinstance(precision, str)
+                  else set()))
+    if bad:
+        raise UsageError(f"unknown cpu precision {', '.join(bad)}", fix=f"use one of {', '.join(PRECISIONS)} "
+                         f"(per entry: a mapping from this program's entries {sorted(program.entries)})")
+    return chosen
+
+
 class CpuExecutable:
-    def __init__(self, program: Program, weights: Mapping[str, np.ndarray], threads: int):
+    def __init__(self, program: Program, weights: Mapping[str, np.ndarray], threads: int,
+                 precision: str | Mapping[str, str] = "fp32"):
         bad = [s.op for e in program.entries.values() for s in e.steps if s.kind != "host"]
         if bad:
             raise ValueError(f"the cpu backend runs host steps only; this program has {bad[:3]} (target "
                              f"{program.target})")
         import onnxruntime  # here, not at import: commands that run no model never load it
         self.ort, self.program, self.threads = onnxruntime, program, threads
+        self.precision = entry_precisions(program, precision)
         self.weights = check_weights(program, weights)
-        self.graphs = {name: EntryGraph(program, e) for name, e in program.entries.items()}
+        self.graphs = {name: EntryGraph(program, e, self.precision[name]) for name, e in program.entries.items()}
         self.arrays: dict[str, tuple] = {}     # initializer name -> (array, OrtValue over it), shared by the sessions
         self.sessions: dict[str, object] = {}  # EntryGraph.key -> its session, built on the entry's first run
         self.lock = threading.Lock()
@@ -299,7 +342,7 @@ class CpuExecutable:
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                 options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
                 options.log_severity_level = 3
-                for name, make in graph.weights.items():
+                for name, (make, _, _) in graph.weights.items():
                     if name not in self.arrays:
                         # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
                         array = self.weights[name].reshape(self.program.buffers[name].shape) if make is None \
@@ -349,8 +392,10 @@ class CpuBackend:
     name = "cpu"
     target = "cpu"
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None, precision: str | Mapping[str, str] = "fp32"):
+        """precision: "fp32", or "int8" (int8 weights, ORT's quantized matmuls), for every entry or per entry."""
         self.threads = threads or load_settings().threads
+        self.precision = precision
 
     def load(self, program: Program, weights: Mapping[str, np.ndarray]) -> CpuExecutable:
-        return CpuExecutable(program, weights, self.threads)
+        return CpuExecutable(program, weights, self.threads, self.precision)
