@@ -301,3 +301,16 @@ def test_int8_is_refused_on_the_emulator():
     from sdk.session import Session
     with pytest.raises(UsageError, match="cpu backend option"):
         Session([bert.graph(bert.TINY, 1, 8)], {}, device="emu", precision="int8")
+
+
+def test_a_token_id_past_the_vocabulary_is_an_input_error():
+    from sdk.errors import InputError
+    program = compiler.compile(whisper.graphs(whisper.TINY))
+    exe = CpuBackend(2).load(program, _rand(program, np.random.default_rng(9)))
+    try:
+        with pytest.raises(InputError, match="refused its inputs") as error:
+            exe.run("decode_step", {"tokens": np.array([[whisper.TINY.vocab_size + 5]], np.int32), "pos": np.int32(0)},
+                    exe.new_state())
+        assert "vocabulary" in error.value.fix
+    finally:
+        exe.close()

@@ -20,7 +20,7 @@ from typing import Mapping
 
 import numpy as np
 
-from ..errors import SdkError, UsageError
+from ..errors import InputError, SdkError, UsageError
 from ..ops import NEG_INF
 from ..program import Entry, Program, Usage
 from ..settings import load as load_settings
@@ -28,7 +28,7 @@ from .backend import Counters, State, check_inputs, check_weights
 
 OPSET = 17
 # Intra-op threads that spin between ops take a core from anyone else: on a shared machine a spinning pool
-# collapses (bench/*.py under load), one that sleeps degrades with the load.
+# collapses, one that sleeps degrades with the load (measured both: see the closing note of issue 24).
 SPIN = "0"
 
 
@@ -40,7 +40,8 @@ class _Graph:
         from onnx import TensorProto, helper, numpy_helper
         self.helper, self.tensor, self.numpy_helper = helper, TensorProto, numpy_helper
         self.program, self.int8 = program, int8
-        self.nodes, self.constants, self.weights = [], [], {}  # weights: initializer name -> array
+        self.nodes, self.constants = [], []
+        self.weights: dict[str, tuple] = {}  # initializer name -> (make(weights) or None for the weight, dtype, shape)
         self.current: dict[str, str] = {}  # buffer -> the value that holds it now
         self.reads: list[str] = []          # buffers read from the caller (inputs and state), in order
 
@@ -341,7 +342,7 @@ class CpuExecutable:
                 options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                 options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
-                options.log_severity_level = 3
+                options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
                 for name, (make, _, _) in graph.weights.items():
                     if name not in self.arrays:
                         # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
@@ -378,7 +379,12 @@ class CpuExecutable:
         for buffer, value in graph.outputs.items():
             array = env[buffer] if buffer in graph.writes else results[buffer]  # state: written where it lives
             binding.bind_output(value, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-        session.run_with_iobinding(binding)
+        try:
+            session.run_with_iobinding(binding)
+        except RuntimeError as e:  # what ORT raises for data its kernels refuse (an index past a table, ...)
+            raise InputError(f"entry {program_entry.name} refused its inputs: {str(e).strip().splitlines()[-1]}",
+                             fix="check the token ids against the vocabulary and the position against the "
+                                 "model's context") from None
         self.counters.host_ops += len(program_entry.steps)
         self.counters.runs += 1
         return {name: np.array(env[b]) if b not in results else results[b] for name, b in program_entry.outputs.items()}
