@@ -1,6 +1,6 @@
 """Whisper tiny.en on the CPU: our cpu backend vs transformers (PyTorch eager), 2 threads, one process.
 
-    python bench/whisper.py [decoder] [encoder] [clips]     # default: all three
+    python bench/whisper.py [decoder] [encoder] [clips] [notorch]     # default: all three, with torch
 Reports (1) the decoder per token: 32 greedy steps with the KV cache from an empty cache, ours
 (`decode_greedy`: step + Whisper's filters + argmax, the cache written in place) vs transformers' decoder +
 proj_out + argmax with a EncoderDecoderCache (its first step computes the cross K/V, which ours did in `encode`:
@@ -9,7 +9,7 @@ static self-attention cache in, updated cache out, cross K/V in; argmax on the h
 would, numpy in and out; (2) a 30 s window through the encoder and every decoder layer's cross-attention K/V
 projections, what our `encode` entry computes; (3) transcribing the 5 LibriVox clips (features + encoder +
 greedy decoding with timestamps and temperature fallback) with the same tiny.en weights: ours
-`WhisperRecognizer.transcribe` vs faster-whisper (CTranslate2, the same model.bin, fp32 and int8, beam_size=1)
+`WhisperRecognizer.transcribe` (fp32 and --precision int8) vs faster-whisper (CTranslate2, the same model.bin, fp32 and int8, beam_size=1)
 vs transformers' WhisperFeatureExtractor + `generate(return_timestamps=True)`, with each one's WER.
 Needs the `reference` extra (torch, transformers, onnxruntime, onnx, faster-whisper) and Debian's
 pocketsphinx-testdata.
@@ -193,8 +193,8 @@ def main():
         print_table("encoder and the decoder's cross-attention K/V, one 30 s window",
                     compare({"ours": ours_encode, "torch": torch_encode, "onnxruntime": ort_encode}, min_blocks=3))
 
-    def ours_clips():
-        return [ours.transcribe(a).text for a in audio]
+    def ours_clips(recognizer=ours):
+        return [recognizer.transcribe(a).text for a in audio]
 
     def torch_clips():
         out = []
@@ -216,7 +216,10 @@ def main():
 
     if "clips" not in sections:
         return
-    cases = {"ours": ours_clips, "faster-whisper fp32": faster_whisper("float32"),
+    from pipelines.asr import TranscribeOptions
+    ours_int8 = WhisperRecognizer("whisper-tiny.en", device="cpu", options=TranscribeOptions(precision="int8"))
+    cases = {"ours": ours_clips, "ours --precision int8": lambda: ours_clips(ours_int8),
+             "faster-whisper fp32": faster_whisper("float32"),
              "faster-whisper int8": faster_whisper("int8"), "torch": torch_clips}
     if "notorch" in sections:
         del cases["torch"]
