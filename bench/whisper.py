@@ -9,8 +9,9 @@ static self-attention cache in, updated cache out, cross K/V in; argmax on the h
 would, numpy in and out; (2) a 30 s window through the encoder and every decoder layer's cross-attention K/V
 projections, what our `encode` entry computes; (3) transcribing the 5 LibriVox clips (features + encoder +
 greedy decoding with timestamps and temperature fallback) with the same tiny.en weights: ours
-`WhisperRecognizer.transcribe` (fp32 and --precision int8) vs faster-whisper (CTranslate2, the same model.bin, fp32 and int8, beam_size=1)
-vs transformers' WhisperFeatureExtractor + `generate(return_timestamps=True)`, with each one's WER.
+`WhisperRecognizer.transcribe` (fp32 and --precision int8) vs faster-whisper (CTranslate2, the same
+model.bin, fp32 and int8, beam_size=1) vs transformers' WhisperFeatureExtractor +
+`generate(return_timestamps=True)`, with each one's WER.
 Needs the `reference` extra (torch, transformers, onnxruntime, onnx, faster-whisper) and Debian's
 pocketsphinx-testdata.
 """
