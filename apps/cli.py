@@ -35,6 +35,8 @@ def _main(version: Annotated[bool, typer.Option("--version", callback=_print_ver
 DeviceOpt = Annotated[Optional[str], typer.Option(
     "--device", help="auto | npu | emu | cpu (default: $AIE_APPS_DEVICE or auto; npu is strict)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")]
+PrecisionOpt = Annotated[str, typer.Option(
+    "--precision", help="cpu backend: fp32 (default) or int8 (int8 weights where the model's accuracy gate allows)")]
 
 
 def err(message: str) -> None:

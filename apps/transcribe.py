@@ -11,7 +11,7 @@ import typer
 from sdk.atomic import write_atomic
 from sdk.errors import InputError, UsageError
 
-from .cli import DeviceOpt, app, command, err, report_error
+from .cli import DeviceOpt, PrecisionOpt, app, command, err, report_error
 
 
 class Format(str, Enum):
@@ -64,12 +64,14 @@ def transcribe(
     device: DeviceOpt = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto (the running one, else a local one) or HOST:PORT; needs -o DIR")] = None,
     max_errors: Annotated[int, typer.Option("--max-errors", help="with --ray: bad inputs to skip (listed) before the job fails")] = 0,
+    precision: PrecisionOpt = "fp32",
 ):
     """Transcribe audio files (Whisper tiny.en by default, offline; Parakeet and GigaAM with --model).
     An unreadable file is reported on stderr and skipped; the exit code is then 1."""
     from pipelines.asr import TranscribeOptions
     from pipelines.audio import check_audio_path
 
+    options = TranscribeOptions(language=language, task=task, precision=precision)  # bad options: before any work
     if ray is not None and output_dir is None:
         raise UsageError("--ray writes one transcript per file", fix="pass -o DIR")
     if output_dir is not None and not output_dir.is_dir():
@@ -88,13 +90,13 @@ def transcribe(
     if ray is not None:
         from pipelines.batch import ClusterOptions, transcribe as transcribe_on_ray
         report = transcribe_on_ray(usable, output_dir, lambda p: _target(output_dir, p, fmt), lambda t: render(t, fmt),
-                                   model=model, options=TranscribeOptions(language=language, task=task),
+                                   model=model, options=options,
                                    device=device, cluster=ClusterOptions(address=ray, max_errors=max_errors))
         err(f"wrote transcripts to {output_dir}: {report.summary()}")
         if len(files) > len(usable):
             raise typer.Exit(1)
         return
-    transcriber = _load(model, device, TranscribeOptions(language=language, task=task))
+    transcriber = _load(model, device, options)
     array = fmt is Format.json and output_dir is None and len(files) > 1  # stdout stays one JSON document
     failed, printed = len(files) - len(usable), 0
     for path in usable:

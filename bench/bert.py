@@ -1,8 +1,8 @@
 """BERT encoders on the CPU: our cpu backend vs PyTorch eager vs ONNX Runtime, batch 1, seq 128, 2 threads.
 
     python bench/bert.py            # MiniLM-L6 (real weights) and BERT-base shape (random weights)
-"ours" is the cpu backend as sessions get it (each encoder one OpenCV dnn network); "ours (numpy engine)" is
-the same program on the numpy engine (AIE_APPS_CPU_ENGINE=numpy).
+"ours" is the cpu backend as sessions get it (the encoder one ONNX Runtime session built from its program entry);
+"onnxruntime" is ONNX Runtime on torch's export of the same model.
 Needs the `reference` extra (torch, transformers, onnxruntime, onnx).
 """
 from __future__ import annotations
@@ -18,7 +18,6 @@ import numpy as np  # noqa: E402
 
 from sdk import hub  # noqa: E402
 from sdk.models import bert  # noqa: E402
-from sdk.runtime.cpu import CpuBackend  # noqa: E402
 from sdk.session import Session  # noqa: E402
 
 SEQ = 128
@@ -30,7 +29,6 @@ def contenders(cfg: bert.Config, weights: dict, hf_model):
     ids = rng.integers(1000, 2000, size=(1, SEQ)).astype(np.int32)
     zeros, mask = np.zeros_like(ids), np.ones(ids.shape, np.float32)
     session = Session([bert.graph(cfg, 1, SEQ)], weights, device="cpu")
-    numpy_engine = CpuBackend(engine="numpy").load(session.program, weights)  # the cpu backend before OpenCV
     t_ids = torch.tensor(ids, dtype=torch.long)
     onnx_path = tempfile.mktemp(suffix=".onnx")
     class LastHidden(torch.nn.Module):  # the exporter wants positional tensors in, tensors out
@@ -49,9 +47,6 @@ def contenders(cfg: bert.Config, weights: dict, hf_model):
     def ours():
         return session.run(ids=ids, token_types=zeros, mask=mask)["hidden"]
 
-    def ours_numpy():
-        return numpy_engine.run(None, {"ids": ids, "token_types": zeros, "mask": mask})["hidden"]
-
     def pytorch():
         with torch.no_grad():
             return hf_model(t_ids).last_hidden_state
@@ -61,7 +56,7 @@ def contenders(cfg: bert.Config, weights: dict, hf_model):
 
     diff = np.abs(ours() - pytorch().numpy()).max()
     print(f"  (check: max-abs ours vs torch {diff:.2e})")
-    return {"ours": ours, "ours (numpy engine)": ours_numpy, "torch": pytorch, "onnxruntime": onnxruntime}
+    return {"ours": ours, "torch": pytorch, "onnxruntime": onnxruntime}
 
 
 def main():

@@ -52,11 +52,12 @@ def compare(cases: dict[str, Callable[[], object]], *, warmup: int = 2, block_s:
     start, blocks = time.perf_counter(), 0
     while blocks < min_blocks or (time.perf_counter() - start < 10 and blocks < 2 * min_blocks):
         for name, fn in cases.items():
-            t_block = time.perf_counter()
-            while time.perf_counter() - t_block < block_s or not samples[name]:
+            t_block, ran = time.perf_counter(), False
+            while not ran or time.perf_counter() - t_block < block_s:  # at least one call per block
                 t = time.perf_counter()
                 fn()
                 samples[name].append(time.perf_counter() - t)
+                ran = True
             time.sleep(0.2)  # let the other runtime's spinning threads go idle
         blocks += 1
         if time.perf_counter() - start > max_s:

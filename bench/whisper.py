@@ -1,25 +1,31 @@
 """Whisper tiny.en on the CPU: our cpu backend vs transformers (PyTorch eager), 2 threads, one process.
 
-    python bench/whisper.py [decoder] [encoder] [clips]     # default: all three
+    python bench/whisper.py [decoder] [encoder] [clips] [notorch]     # default: all three, with torch
 Reports (1) the decoder per token: 32 greedy steps with the KV cache from an empty cache, ours
-(`decode_greedy`: step + Whisper's filters + argmax) vs transformers' decoder + proj_out + argmax with a
-EncoderDecoderCache (its first step computes the cross K/V, which ours did in `encode`: ~0.5 ms of its per-step
-figure); (2) a 30 s window through the encoder and every decoder layer's cross-attention K/V projections, what
-our `encode` entry computes; (3) the real-time factor of transcribing the 5 LibriVox clips
-(features + encoder + greedy decoding with timestamps), ours `WhisperRecognizer.transcribe` vs transformers'
-WhisperFeatureExtractor + `generate(return_timestamps=True)`. ONNX Runtime runs the encoder (exported with
-torch.onnx); it is not in the decoder rows: exporting Whisper's cached decoder step needs the optimum
-exporter, which is not installed here.
-Needs the `reference` extra (torch, transformers, onnxruntime, onnx) and Debian's pocketsphinx-testdata.
+(`decode_greedy`: step + Whisper's filters + argmax, the cache written in place) vs transformers' decoder +
+proj_out + argmax with a EncoderDecoderCache (its first step computes the cross K/V, which ours did in `encode`:
+~0.5 ms of its per-step figure) vs ONNX Runtime on a torch export of a cached decoder step (`CachedStep` below:
+static self-attention cache in, updated cache out, cross K/V in; argmax on the host), run as a plain ORT user
+would, numpy in and out; (2) a 30 s window through the encoder and every decoder layer's cross-attention K/V
+projections, what our `encode` entry computes; (3) transcribing the 5 LibriVox clips (features + encoder +
+greedy decoding with timestamps and temperature fallback) with the same tiny.en weights: ours
+`WhisperRecognizer.transcribe` (fp32 and --precision int8) vs faster-whisper (CTranslate2, the same
+model.bin, fp32 and int8, beam_size=1) vs transformers' WhisperFeatureExtractor +
+`generate(return_timestamps=True)`, with each one's WER.
+Needs the `reference` extra (torch, transformers, onnxruntime, onnx, faster-whisper) and Debian's
+pocketsphinx-testdata.
 """
 from __future__ import annotations
 
 import json
+import math
+import os
+import tempfile
 from pathlib import Path
 
 import sys
 
-from harness import compare, onnx_session, print_table, threads, torch_threads
+from harness import THREADS, compare, onnx_session, print_table, threads, torch_threads
 
 threads(2)
 
@@ -27,6 +33,7 @@ import numpy as np  # noqa: E402
 
 from pipelines.asr import WhisperRecognizer  # noqa: E402
 from pipelines.audio import load_audio, whisper_log_mel  # noqa: E402
+from tests.test_transcribe import wer  # noqa: E402  (the suite's WER: same normalisation)
 
 CLIPS = sorted(Path("/usr/share/pocketsphinx/test/data/librivox").glob("*.wav"))
 STEPS = 32
@@ -49,6 +56,47 @@ def hf_model(t: WhisperRecognizer):
         no_timestamps_token_id=tok.no_timestamps, max_initial_timestamp_index=50, is_multilingual=False,
         max_length=448)
     return model
+
+
+def cached_step(model, n_ctx: int):
+    """transformers' Whisper decoder as one cached step over a static cache: what an ONNX export of the decoder
+    looks like without the optimum exporter (its EncoderDecoderCache is an object, not tensors)."""
+    import torch
+    decoder, H = model.model.decoder, model.config.decoder_attention_heads
+
+    def heads(t):
+        return t.view(1, -1, H, t.shape[-1] // H).transpose(1, 2)
+
+    def attend(q, k, v, mask=None):
+        scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        return torch.softmax(scores if mask is None else scores + mask, dim=-1) @ v
+
+    class CachedStep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.decoder = decoder  # a submodule: its weights export as initializers
+
+        def forward(self, token, pos, self_k, self_v, cross_k, cross_v):
+            # token [1, 1]; pos [1]; self_k/v [layers, 1, H, n_ctx, D]; cross_k/v [layers, 1, H, 1500, D]
+            x = decoder.embed_tokens(token) + decoder.embed_positions.weight[pos][None]
+            here = (torch.arange(n_ctx) == pos).view(1, 1, n_ctx, 1)
+            mask = torch.where(torch.arange(n_ctx) <= pos, 0.0, float("-inf"))
+            new_k, new_v = [], []
+            for i, layer in enumerate(decoder.layers):
+                a = layer.self_attn
+                h = layer.self_attn_layer_norm(x)
+                k = torch.where(here, heads(a.k_proj(h)), self_k[i])
+                v = torch.where(here, heads(a.v_proj(h)), self_v[i])
+                new_k.append(k), new_v.append(v)
+                x = x + a.out_proj(attend(heads(a.q_proj(h)), k, v, mask).transpose(1, 2).reshape(1, 1, -1))
+                c = layer.encoder_attn
+                h = layer.encoder_attn_layer_norm(x)
+                x = x + c.out_proj(attend(heads(c.q_proj(h)), cross_k[i], cross_v[i]).transpose(1, 2).reshape(1, 1, -1))
+                h = layer.final_layer_norm(x)
+                x = x + layer.fc2(torch.nn.functional.gelu(layer.fc1(h)))
+            logits = decoder.layer_norm(x) @ decoder.embed_tokens.weight.T
+            return logits, torch.stack(new_k), torch.stack(new_v)
+    return CachedStep().eval()
 
 
 def main():
@@ -84,11 +132,31 @@ def main():
         return tokens
 
     if "decoder" in sections:
-        print(f"  (check: the same {STEPS} greedy tokens: {ours_steps() == torch_steps()})")
-        med = print_table(f"decoder, {STEPS} greedy steps from an empty cache (per step)",
-                          {k: [t / STEPS for t in v]
-                           for k, v in compare({"ours": ours_steps, "torch": torch_steps}).items()})
-        print(f"  (transformers ~19.6 ms/token measured earlier on this machine; ours {med['ours'] * 1e3:.1f})")
+        cfg, L = ours.cfg, ours.cfg.decoder_layers
+        cross = {n: np.stack([state.buffers[f"{n}.{i}"] for i in range(L)]) for n in ("cross_k", "cross_v")}
+        empty = np.zeros((L, *state.buffers["self_k.0"].shape), np.float32)
+        step = cached_step(model, cfg.max_target_positions)
+        path = tempfile.mktemp(suffix=".onnx")
+        with torch.no_grad():
+            torch.onnx.export(step, (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                                     *(torch.from_numpy(a) for a in (empty, empty, cross["cross_k"], cross["cross_v"]))),
+                              path, input_names=["token", "pos", "self_k", "self_v", "cross_k", "cross_v"],
+                              output_names=["logits", "new_k", "new_v"], dynamo=False, opset_version=17)
+        ort = onnx_session(path)
+
+        def ort_steps():
+            tokens, k, v = [ours.tokenizer.sot], empty, empty
+            for pos in range(STEPS):
+                logits, k, v = ort.run(None, {"token": np.array([[tokens[-1]]], np.int64), "pos": np.array([pos]),
+                                              "self_k": k, "self_v": v, **cross})
+                tokens.append(int(logits[0, -1].argmax()))
+            return tokens
+
+        print(f"  (check: the same {STEPS} greedy tokens: ours = torch {ours_steps() == torch_steps()}, "
+              f"ours = onnxruntime {ours_steps() == ort_steps()})")
+        print_table(f"decoder, {STEPS} greedy steps from an empty cache (per step)",
+                    {k: [t / STEPS for t in v] for k, v in compare(
+                        {"ours": ours_steps, "onnxruntime": ort_steps, "torch": torch_steps}).items()})
 
     class EncoderAndCrossKV(torch.nn.Module):
         """What our `encode` entry computes: the encoder, then every decoder layer's cross-attention K and V
@@ -112,8 +180,6 @@ def main():
             encoder_and_kv(torch.from_numpy(mel))
 
     if "encoder" in sections:
-        import tempfile
-
         path = tempfile.mktemp(suffix=".onnx")
         with torch.no_grad():
             torch.onnx.export(encoder_and_kv, (torch.from_numpy(mel),), path, input_names=["mel"],
@@ -128,8 +194,8 @@ def main():
         print_table("encoder and the decoder's cross-attention K/V, one 30 s window",
                     compare({"ours": ours_encode, "torch": torch_encode, "onnxruntime": ort_encode}, min_blocks=3))
 
-    def ours_clips():
-        return [ours.transcribe(a).text for a in audio]
+    def ours_clips(recognizer=ours):
+        return [recognizer.transcribe(a).text for a in audio]
 
     def torch_clips():
         out = []
@@ -140,14 +206,33 @@ def main():
                 out.append(ours.tokenizer.decode(ids).strip())
         return out
 
+    def faster_whisper(compute_type: str):
+        from faster_whisper import WhisperModel
+        fw = WhisperModel(str(ours.source.path), device="cpu", compute_type=compute_type, cpu_threads=THREADS)
+
+        def run():  # greedy with temperature fallback and timestamps, as ours
+            return [" ".join(s.text.strip() for s in fw.transcribe(a, language="en", beam_size=1, vad_filter=False)[0])
+                    for a in audio]
+        return run
+
     if "clips" not in sections:
         return
-    same = ours_clips() == torch_clips()
-    stats = compare({"ours": ours_clips, "torch": torch_clips}, warmup=0, min_blocks=2, block_s=0.0)
+    from pipelines.asr import TranscribeOptions
+    ours_int8 = WhisperRecognizer("whisper-tiny.en", device="cpu", options=TranscribeOptions(precision="int8"))
+    cases = {"ours": ours_clips, "ours --precision int8": lambda: ours_clips(ours_int8),
+             "faster-whisper fp32": faster_whisper("float32"),
+             "faster-whisper int8": faster_whisper("int8"), "torch": torch_clips}
+    if "notorch" in sections:
+        del cases["torch"]
+    for name, fn in cases.items():
+        texts = dict(zip((c.stem for c in CLIPS), fn()))
+        rate, errors, words = wer(texts)
+        print(f"  WER {name}: {rate:.1%} ({errors}/{words})")
+    rounds = int(os.environ.get("ROUNDS", 3))  # every round, however slow the machine: n is the rounds asked for
+    stats = compare(cases, warmup=0, min_blocks=rounds, block_s=0.0, max_s=float("inf"))
     med = print_table(f"5 LibriVox clips ({seconds:.1f} s of audio), whole transcription", stats, unit=1, unit_name="s")
     for name, m in med.items():
         print(f"  real-time factor {name}: {m / seconds:.3f}")
-    print(f"  transcripts identical: {same}")
 
 
 if __name__ == "__main__":

@@ -68,10 +68,14 @@ class TranscribeOptions:
     tokens_per_second: float = 10.0   # sampled tokens allowed per second of audio (+ 16): about twice fast speech
                                       # with timestamps; bounds a looping decode of a short window
     seed: int = 0                     # for sampling at temperature > 0
+    precision: str = "fp32"           # cpu backend: "int8" runs the entries whisper.INT8_ENTRIES names with int8
+                                      # weights (the entries its WER gate allows), the rest fp32
 
     def __post_init__(self):
         if self.task not in ("transcribe", "translate"):
             raise UsageError(f"unknown task {self.task!r}", fix="use transcribe or translate")
+        if self.precision not in ("fp32", "int8"):
+            raise UsageError(f"unknown precision {self.precision!r}", fix="use fp32 or int8")
         if not self.temperatures or min(self.temperatures) < 0:
             raise UsageError(f"temperatures must be a non-empty tuple of values >= 0, got {self.temperatures!r}",
                              fix="e.g. (0.0,) for greedy only, or the default (0.0, 0.2, ..., 1.0)")
@@ -156,7 +160,9 @@ class WhisperRecognizer:
         if self.english_only and options.language not in (None, "en"):
             raise UsageError(f"{self.source.name} is an English-only model; it cannot transcribe {options.language!r}",
                              fix="use a multilingual model (e.g. whisper-base, or openai/whisper-tiny when online) or --language en")
-        self.session = Session(whisper.program_graphs(self.cfg, tok.timestamp_begin), weights, device=device)
+        precision = {name: "int8" for name in whisper.INT8_ENTRIES} if options.precision == "int8" else options.precision
+        self.session = Session(whisper.program_graphs(self.cfg, tok.timestamp_begin), weights, device=device,
+                               precision=precision)
         self.state = self.session.new_state()
         self.session.run("set_suppress", self.state, bias=self._suppress_table(folder))
         self._lock = threading.Lock()
@@ -425,6 +431,8 @@ class Transcriber:
         source = hub.resolve(model)
         model_type = read_config(source.path).get("model_type")  # none in a CTranslate2 (faster-whisper) folder
         if model_type in CONFORMER_TYPES:
+            if options.precision != "fp32":  # no accuracy gate has passed for them yet
+                raise UsageError(f"{source.path.name} runs in fp32 only", fix="drop --precision, or use a Whisper model")
             if options.language is not None or options.task != "transcribe":  # not to be ignored silently
                 raise UsageError(f"{source.path.name} transcribes the language it was trained on: it takes no "
                                  "language and cannot translate", fix="drop --language/--task, or use a Whisper model")

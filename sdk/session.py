@@ -14,14 +14,17 @@ import numpy as np
 
 from . import compiler
 from .graph import Graph
-from .errors import DeviceUnavailable
+from .errors import DeviceUnavailable, UsageError
 from .runtime import DeviceChoice, choose_device, fall_back, open_backend
 from .runtime.backend import Counters, State
 
 
 class Session:
     def __init__(self, graphs: Sequence[Graph], weights: Mapping[str, np.ndarray], *, device: str | None = None,
-                 target: str | None = None):
+                 target: str | None = None, precision: str | Mapping[str, str] = "fp32"):
+        """precision: the cpu backend's "fp32" (default) or "int8" (int8 weights, ONNX Runtime's quantized
+        matmuls), for every entry or per entry name; the NPU backends run their own compiled precisions."""
+        self.precision = precision
         self.choice: DeviceChoice = choose_device(device)
         try:
             self._open(graphs, weights, target)
@@ -32,7 +35,12 @@ class Session:
             self._open(graphs, weights, None)
 
     def _open(self, graphs, weights, target):
-        self.backend = open_backend(self.choice.effective)
+        if self.choice.effective != "cpu" and self.precision != "fp32":
+            raise UsageError(f"precision {self.precision!r} is a cpu backend option; the {self.choice.effective} "
+                             f"backend runs the precisions its program was compiled for",
+                             fix="use --device cpu with --precision int8, or drop --precision")
+        options = {"precision": self.precision} if self.choice.effective == "cpu" else {}
+        self.backend = open_backend(self.choice.effective, **options)
         self.program = compiler.compile(list(graphs), target or self.backend.target)
         self._exe = self.backend.load(self.program, weights)
 

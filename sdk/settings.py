@@ -8,7 +8,6 @@ from pathlib import Path
 from .errors import SdkError
 
 DEVICES = ("auto", "npu", "emu", "cpu")
-CPU_ENGINES = ("opencv", "numpy")
 
 
 def _truthy(value: str | None) -> bool:
@@ -26,8 +25,7 @@ class Settings:
     runtime_dir: Path      # XDG_RUNTIME_DIR (dictation control socket), else the cache home
     session_type: str      # the desktop session: "x11", "wayland" or "tty" (XDG_SESSION_TYPE, else the displays)
     x11_display: bool      # DISPLAY is set: an X server (or XWayland) can be reached
-    threads: int           # AIE_APPS_THREADS: the cpu backend's workers, default the CPUs this process may use
-    cpu_engine: str        # AIE_APPS_CPU_ENGINE: "opencv" (default; entries it cannot run use numpy) or "numpy"
+    threads: int           # AIE_APPS_THREADS: the cpu backend's intra-op threads, default the CPUs this process may use
     display: str = ""      # DISPLAY: the X server to reach (classify checks it answers before opening a window)
 
     @property
@@ -61,7 +59,6 @@ def load(environ=None) -> Settings:
         session_type=_session_type(env),
         x11_display=bool(env.get("DISPLAY")),
         threads=_threads(env.get("AIE_APPS_THREADS")),
-        cpu_engine=(env.get("AIE_APPS_CPU_ENGINE") or "opencv").strip().lower(),
         display=env.get("DISPLAY") or "",
     )
 

@@ -16,49 +16,7 @@ rng = np.random.default_rng(0)
 def test_gelu_matches_erf_definition():
     x = np.linspace(-8, 8, 2001).astype(np.float32)
     exact = np.array([0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x.astype(np.float64)])
-    assert np.abs(ops.gelu(x) - exact).max() < 2e-6
-
-
-def _fills_out_cases():
-    r = np.random.default_rng(1)
-    x, row = r.standard_normal((40, 33)).astype(np.float32), r.standard_normal(33).astype(np.float32)
-    qkv = [r.standard_normal((2, 40, 33)).astype(np.float32) for _ in range(3)]
-    return {"add": ([x, row], {}), "sub": ([x, row], {}), "mul": ([x, row], {}), "gelu": ([x], {}),
-            "silu": ([x], {}), "layer_norm": ([x, row, row * 0.1], {"eps": 1e-5}),
-            "attention": (qkv, {"scale": 0.2})}
-
-
-FILLS_OUT = _fills_out_cases()
-
-
-@pytest.mark.parametrize("name", FILLS_OUT)
-def test_ops_that_fill_out_write_the_same_numbers_into_the_given_array(name):
-    """The cpu backend's chains and splits pass out= (a block of a bigger array, or a strided slice)."""
-    op, (args, attrs) = ops.OPS[name], FILLS_OUT[name]
-    assert op.fills_out and set(FILLS_OUT) == {n for n, o in ops.OPS.items() if o.fills_out}
-    want = op.ref(*args, **attrs)
-    inside = np.full((3,) + want.shape, np.nan, np.float32)[1]
-    strided = np.full(want.shape[:-1] + (want.shape[-1] + 17,), np.nan, np.float32)[..., 7:7 + want.shape[-1]]
-    for out in (inside, strided):
-        assert op.ref(*args, **attrs, out=out) is out
-        assert np.array_equal(out, want)
-
-
-def test_exp_float32_is_accurate_in_place_and_keeps_the_limits():
-    """float32 exp goes through OpenCV: within 3e-7 relative of float64's over the whole range, written into
-    the array it is given (any rank, a slice of a bigger array), with numpy's inf / 0 / nan limits."""
-    x = np.linspace(-87, 88, 400_001).astype(np.float32)
-    exact = np.exp(x.astype(np.float64))
-    assert (np.abs(ops.exp(x) - exact) / exact).max() < 3e-7
-    big = rng.standard_normal((3, 40, 50)).astype(np.float32)
-    want = np.exp(big[1].astype(np.float64))
-    view = big[1]  # contiguous, inside a bigger array
-    assert ops.exp_into(view, view) is view and np.allclose(big[1], want, rtol=3e-7)
-    odd = rng.standard_normal((4, 6)).astype(np.float32)[:, ::2]  # strided: numpy's path, same numbers
-    assert np.allclose(ops.exp(odd), np.exp(odd.astype(np.float64)), rtol=3e-7)
-    limits = ops.exp(np.float32([-np.inf, -200, 200, np.inf, np.nan]))
-    assert limits[:2].tolist() == [0, 0] and np.isinf(limits[2:4]).all() and np.isnan(limits[4])
-    assert ops.exp(np.arange(3)).dtype == np.float64  # integers: numpy's exp as before
+    assert np.abs(ops.gelu(x) - exact).max() <= np.spacing(np.float32(8)) / 2  # float32's rounding, no more
 
 
 def test_gelu_tanh_sigmoid_silu_closed_forms():
@@ -69,6 +27,7 @@ def test_gelu_tanh_sigmoid_silu_closed_forms():
     tanh_form = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
     assert np.abs(ops.gelu_tanh(x) - tanh_form).max() < 2e-6  # measured 3.3e-7; the erf GELU is 4.7e-4 away
     assert np.isfinite(ops.sigmoid(np.float32([-1e4, 1e4]))).all()
+    assert np.array_equal(ops.exp(x), np.exp(x))
 
 
 def test_softmax_and_log_softmax():
@@ -101,38 +60,25 @@ def attention_float64(q, k, v, mask, scale):
     return (p / p.sum(axis=-1, keepdims=True)) @ v.astype(np.float64)
 
 
-@pytest.mark.parametrize("case, shifted, tol", [
-    ("moderate scores", [False], 2e-6),
-    ("scores up to ~200: e^s overflows", [False, True, True, True, True], 2e-5),
-    ("one head's scores up to ~200", [False, True], 2e-5),
-    ("every score below -57: row sums under 2^-64", [False, True, True, True, True], 2e-5),
-    ("a fully masked row", [False, True, True, True, True], 2e-6),
+@pytest.mark.parametrize("case, tol", [
+    ("moderate scores", 2e-6),
+    ("scores up to ~200: e^s would overflow without the row max", 2e-5),
+    ("every score below -57", 2e-5),
+    ("a fully masked row", 2e-6),
 ])
-def test_attention_subtracts_the_row_max_only_where_float32_needs_it(case, shifted, tol, monkeypatch):
-    """Softmax first goes without each row's max; in each head where e^s over- or underflowed (seen in the
-    row sums and the output) it is redone with the max subtracted, and only there. Either way: softmax's
-    numbers, to float32's rounding of scores that size."""
+def test_attention_is_softmax_to_float32_rounding_whatever_the_scores(case, tol):
     q, k, v = (rng.normal(size=(1, 4, 64, 32)).astype(np.float32) for _ in range(3))
     mask = None
     if case.startswith("scores up to"):
         q, k = q * 6, k * 6
-    elif case.startswith("one head's"):
-        q[:, 2], k[:, 2] = q[:, 2] * 6, k[:, 2] * 6
     elif case.startswith("every score"):
         q, k = np.abs(q) * 3 + 3, -np.abs(k) * 3 - 3  # each of q . k's 32 terms <= -9: scores <= -57.6
     elif case.startswith("a fully masked"):
         mask = np.zeros((64, 64), np.float32)  # broadcast over the 4 heads: each has the masked row
         mask[5] = ops.NEG_INF
-    calls = []
-    weigh = ops._weigh
-    monkeypatch.setattr(ops, "_weigh", lambda *a, shift: calls.append(shift) or weigh(*a, shift=shift))
     ours, ref = ops.attention(q, k, v, mask, scale=0.2), attention_float64(q, k, v, mask, 0.2)
-    assert calls == shifted
     assert np.isfinite(ours).all()
     assert np.abs(ours - ref).max() <= tol * np.abs(ref).max()
-    if case.startswith("one head's"):  # the heads not redone are exactly what they were
-        calm = [0, 1, 3]
-        assert np.array_equal(ours[:, calm], ops.attention(q[:, calm], k[:, calm], v[:, calm], None, scale=0.2))
 
 
 def conv2d_direct(x, w, b, stride, pad, groups):

@@ -87,6 +87,16 @@ def test_librivox_wer(results, capsys):
         assert len(r.segments) == 1 and r.segments[0].start == 0 and r.segments[0].end == pytest.approx(r.duration, abs=0.02)
 
 
+def test_librivox_wer_int8_is_within_half_a_point_of_fp32(results, capsys):
+    """The gate that lets whisper.INT8_ENTRIES run with int8 weights (--precision int8 on the cpu backend)."""
+    with Transcriber("whisper-tiny.en", device="cpu", options=TranscribeOptions(timestamps=False, precision="int8")) as t:
+        int8, _, _ = wer({c.stem: t.transcribe(c).text for c in CLIPS})
+    fp32, _, _ = wer({k: r.text for k, r in results.items()})
+    with capsys.disabled():
+        print(f"\n  WER tiny.en int8 on 5 LibriVox clips: {int8:.1%} (fp32 {fp32:.1%})", end="")
+    assert int8 <= fp32 + 0.005
+
+
 def test_timestamped_segments(transcriber, results):
     clip = CLIPS[0]
     r = transcriber.transcribe(clip)
@@ -260,6 +270,8 @@ def test_cli_errors(transcriber, tmp_path, monkeypatch):
     assert r.exit_code == 1 and "error: cannot read" in r.stderr and "amiable" in r.stdout  # the good file still runs
     r = CliRunner().invoke(app, ["transcribe", str(CLIPS[0]), "--format", "docx"])
     assert r.exit_code == 2
+    r = CliRunner().invoke(app, ["transcribe", str(CLIPS[0]), "--precision", "int4"])
+    assert r.exit_code == 2 and "unknown precision 'int4'" in r.stderr and "fix: use fp32 or int8" in r.stderr
 
 
 def test_cli_refuses_output_names_that_collide_before_any_work(tmp_path, monkeypatch):

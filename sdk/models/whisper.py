@@ -276,6 +276,11 @@ def _state(cfg: Config) -> dict[str, tuple]:
     return s
 
 
+# The entries that may run with int8 weights on the cpu backend (--precision int8): the WER gate on the 5
+# LibriVox clips (tests/test_transcribe.py) holds for these.
+INT8_ENTRIES = ("encode", "decode_step", "decode_greedy")
+
+
 def graphs(cfg: Config, *, timestamp_begin: int | None = None, prefill: tuple[int, ...] = ()) -> list[Graph]:
     """`encode`, `decode_step`, `decode_{n}` per prefill length, and (with the tokenizer's first timestamp id)
     `set_suppress` + `decode_greedy`: everything one transcription stream needs, for ONE session."""

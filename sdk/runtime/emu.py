@@ -26,11 +26,13 @@ from typing import Mapping
 import numpy as np
 
 from ..errors import InputError, UsageError
-from ..ops import ERFC_A, ERFC_P, OPS
+from ..ops import OPS
 from ..program import Program, Step, apply_views
 from . import packing
 from .arena import BF16, NPU_TARGETS, ArenaExecutable, ArenaState
 from .backend import State
+from .emu_numerics import ERFC_A, ERFC_P
+
 # operands a kernel does not stream through the core: the packed GEMM weight (read tile by tile, decoded
 # once below) and the cache a state write lands in
 NOT_STREAMED = {("gemm", 1), ("state_write", 0)}
