@@ -43,6 +43,7 @@ import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, field, replace
+from difflib import SequenceMatcher
 from pathlib import Path
 from typing import Callable, Iterator, Union
 
@@ -55,6 +56,7 @@ from .audio import float_samples, read_audio, to_mono
 SAMPLE_RATE = 16000
 FRAME = 480                   # 30 ms VAD frames
 FRAME_SECONDS = FRAME / SAMPLE_RATE
+SLIDE_OVERLAP = 1.0           # s of committed audio an early commit keeps in the buffer (see _commit_agreed)
 WINDOW_SECONDS = 30.0         # Whisper's encoder window; other models say theirs in `window_seconds`
 
 
@@ -257,28 +259,34 @@ class _Hypothesis:
         return _Hypothesis([self.segments[i] for i in keep], self.words[n:], [self.ends[i] - n for i in keep])
 
 
-def _edit_distance(a: list[str], b: list[str]) -> int:
+def _edit_distance(a: list[str], b: list[str], same: Callable[[str, str], bool] = str.__eq__) -> int:
     row = list(range(len(b) + 1))
     for i, x in enumerate(a, 1):
         previous, row[0] = row[:], i
         for j, y in enumerate(b, 1):
-            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (x != y))
+            row[j] = min(previous[j] + 1, row[j - 1] + 1, previous[j - 1] + (not same(x, y)))
     return row[-1]
+
+
+def _similar(a: str, b: str) -> bool:
+    """One word heard twice: equal, or spelt alike (tiny models re-transcribe "ill-disposed" as "old-sposed")."""
+    return a == b or (min(len(a), len(b)) >= 4 and SequenceMatcher(None, a, b).ratio() >= 0.6)
 
 
 def _overlap(before: list[str], after: list[str], *, most: int = 40) -> int:
     """How many leading words of `after` re-transcribe the end of `before`: the longest k whose first k
-    words end with the last word of `before` and match some tail of it with at most k // 4 word errors."""
+    words end with (a spelling like) the last word of `before` and match some tail of it with at most k // 4
+    word errors."""
     b = [_norm(w) for w in before[-most:]]
     a = [_norm(w) for w in after[:most]]
     if not a or not b:
         return 0
     for k in range(min(len(a), len(b) + 3), 0, -1):
-        if a[k - 1] != b[-1]:
+        if not _similar(a[k - 1], b[-1]):
             continue
         allowed = k // 4
         for m in range(max(1, k - allowed), min(len(b), k + allowed) + 1):
-            if _edit_distance(a[:k], b[-m:]) <= allowed:
+            if _edit_distance(a[:k], b[-m:], same=_similar) <= allowed:
                 return k
     return 0
 
@@ -413,7 +421,7 @@ class Recognizer:
     def _begin_utterance(self, speech_start: float):
         pre = [self._past.pop() for _ in range(min(self._preroll_frames, len(self._past)))][::-1]
         self._chunks = pre + self._onset_run
-        self._buffer_start = speech_start - len(pre) * FRAME_SECONDS
+        self._buffer_start = self._committed_until = speech_start - len(pre) * FRAME_SECONDS
         self._speech_start = speech_start
         self._onset_run = []
         self._since_decode = len(self._chunks) * FRAME_SECONDS
@@ -421,6 +429,7 @@ class Recognizer:
     def _reset_utterance(self):
         self._chunks: list[np.ndarray] | None = None
         self._buffer_start = self._speech_start = 0.0
+        self._committed_until = 0.0               # audio time up to which finals hold the speech
         self._voiced = 0
         self._since_decode = 0.0
         self._previous: _Hypothesis | None = None
@@ -480,7 +489,8 @@ class Recognizer:
         own = [seg for seg in segments if min(seg.end, window_end) > self._buffer_start + 0.3]
         hyp = _Hypothesis.from_segments(own, window_end)
         first = hyp.segments[0] if hyp.segments else None
-        if context and first is not None and first.start < self._buffer_start - 0.2:
+        heard_final_audio = bool(context) or self._committed_until > self._buffer_start
+        if heard_final_audio and first is not None and first.start < self._committed_until - 0.2:
             hyp = hyp.without_prefix(_overlap(self._last_final, hyp.words))
         self._latest, self._latest_end = hyp, window_end
         return hyp
@@ -503,7 +513,9 @@ class Recognizer:
 
     def _commit_agreed(self, hyp: _Hypothesis) -> list[Event]:
         """Long speech: the agreed segments that ended >= 1 s before the buffer end become final, and the
-        window slides past them (whisper_streaming's segment trimming)."""
+        window slides past them (whisper_streaming's segment trimming), keeping SLIDE_OVERLAP s of their audio:
+        Whisper's segment end is loose, and the words after it may begin before it; kept in the buffer, they
+        are decoded again (and what re-transcribes the final is dropped by text), never lost."""
         buffer_end = self._buffer_start + self._duration()
         cut = None
         for i, (seg, end_word) in enumerate(zip(hyp.segments, hyp.ends)):
@@ -516,11 +528,11 @@ class Recognizer:
         seg_end = float(hyp.segments[cut].end)
         words = hyp.words[:hyp.ends[cut]]
         final = self._final(words, self._speech_start, seg_end)
-        drop = int(round((seg_end - self._buffer_start) / FRAME_SECONDS))
+        drop = max(0, int(round((seg_end - SLIDE_OVERLAP - self._buffer_start) / FRAME_SECONDS)))
         self._past.extend(self._chunks[:drop])
         self._chunks = self._chunks[drop:]
         self._buffer_start += drop * FRAME_SECONDS
-        self._speech_start = self._buffer_start
+        self._speech_start = self._committed_until = seg_end
         rest = hyp.words[hyp.ends[cut]:]
         self._previous = _Hypothesis([], rest, [len(rest)]) if rest else None
         self._latest = None                       # it decoded the buffer before the slide
@@ -533,7 +545,7 @@ class Recognizer:
         end = self._now()
         events = [self._final(hyp.words, self._speech_start, end)] if hyp and hyp.words else []
         self._past.extend(self._chunks)
-        self._chunks, self._buffer_start, self._speech_start = [], end, end
+        self._chunks, self._buffer_start, self._speech_start, self._committed_until = [], end, end, end
         self._previous, self._agreed, self._voiced, self._latest = None, 0, 0, None
         return events
 
@@ -1046,9 +1058,10 @@ class Stream:
                 if simulated:
                     self.sim_clock = max(self.sim_clock, self.processed / SAMPLE_RATE) + time.perf_counter() - started
                 self._emit(events, self._clock(pace))
-                if self._limits_reached(rec):
+                if self._limits_reached(rec):   # what waits in the ring (a fast file has plenty) is past the limit
                     self._stop.set()
                     self.ring.close()
+                    break
             if not self._cancel:
                 self._emit(rec.finish(), self._clock(pace))
         except SdkError as e:
