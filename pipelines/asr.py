@@ -3,7 +3,7 @@
     from sdk import Transcriber
     t = Transcriber()                              # whisper-tiny.en, device auto
     print(t.transcribe("talk.wav").text)
-    t.start(Microphone()); for event in t.events(): ...   # live (pipelines/dictation.py)
+    t.start(Microphone()); for event in t.events(): ...   # live (pipelines/dictation/)
 
 `Transcriber` serves every ASR family: Whisper (this file's WhisperRecognizer) and the conformers
 (Parakeet, GigaAM: pipelines/conformer_asr.py), chosen from the checkpoint's config.json. The rest of this
@@ -445,7 +445,7 @@ class Transcriber:
     def report(self) -> dict:
         return self.recognizer.report()
 
-    # -- live audio (pipelines/dictation.py does the work; dictation never imports this module)
+    # -- live audio (pipelines/dictation/ does the work; dictation never imports this module)
 
     def start(self, source=None, options=None, *, save_audio=None):
         """Start transcribing `source` (a Microphone, a FileSource, or None to `feed()` audio yourself)."""

@@ -282,7 +282,7 @@ def test_repetition_guard():
 
 def test_context_repeats_are_found_in_whisper_output():
     """Real tiny.en outputs: the left context re-transcribed (with small differences) ahead of new words."""
-    from pipelines.dictation import _overlap
+    from pipelines.dictation.text_guards import overlap_words as _overlap
     last = "Had he married a more amiable woman, he might have been made still more respectable than he was.".split()
     again = "a woman he might have been made still more respectable than he was. He might even have been".split()
     assert _overlap(last, again) == 13
@@ -291,6 +291,10 @@ def test_context_repeats_are_found_in_whisper_output():
     assert _overlap(last, merged) == 14
     assert _overlap("selfish is to be ill-disposed.".split(), "Had he married a more".split()) == 0
     assert _overlap([], "nothing was final before".split()) == 0
+    # the same words spelt differently by another decode still match (else the clip is written twice)
+    last = "Unless to be rather cold-hearted and rather selfish is to be old-sposed.".split()
+    again = "Unless to be rather cold-hearted and rather selfish is to be ill-disposed. Had he".split()
+    assert _overlap(last, again) == 12
 
 
 def test_options_are_checked():
