@@ -226,19 +226,23 @@ class WhisperRecognizer:
                        self.tokenizer.transcribe if o.task == "transcribe" else self.tokenizer.translate]
         if not o.timestamps:
             prompt.append(self.tokenizer.no_timestamps)
-        result = None
+        result, tried = None, []
         max_tokens = int(o.tokens_per_second * len(samples) / audio.SAMPLE_RATE) + 16
         for temperature in o.temperatures if fallback else o.temperatures[:1]:
             result = self._decode(prompt, temperature, max_tokens, stop)
             if result is None:
                 return None
-            retry = ((o.compression_ratio_threshold is not None
-                      and result.compression_ratio > o.compression_ratio_threshold)
-                     or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold))
+            looping = o.compression_ratio_threshold is not None and result.compression_ratio > o.compression_ratio_threshold
+            retry = looping or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold)
             if o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold:
                 retry = False  # silence: the skip below decides
             if not retry:
                 break
+            tried.append((looping, -result.avg_logprob, len(tried), result))
+        else:
+            # every temperature failed a check: the likeliest decode that does not loop (as faster-whisper does),
+            # not the last one, which at temperature 1.0 is often noise (whisper-base on German: "ночgutten")
+            result = min(tried)[-1] if tried else result
         if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
                 and not (o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold)):
             return [], size, language
