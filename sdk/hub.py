@@ -75,8 +75,8 @@ def _package_dir(k: Known) -> Path | None:
 
 def _joined_parts(name: str, k: Known, settings: Settings) -> Path | None:
     """A model shipped split over packages (wheels have a size limit): model.bin is joined once into our cache,
-    next to copies of the small files, and rejoined only when the installed parts change size. None when no
-    part is installed; one part without the others is a ModelNotFound naming the install command."""
+    next to copies of the small files, and joined again only when the installed parts change (size, or newer).
+    None when no part is installed; one part without the others is a ModelNotFound naming the install command."""
     folders = [_package_dir(Known(k.hf_repo, package, k.package_dir)) for package in k.parts]
     if not any(folders):
         return None
@@ -87,12 +87,12 @@ def _joined_parts(name: str, k: Known, settings: Settings) -> Path | None:
                             fix=f"install all of it: `{k.install}`")
     target = settings.models_dir / k.hf_repo.replace("/", "--")
     target.mkdir(parents=True, exist_ok=True)
-    size = sum(p.stat().st_size for p in pieces)
+    size, installed = sum(p.stat().st_size for p in pieces), max(p.stat().st_mtime for p in pieces)
     for f in k.files:
         done = target / f
         source = folders[0] / f
         if f == "model.bin":
-            if done.is_file() and done.stat().st_size == size:
+            if done.is_file() and done.stat().st_size == size and done.stat().st_mtime >= installed:
                 continue
             sources = pieces
         elif done.is_file() and done.stat().st_size == source.stat().st_size:
