@@ -102,7 +102,8 @@ def materials():
     music = np.concatenate(chords)[:n]
     music[::RATE // 4] += 0.5
     out["music (synthetic)"] = (music.astype(np.float32), [])
-    out["silence + faint hiss"] = ((np.r_[np.zeros(10 * RATE), 0.0005 * rng.standard_normal(20 * RATE)]).astype(np.float32), [])
+    hiss = np.r_[np.zeros(10 * RATE), 0.0005 * rng.standard_normal(20 * RATE)]
+    out["silence + faint hiss"] = (hiss.astype(np.float32), [])
     return out
 
 

@@ -232,7 +232,8 @@ class WhisperRecognizer:
             result = self._decode(prompt, temperature, max_tokens, stop)
             if result is None:
                 return None
-            looping = o.compression_ratio_threshold is not None and result.compression_ratio > o.compression_ratio_threshold
+            looping = (o.compression_ratio_threshold is not None
+                       and result.compression_ratio > o.compression_ratio_threshold)
             retry = looping or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold)
             if o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold:
                 retry = False  # silence: the skip below decides

