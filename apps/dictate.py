@@ -191,6 +191,11 @@ class Sink:
                  paste_chord: str = "ctrl+v"):
         self.output = output
         self.tty = output == Output.stdout and sys.stdout.isatty()
+        if partials and output != Output.jsonl and not self.tty:
+            # a partial is rewritten in place on a terminal; a pipe, a typed window or the clipboard get finals only
+            raise UsageError(f"--partials shows partial text on a terminal or as --output jsonl events, not with"
+                             f" --output {output.value}" + (" on a pipe or file" if output == Output.stdout else ""),
+                             fix="use --output jsonl to get partial events, or leave out --partials")
         self.partials = self.tty if partials is None else partials
         self.session = sdk_settings.load().session_type
         self.tool = choose_typer(typer_tool, self.session) if output in (Output.type, Output.paste) else None

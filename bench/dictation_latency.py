@@ -10,7 +10,7 @@ end of its utterance's words and its arrival, and where they went:
     encoder  the encoder pass; decoder: the decoder steps (and their count); other: mel, guards, host work
     confirm  from the decode's end to the final's emission (an early decode waits for the hangover)
 
-    PYTHONPATH=. python bench/dictation_latency.py [--paces realtime,modeled,simulated] [--runs N]
+    PYTHONPATH=. python bench/dictation_latency.py [--model whisper-base] [--paces realtime,modeled,simulated] [--runs N]
         [--partials both|on|off] [--set early_final=0.3 ...] [--encoder-s 1.2 --step-s 0.018] [--decodes]
 
 Paces: realtime = a FileSource at real-time pace, wall clock (what a user sees, noisy on a shared machine);
@@ -143,6 +143,7 @@ def option_value(text: str):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="whisper-tiny.en", help="ASR model name or folder, e.g. whisper-base")
     parser.add_argument("--paces", default="realtime,modeled,simulated",
                         help="comma-separated: realtime (wall clock), modeled (idle-machine cost model), simulated")
     parser.add_argument("--runs", type=int, default=1, help="real-time sessions per setting")
@@ -162,7 +163,7 @@ def main():
     from tests.dictation_support import RATE, librivox_session, wer
 
     audio, reference, _ = librivox_session()
-    timed = TimedTranscriber(Transcriber("whisper-tiny.en"))
+    timed = TimedTranscriber(Transcriber(args.model))
     overrides = {k: option_value(v) for k, v in (item.split("=", 1) for item in args.set)}
     settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.partials]
     paces = [p for p in args.paces.split(",") for _ in range(args.runs if p == "realtime" else 1)]

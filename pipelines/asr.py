@@ -3,7 +3,7 @@
     from sdk import Transcriber
     t = Transcriber()                              # whisper-tiny.en, device auto
     print(t.transcribe("talk.wav").text)
-    t.start(Microphone()); for event in t.events(): ...   # live (pipelines/dictation.py)
+    t.start(Microphone()); for event in t.events(): ...   # live (pipelines/dictation/)
 
 `Transcriber` serves every ASR family: Whisper (this file's WhisperRecognizer) and the conformers
 (Parakeet, GigaAM: pipelines/conformer_asr.py), chosen from the checkpoint's config.json. The rest of this
@@ -251,19 +251,24 @@ class WhisperRecognizer:
                        self.tokenizer.transcribe if o.task == "transcribe" else self.tokenizer.translate]
         if not o.timestamps:
             prompt.append(self.tokenizer.no_timestamps)
-        result = None
+        result, tried = None, []
         max_tokens = int(o.tokens_per_second * len(samples) / audio.SAMPLE_RATE) + 16
         for temperature in o.temperatures if fallback else o.temperatures[:1]:
             result = self._decode(prompt, temperature, max_tokens, stop)
             if result is None:
                 return None
-            retry = ((o.compression_ratio_threshold is not None
-                      and result.compression_ratio > o.compression_ratio_threshold)
-                     or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold))
+            looping = (o.compression_ratio_threshold is not None
+                       and result.compression_ratio > o.compression_ratio_threshold)
+            retry = looping or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold)
             if o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold:
                 retry = False  # silence: the skip below decides
             if not retry:
                 break
+            tried.append((looping, -result.avg_logprob, len(tried), result))
+        else:
+            # every temperature failed a check: the likeliest decode that does not loop (as faster-whisper does),
+            # not the last one, which at temperature 1.0 is often noise (whisper-base on German: "ночgutten")
+            result = min(tried)[-1] if tried else result
         if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
                 and not (o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold)):
             return [], size, language
@@ -469,7 +474,7 @@ class Transcriber:
     def report(self) -> dict:
         return self.recognizer.report()
 
-    # -- live audio (pipelines/dictation.py does the work; dictation never imports this module)
+    # -- live audio (pipelines/dictation/ does the work; dictation never imports this module)
 
     def start(self, source=None, options=None, *, save_audio=None):
         """Start transcribing `source` (a Microphone, a FileSource, or None to `feed()` audio yourself)."""

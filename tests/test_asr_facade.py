@@ -1,5 +1,5 @@
 """One Transcriber for every ASR family: Whisper and the conformers through transcribe(), decode_window(),
-and the live API (start / feed / events / stop) that pipelines/dictation.py implements."""
+and the live API (start / feed / events / stop) that pipelines/dictation/ implements."""
 from __future__ import annotations
 
 from pathlib import Path

@@ -282,7 +282,7 @@ def test_repetition_guard():
 
 def test_context_repeats_are_found_in_whisper_output():
     """Real tiny.en outputs: the left context re-transcribed (with small differences) ahead of new words."""
-    from pipelines.dictation import _overlap
+    from pipelines.dictation.text_guards import overlap_words as _overlap
     last = "Had he married a more amiable woman, he might have been made still more respectable than he was.".split()
     again = "a woman he might have been made still more respectable than he was. He might even have been".split()
     assert _overlap(last, again) == 13
@@ -291,6 +291,10 @@ def test_context_repeats_are_found_in_whisper_output():
     assert _overlap(last, merged) == 14
     assert _overlap("selfish is to be ill-disposed.".split(), "Had he married a more".split()) == 0
     assert _overlap([], "nothing was final before".split()) == 0
+    # the same words spelt differently by another decode still match (else the clip is written twice)
+    last = "Unless to be rather cold-hearted and rather selfish is to be old-sposed.".split()
+    again = "Unless to be rather cold-hearted and rather selfish is to be ill-disposed. Had he".split()
+    assert _overlap(last, again) == 12
 
 
 def test_options_are_checked():
@@ -354,3 +358,39 @@ def test_cli_language_reaches_the_model(tmp_path):
     assert result.exit_code == 2 and "English-only model" in result.stderr, result.output
     result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--language", "en"], env=env)
     assert result.exit_code == 0 and wer(reference, result.stdout) <= 0.2, result.output
+
+
+def test_cli_partials_on_a_pipe_are_events_in_jsonl_and_refused_as_plain_text(tmp_path):
+    """--partials never does nothing: as jsonl, partial events come before the final; as plain stdout on a
+    pipe (no terminal line to rewrite) it is a usage error before any model loads."""
+    import json
+    from typer.testing import CliRunner
+    from apps.main import app
+
+    wav, _ = librivox_clips()[0]
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--partials"], env=env)
+    assert result.exit_code == 2 and "--output jsonl" in result.stderr and result.stdout == "", result.output
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--partials", "-o", "jsonl"], env=env)
+    assert result.exit_code == 0, result.output
+    types = [json.loads(line)["type"] for line in result.stdout.splitlines()]
+    assert types[-1] == "final" and types.count("partial") >= 1, types
+
+
+def test_cli_max_duration_stops_a_fast_file(tmp_path):
+    """--max-duration counts audio, also when a file is played as fast as possible (the audio that already
+    waits in the ring buffer is past the limit, and is not transcribed)."""
+    import json
+    from typer.testing import CliRunner
+    from apps.main import app
+
+    audio, _, spans = librivox_session()
+    wav = tmp_path / "session.wav"
+    soundfile.write(str(wav), audio, RATE)
+    limit = spans[0][1] + 1.0        # the first clip and the pause after it
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--max-duration", str(limit),
+                                      "-o", "jsonl"], env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert result.exit_code == 0, result.output
+    finals = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(finals) == 1 and finals[0]["end"] <= limit, finals
+    assert wer(librivox_clips()[0][1], finals[0]["text"]) <= 0.2

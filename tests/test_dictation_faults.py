@@ -82,7 +82,7 @@ def transcriber():
 
 
 def _inject(monkeypatch, pa):
-    monkeypatch.setattr(dictation, "_sounddevice", lambda: pa)
+    monkeypatch.setattr(dictation.devices, "load_sounddevice", lambda: pa)
 
 
 def test_device_listing_is_deduplicated_and_selection_by_name_or_index(monkeypatch):

@@ -1,0 +1,138 @@
+"""Voice activity: our energy + voicing VAD against silero-vad (its ONNX model, on ONNX Runtime) as utterance
+detectors, on speech, speech in noise, synthetic music and silence.
+
+    PYTHONPATH=. python bench/vad.py
+
+Both detectors feed the same utterance rules (onset 0.09 s of active frames, hangover 0.6 s); the energy VAD's
+utterances count only with min_voiced s of voiced frames, as the Recognizer decodes only those. Per material:
+    false   utterances that overlap no clip (widened by 0.3 s): each costs a decode, and on Whisper a chance
+            of hallucinated text
+    missed  clips no utterance overlaps
+    clipped clips whose first word starts before utterance onset - preroll (0.4 s): the first word is cut
+    delay   median onset delay after the first word's start (s)
+Not a test: nothing is asserted. The load average is printed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RATE = 16000
+
+
+def silero_probabilities(audio: np.ndarray) -> tuple[np.ndarray, float]:
+    """(speech probability per 512-sample chunk, chunk seconds), with the 64-sample context silero v5 expects."""
+    import onnxruntime as ort
+    spec = importlib.util.find_spec("silero_vad")
+    model = Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    state, context, probs = np.zeros((2, 1, 128), np.float32), np.zeros(64, np.float32), []
+    for start in range(0, len(audio) - 511, 512):
+        chunk = audio[start:start + 512]
+        out, state = session.run(None, {"input": np.concatenate([context, chunk])[None], "state": state,
+                                        "sr": np.array(RATE, np.int64)})
+        context = chunk[-64:]
+        probs.append(float(out[0, 0]))
+    return np.array(probs), 512 / RATE
+
+
+def energy_frames(audio: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    from pipelines.dictation import FRAME, DictationOptions, Vad
+    n = len(audio) // FRAME
+    loud, voiced = Vad(DictationOptions())(audio[:n * FRAME].reshape(n, FRAME))
+    return loud, voiced, FRAME / RATE
+
+
+def utterances(active: np.ndarray, voiced: np.ndarray, step: float, *, onset=0.09, hangover=0.6, min_voiced=0.09):
+    """[(start s, end s)] from per-frame decisions, with the Recognizer's onset / hangover / min_voiced rules."""
+    out, run, start, quiet, voice = [], 0, None, 0, 0
+    for i, (a, v) in enumerate(zip(active, voiced)):
+        if start is None:
+            run = run + 1 if a else 0
+            if run * step >= onset - 1e-9:
+                start, quiet, voice = (i + 1 - run) * step, 0, int(np.sum(voiced[i + 1 - run:i + 1]))
+            continue
+        voice += int(v)
+        quiet = 0 if a else quiet + 1
+        if quiet * step >= hangover - 1e-9:
+            if voice * step >= min_voiced - 1e-9:
+                out.append((start, (i + 1 - quiet) * step))
+            start, run = None, 0
+    if start is not None and voice * step >= min_voiced - 1e-9:
+        out.append((start, len(active) * step))
+    return out
+
+
+def materials():
+    """{name: (audio, [(first word s, clip end s)] or [])}."""
+    import soundfile
+    from tests.dictation_support import librivox_clips
+    rng = np.random.default_rng(0)
+    parts, spans, t = [np.zeros(RATE, np.float32)], [], 1.0
+    for wav, _ in librivox_clips():
+        clip, _ = soundfile.read(str(wav), dtype="float32")
+        first = np.flatnonzero(np.abs(clip) > 0.05)[0] / RATE
+        spans.append((t + first, t + len(clip) / RATE))
+        parts += [clip, np.zeros(2 * RATE, np.float32)]
+        t += len(clip) / RATE + 2
+    speech = np.concatenate(parts)
+    rms = np.sqrt(np.mean(speech[np.abs(speech) > 0.02] ** 2))
+    white = rng.standard_normal(len(speech)).astype(np.float32)
+    brown = np.cumsum(rng.standard_normal(len(speech)))
+    brown -= np.convolve(brown, np.ones(801) / 801, "same")
+    out = {"speech": (speech, spans)}
+    for name, noise in (("speech+white 10dB", white), ("speech+brown 10dB", brown.astype(np.float32))):
+        noise = noise / np.sqrt(np.mean(noise ** 2)) * rms / 10 ** 0.5
+        out[name] = ((speech + noise).astype(np.float32), spans)
+    # synthetic music: 0.5 s chords of three harmonic notes with decaying envelopes, over a click track
+    n, chords = 30 * RATE, []
+    tt = np.arange(RATE // 2) / RATE
+    for k in range(60):
+        notes = 110 * 2 ** (rng.integers(0, 24, 3) / 12)
+        tone = sum(np.sin(2 * np.pi * f * h * tt) / h for f in notes for h in (1, 2, 3))
+        chords.append(0.1 * tone * np.exp(-3 * tt))
+    music = np.concatenate(chords)[:n]
+    music[::RATE // 4] += 0.5
+    out["music (synthetic)"] = (music.astype(np.float32), [])
+    hiss = np.r_[np.zeros(10 * RATE), 0.0005 * rng.standard_normal(20 * RATE)]
+    out["silence + faint hiss"] = (hiss.astype(np.float32), [])
+    return out
+
+
+def score(found, spans):
+    false = sum(all(s > e + 0.3 or end < a - 0.3 for a, e in spans) for s, end in found)
+    missed = clipped = 0
+    delays = []
+    for first, end in spans:
+        hit = [s for s, e in found if s < end and e > first]
+        if not hit:
+            missed += 1
+            continue
+        delays.append(hit[0] - first)
+        clipped += hit[0] - 0.4 > first + 0.02
+    return false, missed, clipped, (float(np.median(delays)) if delays else float("nan"))
+
+
+def main():
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    print(f"{'material':22} {'detector':8} {'utts':>5} {'false':>5} {'missed':>6} {'clipped':>7} {'delay s':>8}")
+    for name, (audio, spans) in materials().items():
+        loud, voiced, step = energy_frames(audio)
+        probs, sstep = silero_probabilities(audio)
+        for detector, found in (("energy", utterances(loud, voiced, step)),
+                                ("silero", utterances(probs >= 0.5, probs >= 0.5, sstep))):
+            false, missed, clipped, delay = score(found, spans)
+            print(f"{name:22} {detector:8} {len(found):5d} {false:5d} {missed:6d} {clipped:7d} {delay:8.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""What a dictation session can be told: the typed options, and the audio framing they are counted in."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sdk.errors import UsageError
+
+SAMPLE_RATE = 16000
+FRAME = 480                   # 30 ms VAD frames
+FRAME_SECONDS = FRAME / SAMPLE_RATE
+WINDOW_SECONDS = 30.0         # Whisper's encoder window; other models say theirs in `window_seconds`
+
+
+@dataclass(frozen=True)
+class DictationOptions:
+    vad: bool = True                  # off: every sample is speech; text is committed by agreement only
+    vad_threshold_db: float = 10.0    # a frame is loud this far above the adaptive noise floor ...
+    vad_min_db: float = -55.0         # ... and above this absolute level (dBFS)
+    voicing_threshold: float = 0.45   # normalised autocorrelation at a pitch lag (70-400 Hz) = voiced frame
+    min_voiced: float = 0.09          # s of voiced frames an utterance needs; less is noise, never decoded
+    onset: float = 0.09               # s of consecutive loud frames that start an utterance
+    preroll: float = 0.4              # s of audio kept from before the onset, so first words are not clipped
+    context: float = 6.0              # s of audio before that, decoded as left context; its text is dropped
+    hangover: float = 0.6             # s of quiet that ends an utterance
+    early_final: float = 0.2          # s of quiet after which the final's decode starts, before the hangover
+                                      # confirms the end (if speech resumes, it served as a partial)
+    final_tail: float = 0.09          # s of quiet after the last loud frame a decode must have heard to serve
+                                      # as the final; partials wait for such a gap, so that the last one can
+    partial_every: float = 1.0        # s of new audio between partial decodes of an open utterance ...
+    partial_share: float = 0.5        # ... or longer, so partials use at most this share of real time
+    partials: bool = True             # off: no partial events; decodes before the utterance end happen only
+                                      # for long speech (the early commit needs them), so finals come sooner
+    commit_after: float = 15.0        # s of open utterance after which agreed segments become final early
+    max_utterance: float = 28.0       # s; hard cut (never more than one encoder window)
+    silence_timeout: float | None = None   # stop after this long without speech
+    stop_delay: float = 0.3           # s a live source still captures after stop(): the last word of a push-to-talk
+                                      # release and what the sound system still holds (PortAudio says 0.1 s) are kept
+    max_duration: float | None = None      # stop after this much audio
+    ring_seconds: float = 120.0       # audio that may wait for the worker (model loading, slow decodes)
+
+    def __post_init__(self):
+        if not 0 < self.max_utterance <= WINDOW_SECONDS:
+            raise UsageError(f"max_utterance must be in (0, {WINDOW_SECONDS}] s, got {self.max_utterance}")
+        if self.commit_after >= self.max_utterance:
+            raise UsageError("commit_after must be shorter than max_utterance")
+        for name in ("preroll", "context", "hangover", "early_final", "final_tail", "partial_every", "onset",
+                     "min_voiced", "stop_delay"):
+            if getattr(self, name) < 0:
+                raise UsageError(f"{name} must be >= 0")
+        if self.ring_seconds < 5:
+            raise UsageError("ring_seconds must be at least 5")

@@ -1,0 +1,318 @@
+"""The streaming engine without threads: VAD-cut utterances, partial decodes, agreement, early commits, finals."""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .events import Event, Final, Partial
+from .options import FRAME, FRAME_SECONDS, SAMPLE_RATE, WINDOW_SECONDS, DictationOptions
+from .text_guards import (agreed_words, collapse_repeats, looks_like_text, norm_word, overlap_words,
+                          too_compressible)
+from .vad import Vad
+
+SLIDE_OVERLAP = 1.0           # s of committed audio an early commit keeps in the buffer (see _commit_agreed)
+
+
+@dataclass
+class _Hypothesis:
+    segments: list            # the Transcriber's Segments that survived the guards
+    words: list[str]          # all their words, in order
+    ends: list[int]           # cumulative word count at the end of each segment
+
+    @classmethod
+    def from_segments(cls, segments, window_end: float) -> "_Hypothesis":
+        kept, words, ends, previous = [], [], [], None
+        for seg in segments:
+            text = seg.text.strip()
+            if not looks_like_text(text) or norm_word(text) == previous or seg.start >= window_end:
+                continue
+            previous = norm_word(text)
+            kept.append(seg)
+            words.extend(text.split())
+            ends.append(len(words))
+        collapsed = collapse_repeats(words)
+        if len(collapsed) != len(words) or too_compressible(" ".join(words)):
+            # a loop was cut: segment boundaries no longer line up with the words, so this hypothesis
+            # offers no early-commit points (the utterance end or the hard cut still finalises it)
+            collapsed = [] if too_compressible(" ".join(collapsed)) else collapsed
+            return cls([], collapsed, [])
+        return cls(kept, words, ends)
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.words)
+
+    def without_prefix(self, n: int) -> "_Hypothesis":
+        if n == 0:
+            return self
+        keep = [i for i, end in enumerate(self.ends) if end > n]
+        return _Hypothesis([self.segments[i] for i in keep], self.words[n:], [self.ends[i] - n for i in keep])
+
+
+class Recognizer:
+    """The streaming engine without threads: `accept(samples_16k)` -> events, `finish()` at the end.
+
+    `transcriber` is anything with `decode_window(samples_16k, *, offset, fallback, stop) -> [Segment(start, end, text)]`
+    (`stop`, when given, is polled during the decode; once it says True the decode returns None).
+    One call to accept() runs at most one partial decode, so when decoding is slower than real time the
+    caller simply hands over bigger chunks and partials get rarer; finals are never skipped.
+    """
+
+    def __init__(self, transcriber, options: DictationOptions = DictationOptions()):
+        self.transcriber, self.options = transcriber, options
+        self.vad = Vad(options)
+        # the model's window bounds the utterance buffer (Whisper: 30 s; a conformer may use shorter ones)
+        self._window = float(getattr(transcriber, "window_seconds", WINDOW_SECONDS))
+        self._max_utterance = min(options.max_utterance, self._window - 0.5)
+        self._commit_after = min(options.commit_after, self._max_utterance / 2)
+        self.position = 0                    # samples consumed
+        self.last_speech = 0.0               # audio time speech was last heard
+        self._last_words = 0.0               # ... in a loud run at least `onset` long
+        self._loud_run = 0                   # consecutive loud frames
+        self.decodes = 0
+        self.stopped_decodes = 0             # partials given up because the talker stopped meanwhile
+        self.decode_seconds = 0.0            # running average of one decode's wall time
+        # Live capture: the audio that has arrived but accept() has not taken yet (None when audio is fed at
+        # a simulated pace, where that audio lies in the future). A partial amid speech watches it and stops
+        # when the talker has stopped, so that the final's decode starts at once instead of behind it.
+        self.unheard: Callable[[], np.ndarray] | None = None
+        self._rest = np.zeros(0, np.float32)  # samples short of a whole frame
+        self._preroll_frames = round(options.preroll / FRAME_SECONDS)
+        self._context_frames = round(options.context / FRAME_SECONDS)
+        self._past = deque(maxlen=max(1, self._preroll_frames + self._context_frames))  # audio before the utterance
+        self._last_final: list[str] = []      # words of the last final, to drop them if the context repeats them
+        self._onset_run: list[np.ndarray] = []
+        self._onset_voiced = 0
+        self._reset_utterance()
+
+    # -- public
+
+    @property
+    def in_utterance(self) -> bool:
+        return self._chunks is not None
+
+    def accept(self, samples: np.ndarray) -> list[Event]:
+        samples = np.concatenate([self._rest, np.asarray(samples, np.float32).reshape(-1)])
+        n_frames = len(samples) // FRAME
+        self._rest = samples[n_frames * FRAME:]
+        frames = samples[:n_frames * FRAME].reshape(n_frames, FRAME)
+        if self.options.vad:
+            loud, voiced = self.vad(frames) if n_frames else (np.zeros(0, bool), np.zeros(0, bool))
+        else:
+            loud = voiced = np.ones(n_frames, bool)
+        events: list[Event] = []
+        for frame, is_loud, is_voiced in zip(frames, loud, voiced):
+            events += self._frame(frame, bool(is_loud), bool(is_voiced))
+        if not (self.in_utterance and self._enough_voice()):
+            return events
+        # A decode cannot be interrupted, and the final must not wait for one that missed the last words. So
+        # when the talker seems to be stopping, decode at once: once the hangover confirms the end, that decode
+        # is the final. Partials start in a pause (or when two intervals overdue), so that the one running
+        # when the talker stops has most likely heard the end too.
+        quiet = self._now() - self.last_speech if self.options.vad else 0.0
+        every = max(self.options.partial_every, self.decode_seconds / max(self.options.partial_share, 1e-3))
+        wanted = self.options.partials or self._duration() >= self._commit_after
+        if quiet >= self.options.early_final - 1e-9:
+            if not self._heard_end():
+                events += self._partial()
+        elif wanted and self._since_decode >= every and (
+                quiet >= self.options.final_tail - 1e-9 or not self.options.vad or self._since_decode >= 3 * every):
+            # A decode amid speech can never serve as the final (it did not hear the end): one greedy pass
+            # without temperature retries keeps it short, so that a final is less likely to wait behind it.
+            in_pause = quiet >= self.options.final_tail - 1e-9 or not self.options.vad
+            events += self._partial(fallback=in_pause, stoppable=not in_pause)
+        return events
+
+    def finish(self) -> list[Event]:
+        """End of audio: the open utterance (if any) becomes final."""
+        if len(self._rest) and self.in_utterance:
+            self._append(np.pad(self._rest, (0, FRAME - len(self._rest))))
+        self._rest = np.zeros(0, np.float32)
+        return self._end_utterance() if self.in_utterance else []
+
+    # -- per frame
+
+    def _now(self) -> float:
+        return self.position / SAMPLE_RATE
+
+    def _frame(self, frame: np.ndarray, loud: bool, voiced: bool) -> list[Event]:
+        self.position += FRAME
+        now = self._now()
+        if not self.in_utterance:
+            if not loud:
+                self._past.extend(self._onset_run)
+                self._onset_run, self._onset_voiced = [], 0
+                self._past.append(frame)
+                return []
+            self._onset_run.append(frame)
+            self._onset_voiced += int(voiced)
+            if len(self._onset_run) * FRAME_SECONDS < self.options.onset - 1e-9:
+                return []
+            voiced_so_far, self._loud_run = self._onset_voiced, len(self._onset_run)
+            self._begin_utterance(now - len(self._onset_run) * FRAME_SECONDS)
+            self._voiced, self._onset_voiced = voiced_so_far, 0
+            self.last_speech = self._last_words = now
+            return []
+        self._append(frame)
+        self._voiced += int(voiced)
+        self._loud_run = self._loud_run + 1 if loud else 0
+        if loud:
+            self.last_speech = now
+            if self._loud_run * FRAME_SECONDS >= self.options.onset - 1e-9:
+                self._last_words = now    # as long as an onset: a word, not a click or a breath
+        events: list[Event] = []
+        if self.options.vad and now - self.last_speech >= self.options.hangover:
+            return self._end_utterance()
+        if self._duration() >= self._max_utterance:
+            events += self._hard_cut()
+        return events
+
+    def _begin_utterance(self, speech_start: float):
+        pre = [self._past.pop() for _ in range(min(self._preroll_frames, len(self._past)))][::-1]
+        self._chunks = pre + self._onset_run
+        self._buffer_start = self._committed_until = speech_start - len(pre) * FRAME_SECONDS
+        self._speech_start = speech_start
+        self._onset_run = []
+        self._since_decode = len(self._chunks) * FRAME_SECONDS
+
+    def _reset_utterance(self):
+        self._chunks: list[np.ndarray] | None = None
+        self._buffer_start = self._speech_start = 0.0
+        self._committed_until = 0.0               # audio time up to which finals hold the speech
+        self._voiced = 0
+        self._since_decode = 0.0
+        self._previous: _Hypothesis | None = None
+        self._agreed = 0
+        self._latest: _Hypothesis | None = None   # the last decode of the current buffer ...
+        self._latest_end = 0.0                    # ... and the audio time it reached
+
+    def _append(self, frame: np.ndarray):
+        self._chunks.append(frame)
+        self._since_decode += FRAME_SECONDS
+
+    def _duration(self) -> float:
+        return len(self._chunks) * FRAME_SECONDS
+
+    def _enough_voice(self) -> bool:
+        return not self.options.vad or self._voiced * FRAME_SECONDS >= self.options.min_voiced - 1e-9
+
+    def _heard_end(self) -> bool:
+        """The last decode reached `final_tail` s past the last words: it holds all the speech (loud frames
+        after that too short to be a word, a click or a breath, do not call for a new decode)."""
+        return self._latest is not None and self._latest_end >= self._last_words + self.options.final_tail - 1e-9
+
+    # -- decoding
+
+    def _talker_stopped(self) -> bool:
+        pending = np.concatenate([self._rest, self.unheard()])
+        return len(pending) / SAMPLE_RATE >= self.options.early_final and \
+            self.vad.quiet_tail(pending) >= self.options.early_final - 1e-9
+
+    def _decode(self, fallback: bool = True, stoppable: bool = False) -> _Hypothesis | None:
+        """Decode left context + the utterance buffer; keep the segments that reach into the buffer. When the
+        first of them claims to start inside the context (Whisper's segment times are loose, and it may merge
+        context and utterance into one segment), its leading words that re-transcribe the end of the recent
+        finals are dropped (a fuzzy match: tiny models re-transcribe with small differences)."""
+        room = int(self._window / FRAME_SECONDS) - len(self._chunks)
+        context = list(self._past)[-min(self._context_frames, room):] if self._context_frames and room > 0 else []
+        audio = np.concatenate(context + self._chunks) if self._chunks else np.zeros(FRAME, np.float32)
+        offset = self._buffer_start - len(context) * FRAME_SECONDS
+        # speech from the very first sample (a file, a microphone opened mid-word) has no pre-roll, and Whisper
+        # drops a first word it hears without a lead-in (measured on tiny.en: "He might..." -> "might..."):
+        # silence stands in for the missing pre-roll
+        pad = min(self.options.preroll - (self._speech_start - offset), self._window - len(audio) / SAMPLE_RATE)
+        if pad >= FRAME_SECONDS:
+            audio = np.concatenate([np.zeros(round(pad * SAMPLE_RATE), np.float32), audio])
+            offset -= pad
+        self.decodes += 1
+        self._since_decode = 0.0
+        started = time.perf_counter()
+        stop = self._talker_stopped if stoppable and self.unheard is not None and self.options.vad else None
+        segments = self.transcriber.decode_window(audio, offset=offset, fallback=fallback, stop=stop)
+        if segments is None:
+            self.stopped_decodes += 1
+            return None
+        took = time.perf_counter() - started
+        self.decode_seconds = took if not self.decode_seconds else 0.8 * self.decode_seconds + 0.2 * took
+        window_end = self._buffer_start + self._duration()
+        own = [seg for seg in segments if min(seg.end, window_end) > self._buffer_start + 0.3]
+        hyp = _Hypothesis.from_segments(own, window_end)
+        first = hyp.segments[0] if hyp.segments else None
+        heard_final_audio = bool(context) or self._committed_until > self._buffer_start
+        if heard_final_audio and first is not None and first.start < self._committed_until - 0.2:
+            hyp = hyp.without_prefix(overlap_words(self._last_final, hyp.words))
+        self._latest, self._latest_end = hyp, window_end
+        return hyp
+
+    def _partial(self, fallback: bool = True, stoppable: bool = False) -> list[Event]:
+        hyp = self._decode(fallback, stoppable)
+        if hyp is None:
+            return []
+        if self._previous is not None:
+            self._agreed = max(self._agreed, agreed_words(self._previous.words, hyp.words))
+        self._agreed = min(self._agreed, len(hyp.words))
+        self._previous = hyp
+        events: list[Event] = []
+        if self._duration() >= self._commit_after:
+            events += self._commit_agreed(hyp)
+            hyp = self._previous
+        if hyp is not None and hyp.words and self.options.partials:
+            events.append(Partial(hyp.text, " ".join(hyp.words[:self._agreed])))
+        return events
+
+    def _commit_agreed(self, hyp: _Hypothesis) -> list[Event]:
+        """Long speech: the agreed segments that ended >= 1 s before the buffer end become final, and the
+        window slides past them (whisper_streaming's segment trimming), keeping SLIDE_OVERLAP s of their audio:
+        Whisper's segment end is loose, and the words after it may begin before it; kept in the buffer, they
+        are decoded again (and what re-transcribes the final is dropped by text), never lost."""
+        buffer_end = self._buffer_start + self._duration()
+        cut = None
+        for i, (seg, end_word) in enumerate(zip(hyp.segments, hyp.ends)):
+            if end_word > self._agreed:
+                break
+            if self._speech_start < seg.end <= buffer_end - 1.0:
+                cut = i
+        if cut is None:
+            return []
+        seg_end = float(hyp.segments[cut].end)
+        words = hyp.words[:hyp.ends[cut]]
+        final = self._final(words, self._speech_start, seg_end)
+        drop = max(0, int(round((seg_end - SLIDE_OVERLAP - self._buffer_start) / FRAME_SECONDS)))
+        self._past.extend(self._chunks[:drop])
+        self._chunks = self._chunks[drop:]
+        self._buffer_start += drop * FRAME_SECONDS
+        self._speech_start = self._committed_until = seg_end
+        rest = hyp.words[hyp.ends[cut]:]
+        self._previous = _Hypothesis([], rest, [len(rest)]) if rest else None
+        self._latest = None                       # it decoded the buffer before the slide
+        self._agreed = max(0, self._agreed - len(words))
+        return [final]
+
+    def _hard_cut(self) -> list[Event]:
+        """The window is full and nothing agreed: everything decoded so far becomes final."""
+        hyp = self._decode() if self._enough_voice() else None
+        end = self._now()
+        events = [self._final(hyp.words, self._speech_start, end)] if hyp and hyp.words else []
+        self._past.extend(self._chunks)
+        self._chunks, self._buffer_start, self._speech_start, self._committed_until = [], end, end, end
+        self._previous, self._agreed, self._voiced, self._latest = None, 0, 0, None
+        return events
+
+    def _end_utterance(self) -> list[Event]:
+        events: list[Event] = []
+        if self._enough_voice() and self._chunks:
+            hyp = self._latest if self._heard_end() else self._decode()
+            end = min(self._last_words, self._now()) if self.options.vad else self._now()   # not a click after them
+            if hyp.words:
+                events.append(self._final(hyp.words, self._speech_start, max(end, self._speech_start)))
+        self._past.extend(self._chunks or [])
+        self._reset_utterance()
+        return events
+
+    def _final(self, words: list[str], start: float, end: float) -> Final:
+        self._last_final = (self._last_final + list(words))[-40:]  # the recent finals, which the context holds
+        return Final(" ".join(words), start, end)
