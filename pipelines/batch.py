@@ -96,8 +96,9 @@ def npu_resources() -> dict[str, int]:
     the NPU is usable, else none. `aie-apps` nodes join with
     `ray start --address=HEAD:6379 --resources="$(python -m pipelines.batch)"`."""
     from sdk.runtime.checks import find_npu_pci, npu_usable, run_checks
+    from sdk.smoke import smoke_dispatch
 
-    return {NPU_RESOURCE: len(find_npu_pci())} if npu_usable(run_checks()) else {}
+    return {NPU_RESOURCE: len(find_npu_pci())} if npu_usable(run_checks(smoke_dispatch)) else {}
 
 
 # ---- what one actor runs ------------------------------------------------------------------------------------

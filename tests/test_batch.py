@@ -79,7 +79,7 @@ def test_a_typed_error_raised_on_a_worker_keeps_its_type_and_fix():
 
 def test_npu_resource_helper_advertises_one_per_usable_device(monkeypatch):
     from sdk.runtime import checks
-    monkeypatch.setattr(checks, "run_checks", lambda: [])
+    monkeypatch.setattr(checks, "run_checks", lambda smoke_dispatch: [])
     monkeypatch.setattr(checks, "find_npu_pci", lambda: [checks.NpuPci("0000:c5:00.1", 0x17F0, 0x10, "npu2")])
     monkeypatch.setattr(checks, "npu_usable", lambda found: True)
     assert npu_resources() == {"NPU": 1}
