@@ -324,7 +324,8 @@ def test_fed_audio_is_checked_and_pcm_is_scaled():
     assert np.allclose(stream.ring.read(RATE), 0.5)
     source = FileSource(np.full(RATE, -16384, np.int16), RATE)
     source.check()
-    assert np.allclose(source._load()[0], -0.5)
+    rate, blocks = source._blocks()
+    assert rate == RATE and np.allclose(np.concatenate(list(blocks)), -0.5)
 
 
 def test_cli_file_as_microphone_writes_finals_as_json_lines(tmp_path):
@@ -412,3 +413,15 @@ def test_cli_output_is_a_file_and_the_old_mode_spelling_still_works(tmp_path):
     result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--output", "jsonl"], env=env)
     assert result.exit_code == 0 and "deprecated: use `--json`" in result.stderr, result.output
     assert json.loads(result.stdout.splitlines()[0])["type"] == "final"
+
+
+@pytest.mark.parametrize("flag, value", [("--silence-timeout", "-1"), ("--max-duration", "0"),
+                                         ("--max-duration", "nan"), ("--silence-timeout", "inf")])
+def test_cli_time_limits_must_be_positive_and_finite(tmp_path, flag, value):
+    from typer.testing import CliRunner
+    from apps.main import app
+
+    wav, _ = librivox_clips()[4]
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", flag, value],
+                                env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert result.exit_code == 2 and f"{flag} must be a positive number of seconds" in result.stderr, result.output
