@@ -1,12 +1,12 @@
 """`aie-apps classify`: top-k labels for camera frames, videos, images and folders.
 
     aie-apps classify --camera                 # camera 0, overlay window when there is a display
-    aie-apps classify --camera 2 --headless --jsonl
+    aie-apps classify --camera 2 --headless --json
     aie-apps classify clip.mp4 photos/ cat.jpg --top-k 3 --threshold 0.1
-    aie-apps classify rtsp://192.168.1.20:8554/cam --headless --jsonl
+    aie-apps classify rtsp://192.168.1.20:8554/cam --headless --json
     aie-apps classify --model openai/clip-vit-base-patch32 --labels "cat,dog,coffee mug" --camera
 
-Results go to stdout (one line per frame; `--jsonl` makes them JSON), notes and the end-of-run timing per
+Results go to stdout (one line per frame; `--json` makes them JSON lines), notes and the end-of-run timing per
 stage (capture, preprocess, infer, postprocess, display) to stderr. The window shows the top label, its
 score, inference ms and a smoothed FPS; `q` or Esc closes it.
 """
@@ -159,7 +159,8 @@ def classify(
         "--threshold", min=0.0, max=1.0, help="show only labels scoring at least this (0..1)")] = 0.0,
     labels: Annotated[Optional[str], typer.Option(
         "--labels", help="CLIP zero-shot labels: comma-separated, or @file with one per line")] = None,
-    jsonl: Annotated[bool, typer.Option("--jsonl", help="one JSON object per frame on stdout")] = False,
+    jsonl: Annotated[bool, typer.Option("--json", help="JSON lines: one object per frame on stdout")] = False,
+    old_jsonl: Annotated[bool, typer.Option("--jsonl", hidden=True)] = False,
     headless: Annotated[bool, typer.Option("--headless", help="no window, even when a display is available")] = False,
     list_cameras: Annotated[bool, typer.Option("--list-cameras", help="list video capture devices and exit")] = False,
     max_frames: Annotated[Optional[int], typer.Option(
@@ -172,6 +173,9 @@ def classify(
     A missing or unreadable file, folder or video is reported on stderr and skipped; the exit code is then 1."""
     from pipelines import vision
 
+    if old_jsonl:
+        err("note: --jsonl is deprecated: use --json")
+        jsonl = True
     if list_cameras:
         if sources or camera:
             raise UsageError("--list-cameras lists the cameras and exits; it classifies nothing",

@@ -2,7 +2,7 @@
 pasted, or on the clipboard.
 
     aie-apps dictate                          # microphone -> stdout (live partial line on a TTY)
-    aie-apps dictate --output type            # type finals into the focused window (never presses Enter)
+    aie-apps dictate --to type                # type finals into the focused window (never presses Enter)
     aie-apps dictate -o paste --paste-keys ctrl+shift+v   # via the clipboard, into a terminal
     aie-apps dictate --file talk.wav --fast   # a file played as the microphone
     aie-apps dictate toggle                   # start a session, or stop the running one (bind this to a key)
@@ -58,7 +58,7 @@ class Action(str, Enum):
 
 TYPERS = {  # tool -> argv that types TEXT without a trailing Enter
     # a character missing from the X keymap (é, —) goes through a spare key remapped for it, and a busy window
-    # can miss that remap (seen once under load in the tests); --output paste has no such race
+    # can miss that remap (seen once under load in the tests); --to paste has no such race
     "xdotool": lambda text: ["xdotool", "type", "--clearmodifiers", "--delay", "4", "--", text],
     # wtype uploads a new keymap on every run; typing at once, the focused client may read the first key
     # before that keymap (foot under sway lost the first character in 4 of 6 runs), so it waits 50 ms first
@@ -193,9 +193,9 @@ class Sink:
         self.tty = output == Output.stdout and sys.stdout.isatty()
         if partials and output != Output.jsonl and not self.tty:
             # a partial is rewritten in place on a terminal; a pipe, a typed window or the clipboard get finals only
-            raise UsageError(f"--partials shows partial text on a terminal or as --output jsonl events, not with"
-                             f" --output {output.value}" + (" on a pipe or file" if output == Output.stdout else ""),
-                             fix="use --output jsonl to get partial events, or leave out --partials")
+            raise UsageError(f"--partials shows partial text on a terminal or as --json events, not with"
+                             f" --to {output.value}" + (" on a pipe or file" if output == Output.stdout else ""),
+                             fix="use --json to get partial events, or leave out --partials")
         self.partials = self.tty if partials is None else partials
         self.session = sdk_settings.load().session_type
         self.tool = choose_typer(typer_tool, self.session) if output in (Output.type, Output.paste) else None
@@ -437,29 +437,34 @@ def _save_unprocessed(stream, settings) -> Path | None:
 @command
 def dictate(
     action: Annotated[Optional[Action], typer.Argument(help="control a running session: start | stop | toggle | cancel")] = None,
-    output: Annotated[Output, typer.Option("--output", "-o", help="stdout | jsonl | type | paste | clipboard")] = Output.stdout,
+    to: Annotated[Optional[Output], typer.Option(
+        "--to", help="where finals go: stdout | type | paste | clipboard (jsonl: --json)")] = None,
+    json_events: Annotated[bool, typer.Option("--json", help="JSON lines on stdout: one event per final (and partial)"
+                                                            "; with --list-devices: one JSON object")] = False,
+    output: Annotated[Optional[str], typer.Option(
+        "--output", "-o", help="also write the session's text here when it ends (a file; folders are created)")] = None,
     partials: Annotated[Optional[bool], typer.Option("--partials/--no-partials", help="show partial text (default: on a TTY only)")] = None,
     typer_tool: Annotated[str, typer.Option("--typer", help="typing tool: auto | xdotool | wtype | ydotool | dotool")] = "auto",
-    paste_chord: Annotated[str, typer.Option("--paste-keys", help="with --output paste: ctrl+v | ctrl+shift+v (terminals) | shift+Insert")] = "ctrl+v",
+    paste_chord: Annotated[str, typer.Option("--paste-keys", help="with --to paste: ctrl+v | ctrl+shift+v (terminals) | shift+Insert")] = "ctrl+v",
     model: Annotated[str, typer.Option("--model", help="ASR model name or folder")] = "whisper-tiny.en",
     language: Annotated[Optional[str], typer.Option(
         "--language", help="Whisper: the spoken language, e.g. en, de (default: detected per utterance)")] = None,
     task: Annotated[str, typer.Option("--task", help="Whisper: transcribe, or translate (into English)")] = "transcribe",
-    input_device: Annotated[Optional[str], typer.Option("--input-device", "-d", help="microphone: index or part of its name")] = None,
+    input_device: Annotated[Optional[str], typer.Option("--input-device", help="microphone: index or part of its name")] = None,
     list_devices: Annotated[bool, typer.Option("--list-devices", help="list microphones and exit")] = False,
-    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="play this audio file as the microphone")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", help="play this audio file as the microphone")] = None,
     fast: Annotated[bool, typer.Option("--fast", help="with --file: as fast as possible, not real time")] = False,
     vad: Annotated[bool, typer.Option("--vad/--no-vad", help="voice activity detection (on by default)")] = True,
     silence_timeout: Annotated[Optional[float], typer.Option("--silence-timeout", help="stop after this many seconds without speech")] = None,
     max_duration: Annotated[Optional[float], typer.Option("--max-duration", help="stop after this many seconds of audio")] = None,
     save_audio: Annotated[Optional[Path], typer.Option("--save-audio", help="also write the captured audio (16 kHz WAV) here")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="with --list-devices: JSON")] = False,
     device: DeviceOpt = None,
 ):
     """Live dictation from the microphone (or a file played as one)."""
     settings = sdk_settings.load()
     if list_devices:
-        return _print_devices(json_out)
+        return _print_devices(json_events)
+    mode, transcript = _delivery(to, json_events, output)
     if action in (Action.stop, Action.cancel, Action.toggle):
         reply = send(action.value if action != Action.toggle else "stop")
         if reply is not None:
@@ -479,9 +484,38 @@ def dictate(
                                                                f"e.g. --save-audio {save_audio / 'take.wav' if save_audio.is_dir() else 'take.wav'}")
     from pipelines.asr import TranscribeOptions
     decoding = TranscribeOptions(language=language, task=task)
-    _run_session(settings, output=output, partials=partials, typer_tool=typer_tool, paste_chord=paste_chord,
+    _run_session(settings, output=mode, transcript=transcript, partials=partials, typer_tool=typer_tool, paste_chord=paste_chord,
                  model=model, decoding=decoding, input_device=input_device, file=file, fast=fast, vad=vad,
                  silence_timeout=silence_timeout, max_duration=max_duration, save_audio=save_audio, device=device)
+
+
+def _delivery(to: Output | None, json_events: bool, output: str | None) -> tuple[Output, Path | None]:
+    """(where finals go, the file the session's text is written to). `--output MODE` was the delivery before
+    `--to` and `--json`; it still works this release, with a note."""
+    if output in {o.value for o in Output}:
+        err(f"note: `--output {output}` is deprecated: use " + ("`--json`" if output == "jsonl" else f"`--to {output}`"))
+        to, output = (None, None) if output == "jsonl" else (Output(output), None)
+        json_events = json_events or to is None
+    if json_events and to not in (None, Output.stdout, Output.jsonl):
+        raise UsageError(f"--json prints events on stdout, --to {to.value} delivers them elsewhere",
+                         fix="pass one of the two")
+    mode = Output.jsonl if json_events or to == Output.jsonl else (to or Output.stdout)
+    transcript = Path(output) if output else None
+    if transcript is not None and transcript.is_dir():
+        raise UsageError(f"--output {transcript} is a folder", fix=f"pass a file, e.g. {transcript / 'dictation.txt'}")
+    return mode, transcript
+
+
+def _write_transcript(path: Path, finals: list[str]) -> None:
+    """The session's text, one final per line, written atomically; when that fails it goes to stderr instead."""
+    from sdk.atomic import write_atomic
+    text = "".join(f + "\n" for f in finals)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text)
+        err(f"dictation: wrote {len(finals)} finals to {path}")
+    except OSError as e:
+        err(f"error: cannot write {path} ({e.strerror or e}); the session's text follows\n{text}", )
 
 
 def _stop_on_sigterm():
@@ -508,8 +542,8 @@ def _show(events, sink, stream):
                 stream.request_stop()
 
 
-def _run_session(settings, *, output, partials, typer_tool, paste_chord, model, decoding, input_device, file, fast,
-                 vad, silence_timeout, max_duration, save_audio, device):
+def _run_session(settings, *, output, transcript, partials, typer_tool, paste_chord, model, decoding, input_device,
+                 file, fast, vad, silence_timeout, max_duration, save_audio, device):
     from pipelines.dictation import DictationOptions, FileSource, Microphone, Stream
 
     # a missing typing or clipboard tool fails here, before the microphone opens
@@ -560,6 +594,8 @@ def _run_session(settings, *, output, partials, typer_tool, paste_chord, model, 
             signal.signal(signal.SIGTERM, previous)
         sink.close()
         server.close()
+        if transcript is not None:
+            _write_transcript(transcript, sink.finals)
         report = stream.report()
         err(f"dictation: {report['captured_s']:.1f} s captured, {report['finals']} finals,"
             f" {report['dropped_blocks']} dropped blocks")

@@ -19,7 +19,7 @@ from .cli import DeviceOpt, app, command, err, utf8_argument
 @command
 def embed_text(
     texts: Annotated[Optional[list[str]], typer.Argument(help="texts to embed; none = read lines from --file or stdin")] = None,
-    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="read one text per line from this file")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", help="read one text per line from this file")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write a .npy matrix here instead of JSON lines on stdout")] = None,
     model: Annotated[str, typer.Option("--model", help="model name or folder")] = "all-MiniLM-L6-v2",
     ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto (the running one, else a local one) or HOST:PORT; needs -o")] = None,
@@ -36,8 +36,9 @@ def embed_text(
     if output is not None:  # before reading input and loading the model: a bad path must not cost the work
         if output.suffix != ".npy":
             raise UsageError(f"--output must end in .npy, got {output.name}", fix="e.g. -o vectors.npy")
-        if not output.parent.is_dir():
-            raise UsageError(f"--output {output}: folder {output.parent} does not exist", fix="create it first")
+        if output.parent.exists() and not output.parent.is_dir():
+            raise UsageError(f"--output {output}: {output.parent} is not a folder", fix="pass a path in a folder")
+        output.parent.mkdir(parents=True, exist_ok=True)   # -o creates its folder, as in every command
         if output.is_dir():
             raise UsageError(f"--output {output} is a folder", fix="pass a file path ending in .npy")
     if file is not None:

@@ -51,14 +51,17 @@ def _load(model: str, device: str | None, options):
 @app.command("transcribe")
 @command
 def transcribe(
-    files: Annotated[list[Path], typer.Argument(help="audio files (wav, flac, ogg; mp3 where libsndfile can)")],
+    inputs: Annotated[list[Path], typer.Argument(
+        help="audio files (wav, flac, ogg; mp3 where libsndfile can) and folders (their audio files, sorted)")],
     model: Annotated[str, typer.Option("--model", help="model name, HF repo id or folder")] = "whisper-tiny.en",
     fmt: Annotated[Format, typer.Option("--format", "-f", help=(
-        "output format; json: one object per file, several files on stdout as one JSON array; "
-        "jsonl: one object per line"))] = Format.txt,
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help=(
-        "write FILE.<format> here instead of stdout (existing files are replaced; two inputs with the same "
-        "name are refused before any work)"))] = None,
+        "output format; json: on stdout one JSON array (one object per file); jsonl: one object per line; "
+        "srt/vtt on stdout take one file (use -o for several)"))] = Format.txt,
+    json_lines: Annotated[bool, typer.Option("--json", help="JSON lines: the same as --format jsonl")] = False,
+    output_dir: Annotated[Optional[Path], typer.Option("--output", "-o", help=(
+        "a folder (created when missing): FILE.<format> per input instead of stdout (existing files are replaced; "
+        "two inputs with the same name are refused before any work)"))] = None,
+    old_output_dir: Annotated[Optional[Path], typer.Option("--output-dir", hidden=True)] = None,
     language: Annotated[Optional[str], typer.Option("--language", help="e.g. en, de; default: detect")] = None,
     task: Annotated[str, typer.Option("--task", help="transcribe or translate (to English)")] = "transcribe",
     device: DeviceOpt = None,
@@ -72,10 +75,22 @@ def transcribe(
     from pipelines.audio import check_audio_path
 
     options = TranscribeOptions(language=language, task=task, precision=precision)  # bad options: before any work
+    if old_output_dir is not None:
+        err("note: --output-dir is deprecated: use -o/--output")
+        output_dir = output_dir or old_output_dir
+    if json_lines:
+        fmt = Format.jsonl
     if ray is not None and output_dir is None:
         raise UsageError("--ray writes one transcript per file", fix="pass -o DIR")
-    if output_dir is not None and not output_dir.is_dir():
-        raise UsageError(f"output directory {output_dir} does not exist", fix="create it first")
+    if output_dir is not None:
+        if output_dir.exists() and not output_dir.is_dir():
+            raise UsageError(f"-o {output_dir} is a file; transcripts are written one per input into a folder",
+                             fix="pass a folder (it is created when missing)")
+        output_dir.mkdir(parents=True, exist_ok=True)
+    files, failed_inputs = _expand(inputs)
+    if output_dir is None and fmt in (Format.srt, Format.vtt) and len(files) > 1:
+        raise UsageError(f"{len(files)} inputs as {fmt.value} on stdout would not be one valid {fmt.value} file",
+                         fix=f"pass -o DIR for one .{fmt.value} per input, or use --format txt, json or jsonl")
     usable = []
     for path in files:  # before the model loads (seconds): a run with no file to read ends at once
         try:
@@ -93,12 +108,13 @@ def transcribe(
                                    model=model, options=options,
                                    device=device, cluster=ClusterOptions(address=ray, max_errors=max_errors))
         err(f"wrote transcripts to {output_dir}: {report.summary()}")
-        if len(files) > len(usable):
+        if failed_inputs or len(files) > len(usable):
             raise typer.Exit(1)
         return
     transcriber = _load(model, device, options)
-    array = fmt is Format.json and output_dir is None and len(files) > 1  # stdout stays one JSON document
-    failed, printed = len(files) - len(usable), 0
+    array = fmt is Format.json and output_dir is None   # stdout stays one JSON document
+    headers = fmt is Format.txt and output_dir is None and len(files) > 1
+    failed, printed = failed_inputs + len(files) - len(usable), 0
     for path in usable:
         try:
             result = transcriber.transcribe(path)
@@ -110,6 +126,8 @@ def transcribe(
         if output_dir is None:
             if array:
                 text = ("," if printed else "[") + text
+            elif headers:
+                text = f"{'' if not printed else chr(10)}==> {path} <==\n" + text
             print(text, end="", flush=True)
             printed += 1
         else:
@@ -127,6 +145,26 @@ def transcribe(
         print("]" if printed else "[]", flush=True)
     if failed:
         raise typer.Exit(1)
+
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".caf", ".w64")
+
+
+def _expand(inputs: list[Path]) -> tuple[list[Path], int]:
+    """The files to transcribe: each file as given, each folder's audio files (recursively, sorted); (files,
+    number of inputs reported and skipped: a folder without audio)."""
+    files, skipped = [], 0
+    for path in inputs:
+        if not path.is_dir():
+            files.append(path)
+            continue
+        found = sorted(p for p in path.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file())
+        if not found:
+            report_error(InputError(f"{path} is a folder with no audio files ({', '.join(AUDIO_SUFFIXES[:4])}, ...)",
+                                    fix="pass audio files, or folders that hold them"))
+            skipped += 1
+        files += found
+    return files, skipped
 
 
 def _target(output_dir: Path, path: Path, fmt: Format) -> Path:

@@ -77,7 +77,7 @@ def main():
     try:
         for c in clusters.values():
             c.start()
-        jobs = {"embed-text": (args.lines, lambda out, n: ["embed-text", "-f", str(text[n]), "-o", str(out / "v.npy")]),
+        jobs = {"embed-text": (args.lines, lambda out, n: ["embed-text", "--file", str(text[n]), "-o", str(out / "v.npy")]),
                 "transcribe": (len(audio), lambda out, n: ["transcribe", *map(str, audio[:n]), "-o", str(out)])}
         for job, (items, argv) in jobs.items():
             if job not in args.jobs.split(","):

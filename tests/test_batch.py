@@ -173,10 +173,10 @@ def test_embed_text_on_the_cluster_survives_a_killed_worker_and_equals_one_machi
     lines = [" ".join(words[(i * k) % len(words)] for k in range(1, 4 + i % 9)) + f" {i}" for i in range(2000)]
     corpus = tmp_path / "lines.txt"
     corpus.write_text("\n".join(lines) + "\n")
-    _single("embed-text", "-f", corpus, "-o", tmp_path / "one.npy")
+    _single("embed-text", "--file", corpus, "-o", tmp_path / "one.npy")
 
     out = tmp_path / "many.npy"
-    job = cluster.cli_popen("embed-text", "-f", str(corpus), "-o", str(out), "--ray", cluster.address)
+    job = cluster.cli_popen("embed-text", "--file", str(corpus), "-o", str(out), "--ray", cluster.address)
     _wait_for(lambda: any(out.with_name("many.npy.parts").glob("part-*.npz")), job)
     workers = cluster.pids("NpuWorker")  # the actor on the second node (the one with the NPU resource)
     assert len(workers) == 1

@@ -90,7 +90,8 @@ def _no_model(monkeypatch):
 def test_embed_text_refuses_a_bad_output_path_before_loading_the_model(tmp_path, monkeypatch):
     _no_model(monkeypatch)
     (tmp_path / "folder.npy").mkdir()
-    for output, says in (("nodir/out.npy", "does not exist"), ("out.txt", "must end in .npy"),
+    (tmp_path / "a-file").write_text("")
+    for output, says in (("a-file/out.npy", "is not a folder"), ("out.txt", "must end in .npy"),
                          ("folder.npy", "is a folder")):
         r = runner.invoke(app, ["embed-text", "x", "-o", str(tmp_path / output), "--device", "cpu"])
         assert r.exit_code == 2 and says in r.stderr and "fix:" in r.stderr, (output, r.stderr)
@@ -141,3 +142,44 @@ def test_version_and_help_pages_show_flags_as_flags():
         r = runner.invoke(app, [name, "--help"])
         assert r.exit_code == 0, (name, r.stderr)
         assert "<bool>" not in r.stdout, (name, r.stdout)    # `--json`, never `--json <bool>`
+
+
+# The flags every command shares, and what each means: one vocabulary (clig.dev; what ffmpeg / whisper.cpp users
+# expect). -o is always an output path, -f always --format, --json always machine-readable output.
+SHARED = {"-o": "--output", "-f": "--format", "-k": "--top-k"}
+
+
+def _options(command: str) -> dict[str, list[str]]:
+    """Each option of a command's --help page: its names (short and long)."""
+    import re
+    page = runner.invoke(app, [command, "--help"]).stdout
+    found = {}
+    for line in page.splitlines():
+        m = re.match(r"^\s{2}((?:-\w, )?--[\w-]+(?:/--[\w-]+)?)", line)
+        if m:
+            names = re.findall(r"--?[\w-]+", m.group(1))
+            found[names[-1] if len(names) == 1 else next(n for n in names if n.startswith("--"))] = names
+    return found
+
+
+def test_shared_flags_mean_the_same_in_every_command():
+    commands = typer.main.get_command(app).commands
+    shorts: dict[str, set[str]] = {}
+    for name in commands:
+        for long, names in _options(name).items():
+            for short in (n for n in names if not n.startswith("--")):
+                shorts.setdefault(short, set()).add(long)
+        help_page = runner.invoke(app, [name, "--help"]).stdout
+        assert "--output-dir" not in help_page and "--jsonl" not in help_page, name   # old spellings: hidden
+    for short, longs in shorts.items():
+        assert len(longs) == 1, f"{short} means {sorted(longs)}"                # no short flag means two things
+        if short in SHARED:
+            assert longs == {SHARED[short]}, (short, longs)
+    for name in ("transcribe", "dictate", "classify", "embed", "embed-text", "bench"):
+        opts = _options(name)
+        assert "--device" in opts and opts["--device"] == ["--device"], name
+        if "--output" in opts:
+            assert opts["--output"] == ["-o", "--output"], (name, opts["--output"])
+    for name in ("transcribe", "dictate", "classify", "bench", "info", "doctor"):
+        assert "--json" in _options(name), name
+    assert "--input-device" in _options("dictate") and "-d" not in shorts

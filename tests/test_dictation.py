@@ -324,7 +324,8 @@ def test_fed_audio_is_checked_and_pcm_is_scaled():
     assert np.allclose(stream.ring.read(RATE), 0.5)
     source = FileSource(np.full(RATE, -16384, np.int16), RATE)
     source.check()
-    assert np.allclose(source._load()[0], -0.5)
+    rate, blocks = source._blocks()
+    assert rate == RATE and np.allclose(np.concatenate(list(blocks)), -0.5)
 
 
 def test_cli_file_as_microphone_writes_finals_as_json_lines(tmp_path):
@@ -334,7 +335,7 @@ def test_cli_file_as_microphone_writes_finals_as_json_lines(tmp_path):
 
     wav, reference = librivox_clips()[4]
     saved = tmp_path / "copy.wav"
-    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--output", "jsonl",
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--json",
                                       "--save-audio", str(saved)], env={"XDG_RUNTIME_DIR": str(tmp_path)})
     assert result.exit_code == 0, result.output
     lines = [json.loads(line) for line in result.stdout.splitlines()]
@@ -370,8 +371,8 @@ def test_cli_partials_on_a_pipe_are_events_in_jsonl_and_refused_as_plain_text(tm
     wav, _ = librivox_clips()[0]
     env = {"XDG_RUNTIME_DIR": str(tmp_path)}
     result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--partials"], env=env)
-    assert result.exit_code == 2 and "--output jsonl" in result.stderr and result.stdout == "", result.output
-    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--partials", "-o", "jsonl"], env=env)
+    assert result.exit_code == 2 and "--json" in result.stderr and result.stdout == "", result.output
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--partials", "--json"], env=env)
     assert result.exit_code == 0, result.output
     types = [json.loads(line)["type"] for line in result.stdout.splitlines()]
     assert types[-1] == "final" and types.count("partial") >= 1, types
@@ -389,8 +390,38 @@ def test_cli_max_duration_stops_a_fast_file(tmp_path):
     soundfile.write(str(wav), audio, RATE)
     limit = spans[0][1] + 1.0        # the first clip and the pause after it
     result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--max-duration", str(limit),
-                                      "-o", "jsonl"], env={"XDG_RUNTIME_DIR": str(tmp_path)})
+                                      "--json"], env={"XDG_RUNTIME_DIR": str(tmp_path)})
     assert result.exit_code == 0, result.output
     finals = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(finals) == 1 and finals[0]["end"] <= limit, finals
     assert wer(librivox_clips()[0][1], finals[0]["text"]) <= 0.2
+
+
+def test_cli_output_is_a_file_and_the_old_mode_spelling_still_works(tmp_path):
+    """-o is an output path, as in every command: the session's text lands there when it ends; `--output jsonl`
+    (the spelling before --json) still works this release, with a deprecation note."""
+    import json
+    from typer.testing import CliRunner
+    from apps.main import app
+
+    wav, reference = librivox_clips()[4]
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    out = tmp_path / "new" / "said.txt"
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "-o", str(out)], env=env)
+    assert result.exit_code == 0, result.output
+    assert wer(reference, out.read_text()) <= 0.2 and out.read_text() == result.stdout
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--output", "jsonl"], env=env)
+    assert result.exit_code == 0 and "deprecated: use `--json`" in result.stderr, result.output
+    assert json.loads(result.stdout.splitlines()[0])["type"] == "final"
+
+
+@pytest.mark.parametrize("flag, value", [("--silence-timeout", "-1"), ("--max-duration", "0"),
+                                         ("--max-duration", "nan"), ("--silence-timeout", "inf")])
+def test_cli_time_limits_must_be_positive_and_finite(tmp_path, flag, value):
+    from typer.testing import CliRunner
+    from apps.main import app
+
+    wav, _ = librivox_clips()[4]
+    result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", flag, value],
+                                env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert result.exit_code == 2 and f"{flag} must be a positive number of seconds" in result.stderr, result.output

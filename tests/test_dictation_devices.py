@@ -95,7 +95,7 @@ def test_portaudio_capture_through_pulseaudio_null_sink(pulse, tmp_path):
     assert any(line.startswith("*") for line in listing.stdout.splitlines())   # the default is marked
 
     heard = tmp_path / "heard.wav"
-    session = subprocess.Popen(_cli("--input-device", "PULSE", "--output", "jsonl", "--save-audio", str(heard),
+    session = subprocess.Popen(_cli("--input-device", "PULSE", "--json", "--save-audio", str(heard),
                                     "--max-duration", "120"),
                                env=mic_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)
@@ -126,7 +126,7 @@ def _unplug_mid_sentence(env, tmp_path) -> tuple[subprocess.CompletedProcess, li
     (first, first_ref), (second, second_ref) = librivox_clips()[4], librivox_clips()[1]
     heard = tmp_path / "heard.wav"
     mic_env = dict(env, PULSE_SOURCE="vmic.monitor")
-    session = subprocess.Popen(_cli("--input-device", "pulse", "--output", "jsonl", "--save-audio", str(heard),
+    session = subprocess.Popen(_cli("--input-device", "pulse", "--json", "--save-audio", str(heard),
                                     "--max-duration", "60"),
                                env=mic_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)

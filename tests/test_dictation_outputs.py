@@ -1,4 +1,4 @@
-"""Where dictated text goes, on real display servers, always read back: `aie-apps dictate --output
+"""Where dictated text goes, on real display servers, always read back: `aie-apps dictate --to
 type|paste|clipboard` into an xterm under Xvfb (xdotool, xclip, xsel) and into a foot terminal under a
 headless sway (wtype, wl-copy, wl-paste); which typing tool each session type gets; what a missing or
 failing tool raises, and that the text a failing tool could not deliver still reaches stdout. The CLI runs
@@ -168,7 +168,7 @@ def test_type_into_an_x_window(xterm, x11, sentence, dictate, monkeypatch):
     assert choose_typer("auto") == "xdotool"
     type_text(TRICKY, "xdotool")
     wav, reference = sentence
-    result = dictate(x11, "--file", str(wav), "--fast", "--output", "type")
+    result = dictate(x11, "--file", str(wav), "--fast", "--to", "type")
     assert result.exit_code == 0, result.output
     content = xterm.text()
     assert content.startswith("Hello, World! It's 3 o'clock; new line? "), content
@@ -178,7 +178,7 @@ def test_type_into_an_x_window(xterm, x11, sentence, dictate, monkeypatch):
 def test_paste_into_an_x_window_restores_the_clipboard(xterm, x11, sentence, dictate):
     _copy(["xclip", "-selection", "clipboard"], xterm.env, "what the user had copied")
     wav, reference = sentence
-    result = dictate(x11, "--file", str(wav), "--fast", "--output", "paste")
+    result = dictate(x11, "--file", str(wav), "--fast", "--to", "paste")
     assert result.exit_code == 0, result.output
     _assert_dictated(xterm.text(), reference)
     assert _read(["xsel", "--clipboard", "--output"], xterm.env) == "what the user had copied"
@@ -186,7 +186,7 @@ def test_paste_into_an_x_window_restores_the_clipboard(xterm, x11, sentence, dic
 
 def test_clipboard_under_x11_holds_the_whole_session(x11, speech, dictate):
     wav, reference = speech
-    result = dictate(x11, "--file", str(wav), "--fast", "--output", "clipboard")
+    result = dictate(x11, "--file", str(wav), "--fast", "--to", "clipboard")
     assert result.exit_code == 0, result.output
     env = _tool_env(x11)
     held = _read(["xclip", "-o", "-selection", "clipboard"], env)
@@ -268,7 +268,7 @@ def test_type_into_a_wayland_window(foot, wayland, sentence, dictate, monkeypatc
         type_text("One. ", "wtype")
     type_text(TRICKY + NON_ASCII, "wtype")
     wav, reference = sentence
-    result = dictate(wayland, "--file", str(wav), "--fast", "--output", "type")
+    result = dictate(wayland, "--file", str(wav), "--fast", "--to", "type")
     assert result.exit_code == 0, result.output
     content = foot.text()
     prefix = "One. One. One. Hello, World! It's 3 o'clock; new line? café — "
@@ -279,7 +279,7 @@ def test_type_into_a_wayland_window(foot, wayland, sentence, dictate, monkeypatc
 def test_paste_into_a_wayland_terminal_restores_the_clipboard(foot, wayland, sentence, dictate):
     _copy(["wl-copy"], foot.env, "what the user had copied")
     wav, reference = sentence
-    result = dictate(wayland, "--file", str(wav), "--fast", "--output", "paste", "--paste-keys", "ctrl+shift+v")
+    result = dictate(wayland, "--file", str(wav), "--fast", "--to", "paste", "--paste-keys", "ctrl+shift+v")
     assert result.exit_code == 0, result.output
     _assert_dictated(foot.text(), reference)
     assert _read(["wl-paste", "--no-newline"], foot.env) == "what the user had copied"
@@ -287,7 +287,7 @@ def test_paste_into_a_wayland_terminal_restores_the_clipboard(foot, wayland, sen
 
 def test_clipboard_under_wayland_holds_the_whole_session(wayland, speech, dictate):
     wav, reference = speech
-    result = dictate(wayland, "--file", str(wav), "--fast", "--output", "clipboard")
+    result = dictate(wayland, "--file", str(wav), "--fast", "--to", "clipboard")
     assert result.exit_code == 0, result.output
     _assert_dictated(_read(["wl-paste", "--no-newline"], _tool_env(wayland)), reference)
 
@@ -401,9 +401,9 @@ def test_a_missing_tool_fails_before_the_model_loads(tmp_path, speech, dictate):
     wav, _ = speech
     session = {"XDG_SESSION_TYPE": "wayland", "WAYLAND_DISPLAY": "wayland-0", "DISPLAY": None,
                "XDG_RUNTIME_DIR": str(tmp_path), "PATH": _path_with(tmp_path)}
-    result = dictate(session, "--file", str(wav), "--fast", "--output", "type")
+    result = dictate(session, "--file", str(wav), "--fast", "--to", "type")
     assert result.exit_code == 5 and "sudo apt install wtype" in result.output, result.output
-    result = dictate(session, "--file", str(wav), "--fast", "--output", "clipboard")
+    result = dictate(session, "--file", str(wav), "--fast", "--to", "clipboard")
     assert result.exit_code == 5 and "sudo apt install wl-clipboard" in result.output, result.output
     assert result.model_loads == 0
 
@@ -468,7 +468,7 @@ def test_failing_paste_keys_give_the_clipboard_back(tmp_path, sentence, dictate)
     wav, reference = sentence
     session = {"XDG_SESSION_TYPE": "x11", "DISPLAY": ":1999", "WAYLAND_DISPLAY": None,
                "XDG_RUNTIME_DIR": str(tmp_path), "PATH": str(folder)}
-    result = dictate(session, "--file", str(wav), "--fast", "--output", "paste")
+    result = dictate(session, "--file", str(wav), "--fast", "--to", "paste")
     assert result.exit_code == 5 and "error: xdotool failed (exit 1)" in result.stderr, result.output
     assert wer(reference, result.stdout) <= 0.2, result.stdout
     assert clipboard.read_text() == "what the user had copied"
@@ -488,7 +488,7 @@ def test_finals_after_a_tool_failure_still_reach_stdout(tmp_path, speech, dictat
     wav, reference = speech
     session = {"XDG_SESSION_TYPE": "x11", "DISPLAY": ":1999", "WAYLAND_DISPLAY": None,
                "XDG_RUNTIME_DIR": str(tmp_path), "PATH": str(folder)}
-    result = dictate(session, "--file", str(wav), "--fast", "--output", "type")
+    result = dictate(session, "--file", str(wav), "--fast", "--to", "type")
     print(f"\n  typed: {typed.read_text()!r}\n  stdout: {result.stdout!r}")
     assert result.exit_code == 5 and "error: xdotool failed (exit 1)" in result.stderr, result.output
     assert wer(reference, result.stdout) <= 0.2, result.stdout

@@ -52,7 +52,7 @@ def test_embed_text_rows_match_input_lines():
     r = runner.invoke(app, ["embed-text", "--device", "cpu"], input="first\u2028half\nsecond\n".encode())
     assert r.exit_code == 0, r.stderr
     assert len(r.stdout.splitlines()) == 2
-    r = runner.invoke(app, ["embed-text", "-f", "/dev/zero", "--device", "cpu"])
+    r = runner.invoke(app, ["embed-text", "--file", "/dev/zero", "--device", "cpu"])
     assert r.exit_code == 1 and "longer than" in r.stderr and "fix:" in r.stderr
 
 
@@ -117,7 +117,7 @@ def test_classify_reports_an_unreadable_image_and_goes_on_with_the_folder(tmp_pa
         return real(path, *a, **k)
     monkeypatch.setattr("pipelines.vision.np.fromfile", fromfile)
     r = runner.invoke(app, ["classify", str(tmp_path), "--model", str(FIXTURES / "vision" / "vit"), "--device", "cpu",
-                            "--headless", "--jsonl", "-k", "1"])
+                            "--headless", "--json", "-k", "1"])
     assert r.exit_code == 1 and "cannot read" in r.stderr and "b.png" in r.stderr and "Permission denied" in r.stderr
     assert len(r.stdout.splitlines()) == 2  # a.png and c.png
 

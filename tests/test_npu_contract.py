@@ -83,9 +83,9 @@ WHISPER_REFUSED = pytest.mark.xfail(run=False, reason=(
 CASES = {
     "bert-tiny": (_tiny_bert, lambda tmp: ["embed-text", "a man is eating food .", "a piece of bread ."], _texts),
     "vit-tiny": (str(FIXTURES / "vision" / "vit"),
-                 lambda tmp: ["classify", str(_image(tmp / "x.png")), "--jsonl", "--headless"], _classes),
+                 lambda tmp: ["classify", str(_image(tmp / "x.png")), "--json", "--headless"], _classes),
     "resnet-tiny": (str(FIXTURES / "vision" / "resnet18"),
-                    lambda tmp: ["classify", str(_image(tmp / "x.png")), "--jsonl", "--headless"], _classes),
+                    lambda tmp: ["classify", str(_image(tmp / "x.png")), "--json", "--headless"], _classes),
     "parakeet-ctc-tiny": (str(FIXTURES / "conformer" / "parakeet_ctc"),
                           lambda tmp: ["transcribe", str(_speech(tmp / "s.wav")), "--format", "json"], _transcript),
     "parakeet-tdt-tiny": (str(FIXTURES / "conformer" / "parakeet_tdt"),

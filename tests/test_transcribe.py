@@ -244,7 +244,7 @@ def test_cli_formats(transcriber, tmp_path, monkeypatch):
     r = runner.invoke(app, ["transcribe", clip])
     assert r.exit_code == 0 and r.stdout.strip() == "He might even have been made amiable himself."
     r = runner.invoke(app, ["transcribe", clip, "--format", "json"])
-    doc = json.loads(r.stdout)
+    (doc,) = json.loads(r.stdout)                                      # on stdout always one JSON array
     assert doc["text"].startswith("He might") and doc["device_effective"] == "cpu" and doc["segments"]
     r = runner.invoke(app, ["transcribe", clip, "--format", "srt"])
     assert r.stdout.startswith("1\n00:00:00,000 --> 00:00:0") and "amiable" in r.stdout
@@ -326,7 +326,8 @@ def test_cli_without_a_file_to_read_does_not_load_the_model(tmp_path, monkeypatc
     r = CliRunner().invoke(app, ["transcribe", str(tmp_path / "gone.wav"), str(tmp_path), "-f", "json"])
     assert r.exit_code == 1 and isinstance(r.exception, SystemExit), r.output  # typer.Exit, not the AssertionError
     assert f"error: audio file {tmp_path / 'gone.wav'} does not exist\n  fix: check the path" in r.stderr
-    assert f"error: {tmp_path} is a folder" in r.stderr and r.stderr.count("fix:") == 2 and r.stdout == ""
+    assert f"error: {tmp_path} is a folder with no audio files" in r.stderr and r.stderr.count("fix:") == 2
+    assert r.stdout == ""
 
 
 def test_cli_warns_about_a_truncated_wav_and_transcribes_it(transcriber, tmp_path, monkeypatch):
@@ -353,3 +354,25 @@ def test_cli_json_for_several_files_is_one_array(transcriber, tmp_path, monkeypa
     r = _cli(transcriber, monkeypatch)(clip, str(tmp_path / "missing.wav"), clip, "--format", "json")
     assert r.exit_code == 1 and "missing.wav" in r.stderr  # reported; stdout is still one JSON document
     assert [doc["file"] for doc in json.loads(r.stdout)] == [clip, clip]
+
+
+def test_cli_several_inputs_stay_valid_on_stdout_and_folders_are_expanded(transcriber, tmp_path, monkeypatch):
+    """Folders are read recursively (sorted); on stdout txt gets a header per file, json is one array, srt/vtt
+    for several inputs are refused (one file each needs -o, whose folder is created)."""
+    import shutil
+    (tmp_path / "in" / "b").mkdir(parents=True)
+    shutil.copy(CLIPS[4], tmp_path / "in" / "b" / "2.wav")
+    shutil.copy(CLIPS[3], tmp_path / "in" / "1.wav")
+    (tmp_path / "in" / "notes.txt").write_text("not audio")
+    cli = _cli(transcriber, monkeypatch)
+    r = cli(str(tmp_path / "in"))
+    assert r.exit_code == 0, r.output
+    assert [line for line in r.stdout.splitlines() if line.startswith("==> ")] == \
+        [f"==> {tmp_path / 'in' / '1.wav'} <==", f"==> {tmp_path / 'in' / 'b' / '2.wav'} <=="]
+    r = cli(str(tmp_path / "in"), "--format", "srt")
+    assert r.exit_code == 2 and "-o DIR" in r.stderr and r.stdout == ""
+    r = cli(str(tmp_path / "in"), "--format", "srt", "-o", str(tmp_path / "new" / "out"))
+    assert r.exit_code == 0 and sorted(p.name for p in (tmp_path / "new" / "out").iterdir()) == ["1.srt", "2.srt"]
+    r = cli(str(tmp_path / "in"), "--json")
+    assert [json.loads(line)["file"] for line in r.stdout.splitlines()] == \
+        [str(tmp_path / "in" / "1.wav"), str(tmp_path / "in" / "b" / "2.wav")]

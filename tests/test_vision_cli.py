@@ -271,7 +271,7 @@ def test_classify_video_headless_jsonl_emits_one_line_per_frame(tmp_path):
     video = tmp_path / "photos.avi"
     n = make_video(video)
     assert n == 12
-    r = runner.invoke(app, ["classify", str(video), "--headless", "--jsonl", "--top-k", "3",
+    r = runner.invoke(app, ["classify", str(video), "--headless", "--json", "--top-k", "3",
                             "--model", str(VISION / "vit"), "--device", "cpu"])
     assert r.exit_code == 0, r.stderr
     lines = [json.loads(line) for line in r.stdout.splitlines()]
@@ -300,7 +300,7 @@ def test_a_truncated_video_ends_cleanly_with_a_note(tmp_path):
     cut = tmp_path / "cut.avi"
     cut.write_bytes(data[:len(data) * 2 // 3])  # the last frames are gone, the index still lists them
     t0 = time.perf_counter()
-    r = runner.invoke(app, ["classify", str(cut), "--headless", "--jsonl", "--model", str(VISION / "vit"),
+    r = runner.invoke(app, ["classify", str(cut), "--headless", "--json", "--model", str(VISION / "vit"),
                             "--device", "cpu"])
     assert r.exit_code == 0, r.stderr
     n = len(r.stdout.splitlines())
@@ -336,7 +336,7 @@ def test_classify_a_video_url_and_a_live_stream(tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Server, directory=str(tmp_path)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
-    model = ["--headless", "--jsonl", "-k", "1", "--model", str(VISION / "vit"), "--device", "cpu"]
+    model = ["--headless", "--json", "-k", "1", "--model", str(VISION / "vit"), "--device", "cpu"]
     try:
         source = vision.open_source(f"{base}/photos.avi")  # a file on a server: every frame, in order
         assert source.kind == "video" and source.name == f"{base}/photos.avi"
@@ -365,7 +365,7 @@ def test_threshold_keeps_confident_labels_and_still_reports_every_frame(tmp_path
     for name in PHOTOS:
         cv2.imwrite(str(tmp_path / f"{name}.png"), cv2.cvtColor(photo(name), cv2.COLOR_RGB2BGR))
     model = ["--headless", "--model", str(VISION / "vit"), "--device", "cpu"]
-    r = runner.invoke(app, ["classify", str(tmp_path), "--jsonl", "-k", "5", "--threshold", "0.11", *model])
+    r = runner.invoke(app, ["classify", str(tmp_path), "--json", "-k", "5", "--threshold", "0.11", *model])
     assert r.exit_code == 0, r.stderr
     lines = [json.loads(line) for line in r.stdout.splitlines()]
     assert len(lines) == 3
@@ -408,7 +408,7 @@ def test_classify_images_and_folders_with_a_bad_file(tmp_path):
     assert r.exit_code == 1  # the bad file fails the run, after every other image was classified
     assert "cannot read" in r.stderr and "broken.jpg" in r.stderr
     assert len(r.stdout.splitlines()) == 3 and all(f"{n}.png" in r.stdout for n in PHOTOS)
-    r = runner.invoke(app, ["classify", str(folder / "chelsea.png"), "--headless", "--jsonl", "--device", "cpu",
+    r = runner.invoke(app, ["classify", str(folder / "chelsea.png"), "--headless", "--json", "--device", "cpu",
                             "--model", str(VISION / "clip"), "--labels", "tabby cat,coffee mug"])
     assert r.exit_code == 0, r.stderr
     (line,) = r.stdout.splitlines()
@@ -478,7 +478,7 @@ def test_list_cameras_without_cameras(monkeypatch):
     assert r.exit_code == 0 and "no cameras found" in r.stderr and r.stdout == ""
     fake = [{"index": 0, "path": "/dev/video0", "name": "UVC Camera", "usable": True, "size": [640, 480]}]
     monkeypatch.setattr(vision, "list_cameras", lambda probe=True: fake)
-    r = runner.invoke(app, ["classify", "--list-cameras", "--jsonl"])
+    r = runner.invoke(app, ["classify", "--list-cameras", "--json"])
     assert json.loads(r.stdout) == fake[0]
     r = runner.invoke(app, ["classify", "--list-cameras", "photos/"])  # the source would be ignored
     assert r.exit_code == 2 and "classifies nothing" in r.stderr and r.stdout == ""

@@ -107,7 +107,7 @@ def test_cli_transcribe_detects_german_and_translates_it(home, speech):
 
     result = CliRunner().invoke(app, ["transcribe", str(speech["de"]), "--model", "whisper-base", "-f", "json"])
     assert result.exit_code == 0, result.output
-    found = json.loads(result.stdout)
+    (found,) = json.loads(result.stdout)
     assert found["language"] == "de" and {"guten", "morgen", "park"} <= set(words(found["text"])), found
     result = CliRunner().invoke(app, ["transcribe", str(speech["de"]), "--model", "whisper-base", "--task", "translate"])
     assert result.exit_code == 0, result.output
@@ -122,7 +122,7 @@ def test_cli_dictate_with_whisper_base_in_german(home, speech, tmp_path):
     wav = tmp_path / "de-pause.wav"
     soundfile.write(str(wav), np.concatenate([np.zeros(RATE // 2, np.float32), audio, np.zeros(RATE, np.float32)]), RATE)
     result = CliRunner().invoke(app, ["dictate", "--file", str(wav), "--fast", "--model", "whisper-base",
-                                      "--language", "de", "-o", "jsonl"], env={"XDG_RUNTIME_DIR": str(tmp_path)})
+                                      "--language", "de", "--json"], env={"XDG_RUNTIME_DIR": str(tmp_path)})
     assert result.exit_code == 0, result.output
     text = " ".join(json.loads(line)["text"] for line in result.stdout.splitlines())
     assert {"guten", "morgen", "park"} <= set(words(text)), text

@@ -10,7 +10,7 @@ import numpy as np
 
 from sdk.errors import UsageError
 
-from ..audio import float_samples, read_audio, to_mono
+from ..audio import SAMPLE_RATE, check_audio_path, float_samples, stream_audio, to_mono
 
 
 class FileSource:
@@ -30,31 +30,37 @@ class FileSource:
             raise UsageError("pass sample_rate with an array")
         self.audio, self.sample_rate, self.pace, self.block_seconds = audio, sample_rate, pace, block_seconds
         self.backpressure = pace != "realtime"
-        self._loaded: tuple[np.ndarray, int] | None = None
 
     def check(self) -> None:
-        """Read the audio now (run() reuses it), so that a missing or unreadable file fails before an app loads
-        a model."""
-        self._load()
+        """Check the audio now, so that a missing or unreadable file fails before an app loads a model: a file's
+        header is read (its samples are decoded while it plays, block by block, so memory stays bounded)."""
+        if isinstance(self.audio, np.ndarray):
+            self._blocks()
+            return
+        check_audio_path(Path(self.audio))
+        for block in stream_audio(self.audio, block_seconds=self.block_seconds):  # a file with no samples raises
+            if len(block):
+                break
 
-    def _load(self) -> tuple[np.ndarray, int]:
-        if self._loaded is None:
-            if isinstance(self.audio, np.ndarray):
-                self._loaded = to_mono(float_samples(self.audio)), int(self.sample_rate)
-            else:
-                audio, rate = read_audio(self.audio)
-                self._loaded = to_mono(float_samples(audio, str(self.audio))), rate
-        return self._loaded
+    def _blocks(self):
+        """(rate, an iterator of mono float32 blocks): an array as it is, a file decoded and resampled to 16 kHz
+        block by block."""
+        if isinstance(self.audio, np.ndarray):
+            audio, rate = to_mono(float_samples(self.audio)), int(self.sample_rate)
+            step = max(1, int(rate * self.block_seconds))
+            return rate, (audio[i:i + step] for i in range(0, len(audio), step))
+        return SAMPLE_RATE, stream_audio(self.audio, block_seconds=self.block_seconds)
 
     def run(self, push: Callable[[np.ndarray, int], None], stop: threading.Event) -> None:
-        audio, rate = self._load()
-        block = max(1, int(rate * self.block_seconds))
-        t0 = time.monotonic()
-        for start in range(0, len(audio), block):
+        rate, blocks = self._blocks()
+        t0, pushed = time.monotonic(), 0
+        for block in blocks:
             if stop.is_set():
                 return
             if self.pace == "realtime":
-                delay = t0 + start / rate - time.monotonic()
+                delay = t0 + pushed / rate - time.monotonic()
                 if delay > 0 and stop.wait(delay):
                     return
-            push(audio[start:start + block], rate)
+            if len(block):
+                push(block, rate)
+                pushed += len(block)

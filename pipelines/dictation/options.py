@@ -1,6 +1,7 @@
 """What a dictation session can be told: the typed options, and the audio framing they are counted in."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sdk.errors import UsageError
@@ -49,3 +50,8 @@ class DictationOptions:
                 raise UsageError(f"{name} must be >= 0")
         if self.ring_seconds < 5:
             raise UsageError("ring_seconds must be at least 5")
+        for name, flag in (("silence_timeout", "--silence-timeout"), ("max_duration", "--max-duration")):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise UsageError(f"{flag} must be a positive number of seconds, got {value!r}",
+                                 fix=f"pass e.g. {flag} 10, or leave it out for no limit")
