@@ -28,6 +28,7 @@ from sdk import settings as sdk_settings
 from sdk.errors import InputError, UsageError
 
 from .cli import DeviceOpt, app, command, err, report_error, utf8_argument
+from .progress import progress
 
 WINDOW = "aie-apps classify"
 IMAGE_SECONDS = 1.0  # how long the window shows each still image
@@ -252,10 +253,17 @@ def classify(
 
 def _run(source, clf, stats: Stats, max_frames, top_k, show, jsonl, device_name) -> bool:
     """Classify every frame of one source; returns whether to stop (q / Esc / window closed / --max-frames)."""
-    import cv2
     pace = show and source.kind == "video" and getattr(source, "fps", 0) > 0  # play files at their own rate
     start = time.perf_counter()
-    for frame in source:
+    total = len(source.paths) if source.kind == "images" else getattr(source, "frame_count", 0) or None
+    with progress(f"classifying {source.name}", total=total, unit="frames",
+                  enabled=not jsonl and not show and source.kind in ("images", "video")) as update:
+        return _frames(source, clf, stats, max_frames, top_k, show, jsonl, device_name, pace, start, update)
+
+
+def _frames(source, clf, stats: Stats, max_frames, top_k, show, jsonl, device_name, pace, start, update) -> bool:
+    import cv2
+    for done, frame in enumerate(source, 1):
         stats.ms["capture"].append(frame.capture_ms)
         t0 = time.perf_counter()
         pixels = clf.preprocess(frame.image)[None]
@@ -270,6 +278,7 @@ def _run(source, clf, stats: Stats, max_frames, top_k, show, jsonl, device_name)
         fps = stats.tick()
         _emit(frame, predictions, (t3 - t0) * 1e3, infer_ms, device_name, jsonl)
         stats.frames += 1
+        update(done)
         if show:
             cv2.imshow(WINDOW, draw_overlay(frame.image, predictions, infer_ms, fps, device_name))
             stats.ms["display"].append((time.perf_counter() - t3) * 1e3)  # drawing + imshow; pacing excluded

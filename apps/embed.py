@@ -27,6 +27,7 @@ from sdk.atomic import atomic_open, write_atomic
 from sdk.errors import InputError, UsageError
 
 from .cli import DeviceOpt, app, command, err
+from .progress import progress
 
 FORMATS = ("npz", "jsonl")
 
@@ -103,9 +104,10 @@ def embed(
     if resume and done:
         err(f"resuming: {len(records) - len(todo)} of {len(records)} sequences already embedded")
 
-    progress = _Progress(len(records), len(records) - len(todo))
+    start, embedded = time.perf_counter(), len(records) - len(todo)
     try:
-        with embedder:
+        with embedder, progress("embedding", total=len(records), unit="sequences") as update:
+            update(embedded)
             for indices, vectors in embedder.embed_batches([r.sequence for r in todo]):
                 batch = [todo[i] for i in indices]
                 if parts is not None:
@@ -113,14 +115,13 @@ def embed(
                         _write_part(parts, batch, vectors, ragged=pooling == "per-residue")
                 else:
                     done.update((r.id, v) for r, v in zip(batch, vectors))
-                progress.update(len(batch), sum(len(r.sequence) for r in batch))
+                embedded += len(batch)
+                update(embedded)
             report = embedder.report()
     except KeyboardInterrupt:
-        progress.close()
         if parts is not None and parts.exists():
             err(f"partial results are saved in {parts}; rerun the same command with --resume to finish")
         raise
-    progress.close()
 
     results = _read_parts(parts) if parts is not None else done
     vectors = [results[r.id] for r in records]
@@ -136,7 +137,7 @@ def embed(
     share = f", {report['npu_fraction']['ops']:.0%} of ops in the NPU program" if "npu_fraction" in report else ""
     where = f"; wrote {output}" if output is not None else ""
     err(f"embedded {len(records)} sequences ({residues} residues) with {report['model']} on "
-        f"{report['device_effective']} (requested {report['device_requested']}{share}) in {progress.elapsed():.1f} s"
+        f"{report['device_effective']} (requested {report['device_requested']}{share}) in {time.perf_counter() - start:.1f} s"
         f"{where}")
 
 
@@ -294,28 +295,3 @@ def _write_atomic(output: Path, fmt: str, records, vectors, run: dict):
 def _json_record(record, vector, layers) -> dict:
     return {"id": record.id, "header": record.header, "length": len(record.sequence), "layers": layers,
             "embedding": np.round(vector.astype(np.float64), 7).tolist()}
-
-
-class _Progress:
-    """Sequences done and residues/s on stderr, only when stderr is a terminal."""
-
-    def __init__(self, total: int, done: int):
-        self.total, self.done, self.residues = total, done, 0
-        self.start = time.perf_counter()
-        self.live = sys.stderr.isatty()
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def update(self, sequences: int, residues: int):
-        self.done += sequences
-        self.residues += residues
-        if self.live:
-            rate = self.residues / max(self.elapsed(), 1e-9)
-            sys.stderr.write(f"\rembedding: {self.done}/{self.total} sequences, {rate:,.0f} residues/s")
-            sys.stderr.flush()
-
-    def close(self):
-        if self.live:
-            sys.stderr.write("\n")
-            sys.stderr.flush()

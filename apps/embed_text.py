@@ -13,6 +13,9 @@ from sdk.atomic import atomic_open
 from sdk.errors import InputError, UsageError
 
 from .cli import DeviceOpt, app, command, err, utf8_argument
+from .progress import progress
+
+PROGRESS_EVERY = 256   # lines embedded between two moves of the progress bar
 
 
 @app.command("embed-text")
@@ -61,8 +64,13 @@ def embed_text(
                              cluster=ClusterOptions(address=ray, max_errors=max_errors))
         err(f"wrote {len(texts)} embeddings to {output}: {report.summary()}")
         return
-    with TextEmbedder(model, device=device) as embedder:
-        vectors = embedder.embed(list(texts))
+    with TextEmbedder(model, device=device) as embedder, \
+            progress("embedding", total=len(texts), unit="lines") as update:
+        chunks = []
+        for start in range(0, len(texts), PROGRESS_EVERY):   # the bar moves per chunk; results are the same
+            chunks.append(embedder.embed(list(texts[start:start + PROGRESS_EVERY])))
+            update(start + len(chunks[-1]))
+        vectors = np.concatenate(chunks)
         report = embedder.report()
     if output is not None:
         try:

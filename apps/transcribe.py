@@ -12,6 +12,7 @@ from sdk.atomic import write_atomic
 from sdk.errors import InputError, UsageError
 
 from .cli import DeviceOpt, PrecisionOpt, app, command, err, report_error
+from .progress import progress
 
 
 class Format(str, Enum):
@@ -115,36 +116,57 @@ def transcribe(
     array = fmt is Format.json and output_dir is None   # stdout stays one JSON document
     headers = fmt is Format.txt and output_dir is None and len(files) > 1
     failed, printed = failed_inputs + len(files) - len(usable), 0
-    for path in usable:
-        try:
-            result = transcriber.transcribe(path)
-        except InputError as e:
-            report_error(e)
-            failed += 1
-            continue
-        text = render(result, fmt)
-        if output_dir is None:
-            if array:
-                text = ("," if printed else "[") + text
-            elif headers:
-                text = f"{'' if not printed else chr(10)}==> {path} <==\n" + text
-            print(text, end="", flush=True)
-            printed += 1
-        else:
-            target = _target(output_dir, path, fmt)
+    seconds = {path: _duration(path) for path in usable}
+    with progress("transcribing", total=sum(seconds.values()), unit="s", enabled=fmt is not Format.jsonl) as update:
+        done = 0.0
+        for path in usable:
             try:
-                write_atomic(target, text)  # a failed write leaves an existing transcript whole
-            except OSError as e:  # the transcript is not lost: it goes to stdout instead
-                err(f"error: cannot write {target}: {e.strerror or e}; its transcript follows on stdout\n"
-                    f"  fix: check the permissions and free space of the -o directory")
-                print(text, end="", flush=True)
+                result = transcriber.transcribe(path, on_progress=lambda s, base=done: update(base + s))
+            except InputError as e:
+                report_error(e)
                 failed += 1
                 continue
-            err(f"wrote {target} ({result.duration:.1f} s of audio, device {result.device_effective})")
+            finally:
+                done += seconds[path]
+                update(done)
+            failed, printed = _deliver(result, path, fmt, output_dir, array, headers, failed, printed)
     if array:
         print("]" if printed else "[]", flush=True)
     if failed:
         raise typer.Exit(1)
+
+
+def _duration(path: Path) -> float:
+    """Seconds of audio in a file, from its header (0 when the header does not say)."""
+    import soundfile
+    try:
+        info = soundfile.info(str(path))
+        return info.frames / info.samplerate if info.frames > 0 else 0.0
+    except (RuntimeError, OSError):
+        return 0.0
+
+
+def _deliver(result, path: Path, fmt: Format, output_dir: Path | None, array: bool, headers: bool, failed: int,
+             printed: int) -> tuple[int, int]:
+    """One transcript to stdout or to its file in -o DIR; (failed, printed) counted on."""
+    text = render(result, fmt)
+    if output_dir is None:
+        if array:
+            text = ("," if printed else "[") + text
+        elif headers:
+            text = f"{'' if not printed else chr(10)}==> {path} <==\n" + text
+        print(text, end="", flush=True)
+        return failed, printed + 1
+    target = _target(output_dir, path, fmt)
+    try:
+        write_atomic(target, text)  # a failed write leaves an existing transcript whole
+    except OSError as e:  # the transcript is not lost: it goes to stdout instead
+        err(f"error: cannot write {target}: {e.strerror or e}; its transcript follows on stdout\n"
+            f"  fix: check the permissions and free space of the -o directory")
+        print(text, end="", flush=True)
+        return failed + 1, printed
+    err(f"wrote {target} ({result.duration:.1f} s of audio, device {result.device_effective})")
+    return failed, printed
 
 
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".aiff", ".aif", ".aifc", ".caf", ".w64")

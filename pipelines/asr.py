@@ -169,8 +169,10 @@ class WhisperRecognizer:
 
     # -- public API
 
-    def transcribe(self, source: str | Path | np.ndarray, sample_rate: int | None = None) -> Transcript:
-        """Transcribe a file or an array (mono or [frames, channels]; `sample_rate` defaults to 16 kHz)."""
+    def transcribe(self, source: str | Path | np.ndarray, sample_rate: int | None = None, *,
+                   on_progress: Callable[[float], None] | None = None) -> Transcript:
+        """Transcribe a file or an array (mono or [frames, channels]; `sample_rate` defaults to 16 kHz);
+        `on_progress(seconds)` is told how much of the audio is done after each window."""
         if isinstance(source, (str, Path)):  # decoded window by window: memory stays bounded for any length
             blocks = audio.stream_audio(source)
         else:
@@ -195,6 +197,8 @@ class WhisperRecognizer:
                                                         language)
                 segments += found
                 seek += max(advance, 1)
+                if on_progress is not None:
+                    on_progress(min(seek * FRAME_SECONDS, read / audio.SAMPLE_RATE))
         report = self.report()
         return Transcript(" ".join(s.text for s in segments), segments, language or "en",
                           round(read / audio.SAMPLE_RATE, 3), report["device_requested"],
@@ -455,12 +459,16 @@ class Transcriber:
         """The longest audio one decode_window() call takes (live dictation sizes its windows by it)."""
         return float(getattr(self.recognizer, "window_seconds", audio.WHISPER_CHUNK / audio.SAMPLE_RATE))
 
-    def transcribe(self, source: str | Path | np.ndarray, sample_rate: int | None = None) -> Transcript:
-        """Transcribe a file or an array (mono or [frames, channels]; `sample_rate` defaults to 16 kHz)."""
+    def transcribe(self, source: str | Path | np.ndarray, sample_rate: int | None = None, *,
+                   on_progress: Callable[[float], None] | None = None) -> Transcript:
+        """Transcribe a file or an array (mono or [frames, channels]; `sample_rate` defaults to 16 kHz);
+        `on_progress(seconds)` is told how much of the audio is done (per window for Whisper)."""
         if isinstance(self.recognizer, WhisperRecognizer):
-            return self.recognizer.transcribe(source, sample_rate)
+            return self.recognizer.transcribe(source, sample_rate, on_progress=on_progress)
         samples = audio.load_audio(source, sample_rate)
         segments = self.recognizer.transcribe(samples)
+        if on_progress is not None:
+            on_progress(len(samples) / audio.SAMPLE_RATE)
         report = self.report()
         return Transcript(" ".join(s.text for s in segments), segments, "", round(len(samples) / audio.SAMPLE_RATE, 3),
                           report["device_requested"], report["device_effective"],

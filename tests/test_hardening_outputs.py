@@ -67,7 +67,7 @@ def test_transcribe_on_a_full_disk_keeps_the_existing_srt_and_prints_the_transcr
     from pipelines.asr import Segment, Transcript
 
     result = Transcript("new words", [Segment(0.0, 1.0, "new words")], "en", 1.0, "cpu", "cpu", str(WAV), {})
-    monkeypatch.setattr(cmd, "_load", lambda *a: type("T", (), {"transcribe": lambda self, p: result})())
+    monkeypatch.setattr(cmd, "_load", lambda *a: type("T", (), {"transcribe": lambda self, p, on_progress=None: result})())
     old = tmp_path / f"{WAV.stem}.srt"
     old.write_text("1\n00:00:00,000 --> 00:00:01,000\nold words\n\n")
     _disk_full(monkeypatch)

@@ -474,16 +474,17 @@ def test_cli_write_failures_keep_the_work_for_resume(tmp_path, monkeypatch):
     assert r.exit_code == 1 and "cannot write" in r.stderr and "rerun the same command with --resume" in r.stderr
 
 
-def test_progress_only_on_a_terminal(monkeypatch):
-    from apps.embed import _Progress
+def test_embed_reports_progress_per_batch(monkeypatch):
+    """The command drives the shared progress bar (apps/progress.py: drawn only on a terminal) up to every record."""
+    import contextlib
+    import apps.embed as cmd
+    seen = []
 
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
-    term = Terminal()
-    monkeypatch.setattr(sys, "stderr", term)
-    p = _Progress(10, 2)
-    p.update(3, 450)
-    p.close()
-    assert "embedding: 5/10 sequences" in term.getvalue() and "residues/s" in term.getvalue()
+    @contextlib.contextmanager
+    def recording(label, *, total, unit, enabled=True):
+        seen.append((label, total, unit))
+        yield seen.append
+    monkeypatch.setattr(cmd, "progress", recording)
+    r = _embed("-", input=">a\nMKTAYIAK\n>b\nMKV\n>c\nMKTAYIAKQRQISFVKSHF\n")
+    assert r.exit_code == 0, r.output
+    assert seen[0] == ("embedding", 3, "sequences") and seen[-1] == 3 and seen[1:] == sorted(seen[1:])

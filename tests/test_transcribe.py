@@ -226,9 +226,9 @@ class _Once:
     def __init__(self, transcriber):
         self.transcriber, self.done = transcriber, {}
 
-    def transcribe(self, path):
+    def transcribe(self, path, on_progress=None):
         if str(path) not in self.done:
-            self.done[str(path)] = self.transcriber.transcribe(path)
+            self.done[str(path)] = self.transcriber.transcribe(path, on_progress=on_progress)
         return self.done[str(path)]
 
 
