@@ -19,11 +19,8 @@ os.environ["AIE_APPS_OFFLINE"] = "1"
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-PCI_IDS = {"npu1": "0x1502", "npu2": "0x17f0"}   # Phoenix, Strix (sdk/runtime/checks.py NPU_PCI_IDS)
-
-
 def pytest_addoption(parser):
-    parser.addoption("--fake-npu", choices=sorted(PCI_IDS), default=None,
+    parser.addoption("--fake-npu", choices=("npu1", "npu2"), default=None,
                      help="run as on a Ryzen AI machine of this generation: NPU detection faked present, the fake "
                           "pyxrt, the doctor's smoke artifact built (tests that need no NPU still fake its absence)")
 
@@ -47,22 +44,11 @@ def _fake_ryzen_ai(request):
     if target is None or {"no_npu", "fake_npu"} & set(request.fixturenames):
         yield
         return
-    import sys
-    from sdk import compiler, runtime, smoke
-    from sdk.runtime import checks, npu, npu_artifacts
+    from sdk import compiler, smoke
     from . import fake_pyxrt
     tmp, monkeypatch = request.getfixturevalue("tmp_path") / "ryzen-ai", request.getfixturevalue("monkeypatch")
-    dev = tmp / "sys" / "0000:c4:00.1"
-    dev.mkdir(parents=True)
-    for f, v in {"vendor": "0x1022", "device": PCI_IDS[target], "class": "0x118000", "revision": "0x10"}.items():
-        (dev / f).write_text(v + "\n")
-    (tmp / "accel0").touch()
-    monkeypatch.setitem(sys.modules, "pyxrt", fake_pyxrt)
-    monkeypatch.setattr(checks, "SYSFS_PCI", tmp / "sys")
-    monkeypatch.setattr(checks, "DEVICE_NODES", str(tmp / "accel*"))
-    monkeypatch.setattr(npu_artifacts, "prebuilt_dirs", lambda: [tmp / "prebuilt"])
-    monkeypatch.setattr(npu, "memlock_limit", lambda: fake_pyxrt.FAKE.memlock)
-    monkeypatch.setattr(runtime, "_warned", False)
+    fake_pyxrt.install_machine(tmp, monkeypatch)
+    fake_pyxrt.plug(tmp, target)
     fake_pyxrt.reset(target=target)
     fake_pyxrt.write_artifacts(compiler.compile([smoke.smoke_graph()], target), tmp / "prebuilt")
     if "npu" in request.keywords:   # the acceptance suite builds what it lacks: with the fake toolchain here

@@ -585,3 +585,35 @@ def _operand_sites(program: Program, step) -> list:
     sizes = {"bfloat16": 2, "float32": 4, "int32": 4}
     return [Site(ARENAS.index(b.arena), b.offset, sizes[b.dtype], None, f"{k.op} {n}")
             for k in step.body for n in (*k.inputs, *k.outputs) if n for b in [program.buffers[n]]]
+
+
+# ---- a fake Ryzen AI laptop around the fake pyxrt -------------------------------------------------------------
+
+PCI_IDS = {"npu1": "0x1502", "npu2": "0x17f0"}   # Phoenix, Strix (sdk/runtime/checks.py NPU_PCI_IDS)
+
+
+def install_machine(root: Path, monkeypatch) -> Path:
+    """Make this process see a Ryzen AI machine under `root`: the NPU's device node (whose flock is the NPU lock),
+    this module as pyxrt, prebuilt/ under root, memlock as the fake pins it. The PCI function comes with
+    `plug(root, target)`. Returns the prebuilt/ folder."""
+    import sys
+    from sdk import runtime
+    from sdk.runtime import checks
+    monkeypatch.setitem(sys.modules, "pyxrt", sys.modules[__name__])
+    monkeypatch.setattr(checks, "SYSFS_PCI", root / "sys")
+    monkeypatch.setattr(checks, "DEVICE_NODES", str(root / "accel*"))
+    monkeypatch.setattr(npu_artifacts, "prebuilt_dirs", lambda: [root / "prebuilt"])
+    monkeypatch.setattr(npu, "memlock_limit", lambda: FAKE.memlock)
+    monkeypatch.setattr(runtime, "_warned", False)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "accel0").touch()
+    return root / "prebuilt"
+
+
+def plug(root: Path, target: str, device_id: str | None = None) -> None:
+    """The NPU's PCI function in the fake sysfs, as amdxdna's device of that generation shows it."""
+    dev = root / "sys" / "0000:c4:00.1"
+    dev.mkdir(parents=True, exist_ok=True)
+    for f, v in {"vendor": "0x1022", "device": device_id or PCI_IDS[target], "class": "0x118000",
+                 "revision": "0x10"}.items():
+        (dev / f).write_text(v + "\n")

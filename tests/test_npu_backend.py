@@ -18,7 +18,7 @@ from sdk import compiler, runtime, smoke
 from sdk.compiler import watchdog
 from sdk.errors import (ArtifactMissing, ContextLimit, DeviceBusy, DeviceUnavailable, DispatchTimeout,
                         MemlockTooLow, ProgramError, UsageError)
-from sdk.runtime import checks, npu, npu_artifacts, npu_lock
+from sdk.runtime import checks, npu, npu_lock
 from sdk.runtime.emu import EmuBackend
 from sdk.session import Session
 
@@ -26,29 +26,16 @@ from . import fake_pyxrt
 from .fake_pyxrt import FROM_DEVICE, TO_DEVICE, ContractViolation
 from .test_emu import CASES, COVERS, TOL
 
-PCI_IDS = {"npu1": "0x1502", "npu2": "0x17f0"}
-
-
 @pytest.fixture
 def fake_npu(monkeypatch, tmp_path):
     """machine(target, **limits) -> the prebuilt/ folder of a fake Ryzen AI laptop: PCI id in sysfs, a device
     node (whose flock is the NPU lock), pyxrt (the fake), memlock as the fake pins it."""
-    monkeypatch.setitem(sys.modules, "pyxrt", fake_pyxrt)
-    monkeypatch.setattr(checks, "SYSFS_PCI", tmp_path / "sys")
-    monkeypatch.setattr(checks, "DEVICE_NODES", str(tmp_path / "accel*"))
-    monkeypatch.setattr(npu_artifacts, "prebuilt_dirs", lambda: [tmp_path / "prebuilt"])
-    monkeypatch.setattr(npu, "memlock_limit", lambda: fake_pyxrt.FAKE.memlock)
-    monkeypatch.setattr(runtime, "_warned", False)
-    (tmp_path / "accel0").touch()
+    prebuilt = fake_pyxrt.install_machine(tmp_path, monkeypatch)
 
     def machine(target="npu2", device_id=None, **world):
-        dev = tmp_path / "sys" / "0000:c4:00.1"
-        dev.mkdir(parents=True, exist_ok=True)
-        for f, v in {"vendor": "0x1022", "device": device_id or PCI_IDS[target], "class": "0x118000",
-                     "revision": "0x10"}.items():
-            (dev / f).write_text(v + "\n")
+        fake_pyxrt.plug(tmp_path, target, device_id)
         fake_pyxrt.reset(target=target, **world)
-        return tmp_path / "prebuilt"
+        return prebuilt
     yield machine
     fake_pyxrt.reset()
 
