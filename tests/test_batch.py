@@ -3,6 +3,7 @@ namespace of its own (a head, and a node advertising one NPU), driven by the CLI
 compared with the single-machine commands'; a worker is killed mid-job; a job is interrupted and resumed."""
 from __future__ import annotations
 
+import importlib.util
 import io
 import os
 import re
@@ -60,6 +61,7 @@ def test_ray_jobs_write_files():
         assert r.exit_code == 2 and "--ray" in r.stderr and "-o" in r.stderr
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason=f"needs the cluster extra: {INSTALL}")
 def test_a_wrong_model_fails_before_any_cluster_work(tmp_path):
     r = runner.invoke(app, ["embed-text", "hello", "-o", str(tmp_path / "v.npy"), "--model", str(tmp_path / "none"),
                             "--ray", "127.0.0.1:1"])  # nothing listens there: the model check comes first

@@ -3,6 +3,7 @@ named with its install command; language detection, transcripts and translation 
 speech made here with espeak-ng, through the API and both CLI commands."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -25,6 +26,11 @@ SPEECH = {  # espeak-ng voice -> what it says
 # espeak-ng is a robotic voice, and whisper-base mishears much of it (faster-whisper, greedy, on the same files:
 # "Hoy tust das Mettern hier schön" for German): the words it does get, which a transcript must hold
 HEARD = {"de": {"guten", "morgen", "park"}, "es": {"buenos", "hoy", "tiempo", "parque"}, "fr": {"m'appelle", "marie"}}
+
+
+pytestmark = pytest.mark.skipif(
+    any(importlib.util.find_spec(p) is None for p in hub.KNOWN["whisper-base"].parts),
+    reason=f"needs whisper-base's weights: {hub.KNOWN['whisper-base'].install}")
 
 
 @pytest.fixture(scope="module")
