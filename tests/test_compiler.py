@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from sdk import compiler, ops
-from sdk.compiler import catalog, cost, layout
+from sdk.compiler import catalog, cost
 from sdk.runtime import packing
 from sdk.compiler.hardware import TARGETS
 from sdk.errors import ProgramError
