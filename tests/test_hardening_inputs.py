@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from apps.main import app
 from pipelines.protein import read_fasta
 from pipelines.text import read_lines
-from pipelines.vision import read_image
+from pipelines.vision import image_file, read_image
 from sdk import settings
 from sdk.errors import InputError, SdkError
 
@@ -92,7 +92,7 @@ def test_huge_declared_images_are_refused_from_the_header(tmp_path, side):
 
 @pytest.mark.parametrize("ext", [".png", ".jpg", ".bmp", ".webp", ".gif", ".ppm"])
 def test_the_header_sizes_agree_with_the_decoder(tmp_path, ext):
-    from pipelines.image_size import declared_size
+    from pipelines.vision.image_size import declared_size
     image = np.random.default_rng(0).integers(0, 255, (37, 53, 3), np.uint8)
     path = tmp_path / f"x{ext}"
     if ext == ".gif":
@@ -115,7 +115,7 @@ def test_classify_reports_an_unreadable_image_and_goes_on_with_the_folder(tmp_pa
         if Path(path).name == "b.png":
             raise PermissionError(13, "Permission denied", str(path))
         return real(path, *a, **k)
-    monkeypatch.setattr("pipelines.vision.np.fromfile", fromfile)
+    monkeypatch.setattr(image_file.np, "fromfile", fromfile)  # where read_image reads the file
     r = runner.invoke(app, ["classify", str(tmp_path), "--model", str(FIXTURES / "vision" / "vit"), "--device", "cpu",
                             "--headless", "--json", "-k", "1"])
     assert r.exit_code == 1 and "cannot read" in r.stderr and "b.png" in r.stderr and "Permission denied" in r.stderr
