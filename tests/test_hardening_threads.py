@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import numpy as np
+import pytest
 
 from pipelines.protein import ProteinEmbedder, ProteinOptions
 from pipelines.text import TextEmbedder
@@ -50,3 +51,25 @@ def test_text_embedder_shared_by_four_threads():
     assert not errors, errors
     for i, e in enumerate(expected):
         np.testing.assert_allclose(results[i], e, atol=1e-5)
+
+
+
+@pytest.mark.parametrize("kind", ["classifier", "embedder"])
+def test_vision_pipelines_shared_by_four_threads(kind):
+    # the emulator runs every step in one scratch arena per session, as the NPU does: unguarded, two threads'
+    # runs overwrite each other's activations
+    from pipelines.vision import ImageClassifier, ImageEmbedder
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, (40 + 8 * i, 48, 3), dtype=np.uint8) for i in range(4)]
+    if kind == "classifier":
+        model = ImageClassifier(str(FIXTURES / "vision" / "vit"), device="emu")
+        run = lambda x: np.array([(p.index, p.score) for p in model.classify(x, k=10)])  # noqa: E731
+    else:
+        model = ImageEmbedder(str(FIXTURES / "vision" / "dinov2"), device="emu")
+        run = model.embed
+    with model:
+        expected = [run(x) for x in images]
+        errors, results = _hammer(run, images)
+    assert not errors, errors
+    for i, e in enumerate(expected):
+        np.testing.assert_allclose(results[i], e, atol=1e-6)

@@ -2,6 +2,7 @@
 one Session, and run it over fixed batch sizes."""
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -39,19 +40,22 @@ class VisionModel:
         self.preprocess = Preprocessor.from_folder(self.folder)
         self.size = self.preprocess.output_size
         self.batches = batch_sizes(options)
+        self._lock = threading.Lock()
 
     def _pixels(self, images: list) -> np.ndarray:
         return np.stack([self.preprocess(read_image(i) if isinstance(i, (str, Path)) else i) for i in images])
 
     def _run_batched(self, pixels: np.ndarray, run: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
-        """Run `run(batch, pixels)` over fixed batch sizes; the last chunk is zero-padded and trimmed."""
+        """Run `run(batch, pixels)` over fixed batch sizes; the last chunk is zero-padded and trimmed. One `run`
+        (CLIP zero-shot: image tower and similarity) holds the session alone."""
         outs, big = [], self.batches[-1]
         for start in range(0, len(pixels), big):
             chunk = pixels[start:start + big]
             batch = 1 if len(chunk) == 1 else big
             padded = np.zeros((batch,) + chunk.shape[1:], np.float32)
             padded[:len(chunk)] = chunk
-            outs.append(run(batch, padded)[:len(chunk)])
+            with self._lock:  # a model may be shared by threads; its session runs one batch at a time
+                outs.append(run(batch, padded)[:len(chunk)])
         return np.concatenate(outs)
 
     def report(self) -> dict:
