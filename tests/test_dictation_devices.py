@@ -221,7 +221,7 @@ def test_a_suspended_microphone_opens_but_stays_silent(pulse_alone):
 # ----------------------------------------------------------------------------------------------- control socket
 
 def test_control_socket_is_user_only_and_answers(tmp_path):
-    from apps.dictate import ControlServer, send
+    from apps.dictate_control import ControlServer, send
     from sdk.errors import UsageError
 
     path = tmp_path / "run" / "aie-apps-dictate.sock"

@@ -160,7 +160,7 @@ def xterm(x11, tmp_path):
 
 
 def test_type_into_an_x_window(xterm, x11, sentence, dictate, monkeypatch):
-    from apps.dictate import choose_typer, type_text
+    from apps.desktop_typing import choose_typer, type_text
 
     for key in ("DISPLAY", "XDG_SESSION_TYPE"):
         monkeypatch.setenv(key, x11[key])
@@ -259,7 +259,7 @@ def foot(wayland, tmp_path):
 
 
 def test_type_into_a_wayland_window(foot, wayland, sentence, dictate, monkeypatch):
-    from apps.dictate import choose_typer, type_text
+    from apps.desktop_typing import choose_typer, type_text
 
     for key in ("WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "XDG_SESSION_TYPE"):
         monkeypatch.setenv(key, wayland[key])
@@ -313,7 +313,7 @@ def _path_with(tmp_path, *tools: str) -> str:
     (("dotool",), "tty", "dotool"),
 ])
 def test_typing_tool_follows_the_session(tmp_path, monkeypatch, installed, session, chosen):
-    from apps.dictate import choose_typer
+    from apps.desktop_typing import choose_typer
 
     monkeypatch.setenv("PATH", _path_with(tmp_path, *installed))
     assert choose_typer("auto", session) == chosen
@@ -324,7 +324,7 @@ def test_typing_tool_follows_the_session(tmp_path, monkeypatch, installed, sessi
     ({"WAYLAND_DISPLAY": "wayland-0", "DISPLAY": ":0"}, "wayland"), ({"DISPLAY": ":0"}, "x11"), ({}, "tty"),
 ])
 def test_session_type_from_the_environment(tmp_path, monkeypatch, env, session):
-    from apps.dictate import choose_typer
+    from apps.desktop_typing import choose_typer
 
     for key in ("XDG_SESSION_TYPE", "WAYLAND_DISPLAY", "DISPLAY"):
         monkeypatch.delenv(key, raising=False)
@@ -337,7 +337,7 @@ def test_session_type_from_the_environment(tmp_path, monkeypatch, env, session):
 @pytest.mark.parametrize("session, install", [
     ("x11", "sudo apt install xdotool"), ("wayland", "sudo apt install wtype"), ("tty", "sudo apt install ydotool")])
 def test_no_typing_tool_is_a_typed_error_with_the_install_command(tmp_path, monkeypatch, session, install):
-    from apps.dictate import choose_typer
+    from apps.desktop_typing import choose_typer
 
     monkeypatch.setenv("PATH", _path_with(tmp_path))
     with pytest.raises(DeviceIOError) as e:
@@ -347,7 +347,7 @@ def test_no_typing_tool_is_a_typed_error_with_the_install_command(tmp_path, monk
 
 
 def test_a_requested_tool_must_exist(tmp_path, monkeypatch):
-    from apps.dictate import choose_typer
+    from apps.desktop_typing import choose_typer
 
     monkeypatch.setenv("PATH", _path_with(tmp_path, "xdotool"))
     with pytest.raises(DeviceIOError) as e:
@@ -364,18 +364,18 @@ def test_a_requested_tool_must_exist(tmp_path, monkeypatch):
     (("xsel",), "x11", "xsel"),
 ])
 def test_clipboard_tool_follows_the_session(tmp_path, monkeypatch, installed, session, copy):
-    from apps.dictate import _clipboard_tools
+    from apps.desktop_typing import clipboard_tools
 
     monkeypatch.setenv("PATH", _path_with(tmp_path, *installed))
-    assert _clipboard_tools(session)[0][0] == copy
+    assert clipboard_tools(session)[0][0] == copy
     monkeypatch.setenv("PATH", _path_with(tmp_path))
     with pytest.raises(DeviceIOError) as e:
-        _clipboard_tools(session)
+        clipboard_tools(session)
     assert ("wl-clipboard" if session == "wayland" else "xclip") in e.value.fix
 
 
 def test_paste_keys_for_each_tool(tmp_path, monkeypatch):
-    from apps.dictate import paste_keys
+    from apps.desktop_typing import paste_keys
 
     assert paste_keys("ctrl+v", "xdotool") == (["xdotool", "key", "--clearmodifiers", "ctrl+v"], None)
     assert paste_keys("shift+insert", "xdotool")[0][-1] == "shift+Insert"
@@ -417,7 +417,7 @@ def test_a_missing_tool_fails_before_the_model_loads(tmp_path, speech, dictate):
 ])
 def test_a_tool_that_cannot_reach_its_device_is_a_typed_error(tmp_path, monkeypatch, tool, session, said, needs):
     """The real tools, without the server or device they need (no success is faked)."""
-    from apps.dictate import type_text
+    from apps.desktop_typing import type_text
 
     reason = need(tool)
     if reason:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from apps.dictate import ControlServer, check_socket_path, send
+from apps.dictate_control import ControlServer, check_socket_path, send
 from apps.main import app
 from sdk.errors import UsageError
 
