@@ -465,12 +465,12 @@ class Transcriber:
         `on_progress(seconds)` is told how much of the audio is done (per window for Whisper)."""
         if isinstance(self.recognizer, WhisperRecognizer):
             return self.recognizer.transcribe(source, sample_rate, on_progress=on_progress)
-        samples = audio.load_audio(source, sample_rate)
-        segments = self.recognizer.transcribe(samples)
-        if on_progress is not None:
-            on_progress(len(samples) / audio.SAMPLE_RATE)
+        # a file is decoded block by block, as Whisper's path does: memory stays bounded for any length
+        blocks = (audio.stream_audio(source) if isinstance(source, (str, Path))
+                  else [audio.load_audio(source, sample_rate)])
+        segments, seconds = self.recognizer.transcribe_blocks(blocks, on_progress=on_progress)
         report = self.report()
-        return Transcript(" ".join(s.text for s in segments), segments, "", round(len(samples) / audio.SAMPLE_RATE, 3),
+        return Transcript(" ".join(s.text for s in segments), segments, "", round(seconds, 3),
                           report["device_requested"], report["device_effective"],
                           str(source) if isinstance(source, (str, Path)) else "", report)
 

@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -251,6 +251,19 @@ class ConformerRecognizer:
 
     def transcribe(self, samples_16k: np.ndarray, *, offset: float = 0.0) -> list[Segment]:
         return self.segments(self.transcribe_tokens(samples_16k), offset=offset)
+
+    def transcribe_blocks(self, blocks: Iterable[np.ndarray], *,
+                          on_progress: Callable[[float], None] | None = None) -> tuple[list[Segment], float]:
+        """(segments, seconds of audio) of consecutive 16 kHz mono blocks, e.g. audio.stream_audio(path): each
+        block is decoded as it arrives and then dropped, so memory stays bounded for a file of any length.
+        `on_progress(seconds)` is told how much audio has been read after each block."""
+        stream, tokens, read = self.stream(), [], 0
+        for block in blocks:
+            tokens += stream.feed(block)
+            read += len(block)
+            if on_progress is not None:
+                on_progress(read / self.sample_rate)
+        return self.segments(tokens + stream.flush()), read / self.sample_rate
 
     def segments(self, tokens: list[tuple[int, int]], *, offset: float = 0.0) -> list[Segment]:
         """Group (token, frame) pairs into segments, split at pauses of `pause_seconds` or more."""
