@@ -166,6 +166,9 @@ def classify(
     list_cameras: Annotated[bool, typer.Option("--list-cameras", help="list video capture devices and exit")] = False,
     max_frames: Annotated[Optional[int], typer.Option(
         "--max-frames", min=1, help="stop after this many frames (cameras otherwise run until q / Ctrl-C)")] = None,
+    max_pixels: Annotated[Optional[int], typer.Option(
+        "--max-pixels", min=1, help="refuse image files declaring more pixels (width x height, read from the header "
+                                    "before decoding; default 64000000 = 8000 x 8000)")] = None,
     model: Annotated[str, typer.Option("--model", help="model name or folder (ViT, ResNet, or CLIP with --labels)")]
     = "google/vit-base-patch16-224",
     device: DeviceOpt = None,
@@ -210,7 +213,8 @@ def classify(
         if not show:
             err(f"note: {why}; running headless")
 
-    options = replace(vision.FRAME_OPTIONS, top_k=top_k, threshold=threshold)
+    options = replace(vision.FRAME_OPTIONS, top_k=top_k, threshold=threshold,
+                      max_pixels=max_pixels or vision.MAX_IMAGE_PIXELS)
     clf = vision.ImageClassifier(model, labels=class_names, device=device, options=options)
     if show:
         import cv2
@@ -222,7 +226,7 @@ def classify(
         with clf:
             for spec in usable:
                 try:
-                    source = vision.open_source(spec, on_error)
+                    source = vision.open_source(spec, on_error, max_pixels=options.max_pixels)
                 except InputError as e:  # a missing or unopenable source is skipped like an unreadable image
                     on_error(e)
                     continue

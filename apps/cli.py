@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 import sys
 import warnings
 from typing import Annotated, Optional
@@ -37,6 +38,19 @@ DeviceOpt = Annotated[Optional[str], typer.Option(
 JsonOpt = Annotated[bool, typer.Option("--json", help="print one JSON object on stdout")]
 PrecisionOpt = Annotated[str, typer.Option(
     "--precision", help="cpu backend: fp32 (default) or int8 (int8 weights where the model's accuracy gate allows)")]
+
+
+_SIZE_UNITS = {"": 0, "K": 10, "M": 20, "G": 30}
+
+
+def byte_size(text) -> int:
+    """The value of a `--max-*-size` input limit: bytes, or with a K, M or G suffix (powers of 1024): 300M, 2G."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    if not m or int(m.group(1)) == 0:
+        raise typer.BadParameter(f"{text!r} is not a size", param_hint="a positive number of bytes, e.g. 300M or 2G")
+    return int(m.group(1)) << _SIZE_UNITS[m.group(2).upper()]
 
 
 def err(message: str) -> None:

@@ -26,7 +26,7 @@ import typer
 from sdk.atomic import atomic_open, write_atomic
 from sdk.errors import InputError, UsageError
 
-from .cli import DeviceOpt, app, command, err
+from .cli import DeviceOpt, app, byte_size, command, err
 from .progress import progress
 
 FORMATS = ("npz", "jsonl")
@@ -43,6 +43,12 @@ def embed(
     toks_per_batch: Annotated[int, typer.Option("--toks-per-batch", help="token budget per batch")] = 4096,
     max_len: Annotated[int, typer.Option("--max-len", help="longest sequence in residues")] = 1022,
     on_long: Annotated[str, typer.Option("--on-long", help="longer sequences: truncate | skip | error")] = "truncate",
+    max_record: Annotated[Optional[int], typer.Option(
+        "--max-record", min=1, help="refuse FASTA records with more residues (default 16777216), before --max-len "
+                                    "applies")] = None,
+    max_input_size: Annotated[Optional[int], typer.Option(
+        "--max-input-size", parser=byte_size, metavar="SIZE",
+        help="refuse a FASTA input larger than this (bytes; K, M, G suffixes; default 1G)")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="continue an interrupted run into the same -o")] = False,
     model: Annotated[str, typer.Option("--model", help="esm2_t6_8M_UR50D, facebook/esm2_..., or a folder")] = "esm2_t6_8M_UR50D",
     ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto (the running one, else a local one) or HOST:PORT; needs -o")] = None,
@@ -50,7 +56,8 @@ def embed(
     device: DeviceOpt = None,
 ):
     """Embed protein sequences with ESM-2 (fair-esm compatible pooling and layer numbers)."""
-    from pipelines.protein import ProteinEmbedder, ProteinOptions, check_unique_ids, read_fasta, resolve_model_layers
+    from pipelines.protein import (MAX_FASTA_INPUT, MAX_FASTA_LINE, MAX_FASTA_RECORD, ProteinEmbedder, ProteinOptions,
+                                   check_unique_ids, read_fasta, resolve_model_layers)
 
     if output is not None and output.is_dir():  # esm-extract's habit: an output folder, one file per sequence
         raise UsageError(f"--output {output} is a folder; embed writes one file for all sequences",
@@ -72,7 +79,9 @@ def embed(
 
     if fasta == "-" and sys.stdin.isatty():
         raise UsageError("FASTA '-' means stdin, but stdin is a terminal", fix="pipe a FASTA file in, or pass its path")
-    records = read_fasta(sys.stdin if fasta == "-" else Path(fasta))
+    max_record = max_record or MAX_FASTA_RECORD  # a record may be one line: lines get at least as long
+    records = read_fasta(sys.stdin if fasta == "-" else Path(fasta), max_record=max_record,
+                         max_line=max(MAX_FASTA_LINE, max_record), max_input=max_input_size or MAX_FASTA_INPUT)
     check_unique_ids(records)
     records = _apply_policies(records, max_len, on_long)
     if not records:

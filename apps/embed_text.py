@@ -12,7 +12,7 @@ import typer
 from sdk.atomic import atomic_open
 from sdk.errors import InputError, UsageError
 
-from .cli import DeviceOpt, app, command, err, utf8_argument
+from .cli import DeviceOpt, app, byte_size, command, err, utf8_argument
 from .progress import progress
 
 PROGRESS_EVERY = 256   # lines embedded between two moves of the progress bar
@@ -25,12 +25,20 @@ def embed_text(
     file: Annotated[Optional[Path], typer.Option("--file", help="read one text per line from this file")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="write a .npy matrix here instead of JSON lines on stdout")] = None,
     model: Annotated[str, typer.Option("--model", help="model name or folder")] = "all-MiniLM-L6-v2",
+    max_line_size: Annotated[Optional[int], typer.Option(
+        "--max-line-size", parser=byte_size, metavar="SIZE",
+        help="refuse a line longer than this (bytes; K, M, G suffixes; default 1M)")] = None,
+    max_input_size: Annotated[Optional[int], typer.Option(
+        "--max-input-size", parser=byte_size, metavar="SIZE",
+        help="refuse --file or stdin input larger than this (bytes; K, M, G suffixes; default 256M)")] = None,
     ray: Annotated[Optional[str], typer.Option("--ray", help="run on a Ray cluster: auto (the running one, else a local one) or HOST:PORT; needs -o")] = None,
     max_errors: Annotated[int, typer.Option("--max-errors", help="with --ray: bad inputs to skip (listed) before the job fails")] = 0,
     device: DeviceOpt = None,
 ):
     """Embed texts with a BERT-family sentence encoder (mean pooling, L2-normalised)."""
-    from pipelines.text import TextEmbedder, read_lines
+    from pipelines.text import MAX_INPUT_BYTES, MAX_LINE_BYTES, TextEmbedder, read_lines
+
+    limits = {"max_line_bytes": max_line_size or MAX_LINE_BYTES, "max_bytes": max_input_size or MAX_INPUT_BYTES}
 
     if texts and file:
         raise UsageError("give texts as arguments or --file, not both")
@@ -47,14 +55,14 @@ def embed_text(
     if file is not None:
         try:
             with open(file, "rb") as f:
-                texts = read_lines(f, str(file))
+                texts = read_lines(f, str(file), **limits)
         except OSError as e:
             raise InputError(f"cannot read {file}: {e.strerror or e}",
                              fix="pass a UTF-8 text file with one text per line") from None
     elif not texts:
         if sys.stdin.isatty():
             raise UsageError("no texts given", fix='pass texts as arguments, --file FILE, or pipe lines to stdin')
-        texts = read_lines(sys.stdin.buffer, "stdin")  # bytes, decoded strictly, split at "\n" only
+        texts = read_lines(sys.stdin.buffer, "stdin", **limits)  # bytes, decoded strictly, split at "\n" only
     else:
         for i, text in enumerate(texts, 1):
             utf8_argument(text, f"text argument {i}", fix="pass UTF-8 text")

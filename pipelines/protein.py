@@ -157,10 +157,12 @@ def _bounded_lines(source, max_line: int, max_input: int):
         total += len(line)
         if len(line.rstrip("\r\n")) > max_line:
             raise InputError(f"line {number} of the FASTA input is longer than {max_line:,} characters",
-                             fix="is it a binary file? (wrap long sequences, or pass max_line= to read_fasta)")
+                             fix="is it a binary file? (wrap long sequences; `embed --max-record` raises this limit too, "
+                                 "read_fasta(max_line=) in the SDK)")
         if total > max_input:
             raise InputError(f"the FASTA input is longer than {max_input:,} characters",
-                             fix="split it into smaller files (e.g. `seqkit split`), or pass max_input= to read_fasta")
+                             fix="split it into smaller files (e.g. `seqkit split`), or raise the limit: `embed "
+                                 "--max-input-size 4G` (read_fasta(max_input=) in the SDK)")
         yield number, line
 
 
@@ -201,7 +203,8 @@ def _parse_fasta(source: TextIO, max_line: int, max_record: int, max_input: int)
             residues += len(text)
             if residues > max_record:
                 raise InputError(f"{where} has more than {max_record:,} residues",
-                                 fix="ESM-2 reads at most a few thousand; pass max_record= to read_fasta for more")
+                                 fix="ESM-2 reads at most a few thousand; for more, raise the limit: `embed --max-record N` "
+                                     "(read_fasta(max_record=) in the SDK)")
             chunks.append(text)
     except UnicodeDecodeError as e:
         raise InputError(f"the FASTA input is not UTF-8 text: {e.reason}", fix="pass a plain-text FASTA file") from None

@@ -25,7 +25,8 @@ from sdk.weights import read_config
 
 DEFAULT_MODEL = "all-MiniLM-L6-v2"
 # Bounds for text read from files and pipes (a line longer than this is far past the 512 tokens an encoder
-# sees; /dev/zero or `yes` must end in an error, not in the OOM killer). Both are parameters of read_lines.
+# sees; /dev/zero or `yes` must end in an error, not in the OOM killer). Both are parameters of read_lines
+# (`embed-text --max-line-size / --max-input-size`).
 MAX_LINE_BYTES = 1 << 20
 MAX_INPUT_BYTES = 256 << 20
 
@@ -46,12 +47,14 @@ def read_lines(stream: BinaryIO, where: str, *, max_line_bytes: int = MAX_LINE_B
         total += len(raw)
         if total > max_bytes:
             raise InputError(f"{where} holds more than {max_bytes:,} bytes of text",
-                             fix="split the input into smaller files and embed them one by one")
+                             fix="split the input into smaller files and embed them one by one, or raise the limit: "
+                                 "`embed-text --max-input-size 1G` (read_lines(max_bytes=) in the SDK)")
         body = raw[:-1] if raw.endswith(b"\n") else raw
         body = body[:-1] if body.endswith(b"\r") else body
         if len(body) > max_line_bytes:
             raise InputError(f"line {number} of {where} is longer than {max_line_bytes:,} bytes",
-                             fix="one text per line: is this a binary file, or text without line breaks?")
+                             fix="one text per line: is this a binary file, or text without line breaks? (a longer line: "
+                                 "`embed-text --max-line-size 4M`, read_lines(max_line_bytes=) in the SDK)")
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as e:

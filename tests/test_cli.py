@@ -183,3 +183,4 @@ def test_shared_flags_mean_the_same_in_every_command():
     for name in ("transcribe", "dictate", "classify", "bench", "info", "doctor"):
         assert "--json" in _options(name), name
     assert "--input-device" in _options("dictate") and "-d" not in shorts
+    assert all("--max-input-size" in _options(name) for name in ("embed", "embed-text"))  # one name per input limit

@@ -21,7 +21,7 @@ from pipelines.protein import read_fasta
 from pipelines.text import read_lines
 from pipelines.vision import image_file, read_image
 from sdk import settings
-from sdk.errors import InputError, SdkError
+from sdk.errors import InputError, SdkError, UsageError
 
 from .conftest import FIXTURES
 
@@ -164,3 +164,49 @@ def test_an_unreachable_display_means_headless_with_a_note():
     r = subprocess.run([sys.executable, "-c", "from apps.classify import gui_available; print(gui_available())"],
                        env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "does not answer" in r.stdout, (r.stdout, r.stderr[-500:], image)
+
+
+# ---- the limits above as command-line flags ------------------------------------------------------------
+
+def test_input_limits_are_command_line_flags(tmp_path):
+    long_line = tmp_path / "long.txt"
+    long_line.write_text("word " * 300_000 + "\nshort\n")  # a 1.5 MB line: past the 1 MiB default
+    r = runner.invoke(app, ["embed-text", "--file", str(long_line), "--device", "cpu"])
+    assert r.exit_code == 1 and "longer than 1,048,576 bytes" in r.stderr and "--max-line-size" in r.stderr
+    r = runner.invoke(app, ["embed-text", "--file", str(long_line), "--max-line-size", "2M", "--device", "cpu"])
+    assert r.exit_code == 0 and len(r.stdout.splitlines()) == 2, r.stderr
+    r = runner.invoke(app, ["embed-text", "--max-input-size", "1K", "--device", "cpu"], input=b"y\n" * 1000)
+    assert r.exit_code == 1 and "more than 1,024 bytes" in r.stderr and "--max-input-size" in r.stderr
+    for bad in ("0", "12X", "-5"):
+        r = runner.invoke(app, ["embed-text", "--max-input-size", bad, "x"])
+        assert r.exit_code == 2 and "not a size" in r.stderr, (bad, r.stderr)
+
+    fasta = tmp_path / "a.fasta"
+    fasta.write_text(">a\n" + "ACDE\n" * 10 + ">b\nKL\n")
+    r = runner.invoke(app, ["embed", str(fasta), "--max-record", "20", "--device", "cpu"])
+    assert r.exit_code == 1 and "more than 20 residues" in r.stderr and "--max-record" in r.stderr
+    r = runner.invoke(app, ["embed", str(fasta), "--max-input-size", "30", "--device", "cpu"])
+    assert r.exit_code == 1 and "longer than 30 characters" in r.stderr and "--max-input-size" in r.stderr
+    r = runner.invoke(app, ["embed", str(fasta), "--max-input-size", "1G", "--max-record", "40",
+                            "--model", str(FIXTURES / "esm"), "--device", "cpu"])
+    assert r.exit_code == 0 and len(r.stdout.splitlines()) == 2, r.stderr
+
+    image = tmp_path / "x.png"
+    cv2.imwrite(str(image), np.zeros((37, 53, 3), np.uint8))
+    vit = ["--model", str(FIXTURES / "vision" / "vit"), "--device", "cpu", "--headless", "--json", "-k", "1"]
+    r = runner.invoke(app, ["classify", str(image), "--max-pixels", "1000", *vit])
+    assert r.exit_code == 1 and "declares 53 x 37 pixels" in r.stderr and "--max-pixels" in r.stderr
+    assert r.stdout == ""
+    r = runner.invoke(app, ["classify", str(image), "--max-pixels", "1961", *vit])  # 53 x 37 = 1961: at the limit
+    assert r.exit_code == 0 and len(r.stdout.splitlines()) == 1, r.stderr
+
+
+def test_the_pixel_limit_is_a_vision_option(tmp_path):
+    from pipelines.vision import ImageClassifier, VisionOptions
+    image = tmp_path / "x.png"
+    cv2.imwrite(str(image), np.zeros((37, 53, 3), np.uint8))
+    with ImageClassifier(str(FIXTURES / "vision" / "vit"), device="cpu", options=VisionOptions(max_pixels=1000)) as clf:
+        with pytest.raises(InputError, match="declares 53 x 37 pixels"):
+            clf.classify(image)
+    with pytest.raises(UsageError, match="max_pixels must be a positive integer"):
+        VisionOptions(max_pixels=0)

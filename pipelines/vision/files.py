@@ -10,7 +10,7 @@ import numpy as np
 
 from sdk.errors import InputError
 
-from .image_file import read_image
+from .image_file import MAX_IMAGE_PIXELS, read_image
 
 
 @dataclass
@@ -24,18 +24,20 @@ class Frame:
 
 class ImageFiles:
     """Image files (a folder expands to its images, sorted by name). An unreadable file raises InputError
-    when reached, or, given `on_error`, is reported there and skipped."""
+    when reached, or, given `on_error`, is reported there and skipped; so is one declaring more than
+    `max_pixels` pixels."""
     kind = "images"
 
-    def __init__(self, paths: Sequence[Path], on_error: Callable[[InputError], None] | None = None):
-        self.paths, self.on_error = list(paths), on_error
+    def __init__(self, paths: Sequence[Path], on_error: Callable[[InputError], None] | None = None, *,
+                 max_pixels: int = MAX_IMAGE_PIXELS):
+        self.paths, self.on_error, self.max_pixels = list(paths), on_error, max_pixels
         self.name = str(self.paths[0]) if len(self.paths) == 1 else f"{len(self.paths)} images"
 
     def __iter__(self) -> Iterator[Frame]:
         for index, path in enumerate(self.paths):
             t0 = time.perf_counter()
             try:
-                image = read_image(path)
+                image = read_image(path, max_pixels=self.max_pixels)
             except InputError as e:
                 if self.on_error is None:
                     raise

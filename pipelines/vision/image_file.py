@@ -10,7 +10,7 @@ from sdk.errors import InputError
 from .image_size import declared_size
 
 # Decoding needs width x height x 3 bytes and more: the size a header declares is checked against this first.
-MAX_IMAGE_PIXELS = 64_000_000   # 8000 x 8000; read_image(max_pixels=...) raises it
+MAX_IMAGE_PIXELS = 64_000_000   # 8000 x 8000; classify --max-pixels / VisionOptions(max_pixels=) change it
 MAX_IMAGE_BYTES = 512 << 20     # the encoded file
 
 
@@ -34,8 +34,8 @@ def read_image(path: str | Path, *, max_pixels: int = MAX_IMAGE_PIXELS) -> np.nd
     size = declared_size(data[:1 << 20].tobytes())
     if size is not None and size[0] * size[1] > max_pixels:
         raise InputError(f"{path} declares {size[0]} x {size[1]} pixels, more than the limit of {max_pixels:,}",
-                         fix="downscale it first (e.g. `convert in.png -resize 4000x4000 out.png`), or pass a larger "
-                             "max_pixels")
+                         fix="downscale it first (e.g. `convert in.png -resize 4000x4000 out.png`), or raise the "
+                             "limit (`aie-apps classify --max-pixels`, VisionOptions(max_pixels=...))")
     try:
         image = cv2.imdecode(data, cv2.IMREAD_COLOR) if data.size else None
     except cv2.error as e:  # OpenCV's own pixel limit, or an allocation it could not make

@@ -43,7 +43,8 @@ class VisionModel:
         self._lock = threading.Lock()
 
     def _pixels(self, images: list) -> np.ndarray:
-        return np.stack([self.preprocess(read_image(i) if isinstance(i, (str, Path)) else i) for i in images])
+        return np.stack([self.preprocess(read_image(i, max_pixels=self.options.max_pixels)
+                                         if isinstance(i, (str, Path)) else i) for i in images])
 
     def _run_batched(self, pixels: np.ndarray, run: Callable[[int, np.ndarray], np.ndarray]) -> np.ndarray:
         """Run `run(batch, pixels)` over fixed batch sizes; the last chunk is zero-padded and trimmed. One `run`

@@ -9,6 +9,7 @@ from sdk.errors import UsageError
 from sdk.models import clip, module_for, vit
 from sdk.weights import read_config
 
+from .image_file import MAX_IMAGE_PIXELS
 from .preprocess import Preprocessor
 
 DEFAULT_CLASSIFIER = "google/vit-base-patch16-224"
@@ -21,11 +22,15 @@ class VisionOptions:
     batch_size: int = 4                 # images per batched run; 1-image runs have their own graph
     prompt: str = "a photo of a {}."    # CLIP zero-shot: each label is put into this template
     threshold: float = 0.0              # top-k keeps only labels scoring at least this (0..1)
+    max_pixels: int = MAX_IMAGE_PIXELS  # image files declaring more (checked from the header) are refused
 
     def __post_init__(self):
         if self.top_k < 1 or self.batch_size < 1:
             raise UsageError(f"top_k ({self.top_k}) and batch_size ({self.batch_size}) must be at least 1",
                              fix="pass positive values")
+        if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
+            raise UsageError(f"max_pixels must be a positive integer, got {self.max_pixels!r}",
+                             fix=f"e.g. max_pixels={MAX_IMAGE_PIXELS} (the default)")
         if not 0.0 <= self.threshold <= 1.0:  # scores are probabilities: outside [0, 1] it keeps all or none
             raise UsageError(f"threshold must be between 0 and 1, got {self.threshold}",
                              fix="pass a probability such as 0.1")

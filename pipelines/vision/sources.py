@@ -8,6 +8,7 @@ from sdk.errors import InputError
 
 from .camera import Camera, check_camera_node, is_url
 from .files import ImageFiles, VideoFile
+from .image_file import MAX_IMAGE_PIXELS
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mkv", ".mov", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".gif"}
@@ -58,17 +59,19 @@ def _folder_images(path: Path) -> list[Path]:
     return images
 
 
-def open_source(spec: str, on_error: Callable[[InputError], None] | None = None):
+def open_source(spec: str, on_error: Callable[[InputError], None] | None = None, *,
+                max_pixels: int = MAX_IMAGE_PIXELS):
     """A SOURCE argument -> ImageFiles, VideoFile or Camera: a camera index or /dev/videoN, a video file,
-    an image file, a folder of images, or a URL (http, rtsp, ...: a video file on a server, or a live stream)."""
+    an image file, a folder of images, or a URL (http, rtsp, ...: a video file on a server, or a live stream).
+    Image files declaring more than `max_pixels` pixels are refused like unreadable ones."""
     if is_camera(spec):
         return Camera(int(spec) if spec.isdigit() else spec)
     if is_url(spec):
         return _open_url(spec)
     path = Path(spec).expanduser()
     if path.is_dir():
-        return ImageFiles(_folder_images(path), on_error)
+        return ImageFiles(_folder_images(path), on_error, max_pixels=max_pixels)
     check_source(spec)
     if path.suffix.lower() in VIDEO_SUFFIXES:
         return VideoFile(path)
-    return ImageFiles([path], on_error)
+    return ImageFiles([path], on_error, max_pixels=max_pixels)
