@@ -111,18 +111,28 @@ def parity(ours: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 
 
 @pytest.fixture
-def record_parity(request, record_property, capsys):
-    """Call with (label, ours, ref); returns (max_abs, rel_l2). The numbers go to the JUnit properties always,
-    and into the terminal with -v or -s (`pytest -q` stays quiet)."""
+def record_result(request, record_property, capsys):
+    """Call with (line, **numbers): a measured result (a WER, a preprocessing error, the fuzz counts). The
+    numbers go to the JUnit properties always, the line into the terminal with -v or -s (`pytest -q` stays
+    quiet)."""
     config = request.config
     show = config.getoption("verbose") > 0 or config.getoption("capture") == "no"
 
-    def record(label, ours, ref):
-        max_abs, rel_l2 = parity(ours, ref)
-        record_property(f"{label}.max_abs", max_abs)
-        record_property(f"{label}.rel_l2", rel_l2)
+    def record(line: str, **numbers):
+        for key, value in numbers.items():
+            record_property(key, value)
         if show:
             with capsys.disabled():
-                print(f"\n  parity {label}: max-abs {max_abs:.3g}  rel-L2 {rel_l2:.3g}", end="")
+                print(f"\n  {line}", end="")
+    return record
+
+
+@pytest.fixture
+def record_parity(record_result):
+    """Call with (label, ours, ref); returns (max_abs, rel_l2), recorded as record_result does."""
+    def record(label, ours, ref):
+        max_abs, rel_l2 = parity(ours, ref)
+        record_result(f"parity {label}: max-abs {max_abs:.3g}  rel-L2 {rel_l2:.3g}",
+                      **{f"{label}.max_abs": max_abs, f"{label}.rel_l2": rel_l2})
         return max_abs, rel_l2
     return record

@@ -26,7 +26,7 @@ def _file_text(transcriber, audio) -> str:
     return result.text if hasattr(result, "text") else " ".join(s.text.strip() for s in result)
 
 
-def test_simulated_live_session_matches_file_transcription(transcriber, record_property, capsys):
+def test_simulated_live_session_matches_file_transcription(transcriber, record_result):
     audio, reference, spans = librivox_session()
     source = FileSource(audio, RATE, pace="simulated")   # fast, with a clock that charges real decode time
     stream = Stream(transcriber, source)
@@ -37,13 +37,12 @@ def test_simulated_live_session_matches_file_transcription(transcriber, record_p
     live_text = " ".join(f.text for f in finals)
     live_wer, file_wer = wer(reference, live_text), wer(reference, _file_text(transcriber, audio))
     latencies = np.array([f.latency for f in finals])
-    for key, value in (("live_wer", live_wer), ("file_wer", file_wer), ("latency_max", latencies.max()),
-                       ("latency_median", float(np.median(latencies)))):
-        record_property(key, round(float(value), 4))
-    with capsys.disabled():
-        print(f"\n  dictation: live WER {live_wer:.3f} vs file {file_wer:.3f}; finals {len(finals)}, partials"
-              f" {len(partials)}; latency after utterance end (simulated real-time clock) s:"
-              f" {np.round(np.sort(latencies), 2).tolist()}", end="")
+    record_result(f"dictation: live WER {live_wer:.3f} vs file {file_wer:.3f}; finals {len(finals)}, partials"
+                  f" {len(partials)}; latency after utterance end (simulated real-time clock) s:"
+                  f" {np.round(np.sort(latencies), 2).tolist()}",
+                  **{key: round(float(value), 4) for key, value in (
+                      ("live_wer", live_wer), ("file_wer", file_wer), ("latency_max", latencies.max()),
+                      ("latency_median", float(np.median(latencies))))})
 
     assert live_wer <= file_wer + 0.02, (live_text, live_wer, file_wer)
     assert stream.dropped_blocks == 0

@@ -39,15 +39,10 @@ def photo(name: str) -> np.ndarray:
     return getattr(skimage.data, name)()
 
 
-def report(capsys, line: str):
-    with capsys.disabled():
-        print(f"\n  {line}", end="")
-
-
 # ---- preprocessing -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["vit", "dinov2", "clip", "resnet"])
-def test_preprocessing_matches_transformers_pil_processors(kind, capsys):
+def test_preprocessing_matches_transformers_pil_processors(kind, record_result):
     golden = np.load(VISION / "preprocess.npz")
     pre = vision.Preprocessor.from_config(make_vision.PROCESSORS[kind](make_vision.PREPROCESS_SIZES[kind]))
     for name in PHOTOS:
@@ -56,7 +51,8 @@ def test_preprocessing_matches_transformers_pil_processors(kind, capsys):
         assert ours.shape == ref.shape
         mean_abs = np.abs(ours - ref).mean() / 255
         worst = np.abs(ours - ref).max()
-        report(capsys, f"preprocess {kind}/{name}: mean-abs {mean_abs:.2e} (of 1.0), max {worst:.0f}/255")
+        record_result(f"preprocess {kind}/{name}: mean-abs {mean_abs:.2e} (of 1.0), max {worst:.0f}/255",
+                      **{f"preprocess.{kind}.{name}.mean_abs": float(mean_abs)})
         assert mean_abs <= 1 / 255
 
 
@@ -82,7 +78,7 @@ def test_config_forms_are_read_like_transformers():
 
 @pytest.mark.reference
 @pytest.mark.parametrize("kind", ["vit", "dinov2", "clip", "resnet"])
-def test_live_preprocessing_at_224_against_transformers(kind, capsys):
+def test_live_preprocessing_at_224_against_transformers(kind, record_result):
     from PIL import Image
     config = make_vision.PROCESSORS[kind](224)
     proc = make_vision.processor(config)
@@ -90,7 +86,8 @@ def test_live_preprocessing_at_224_against_transformers(kind, capsys):
     for name in PHOTOS:
         ref = np.asarray(proc(images=Image.fromarray(photo(name)), return_tensors="np")["pixel_values"][0])
         diff = np.abs(pre(photo(name)) - ref) * np.asarray(config["image_std"])[:, None, None]  # in [0, 1] units
-        report(capsys, f"preprocess@224 {kind}/{name}: mean-abs {diff.mean():.2e}, max {diff.max():.2e}")
+        record_result(f"preprocess@224 {kind}/{name}: mean-abs {diff.mean():.2e}, max {diff.max():.2e}",
+                      **{f"preprocess224.{kind}.{name}.max_abs": float(diff.max())})
         assert diff.mean() <= 1 / 255
 
 
