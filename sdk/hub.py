@@ -8,6 +8,7 @@ imported only when something is downloaded.
 """
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib.util
 import os
@@ -173,17 +174,20 @@ def resolve(name: str, *, settings: Settings | None = None) -> ModelSource:
 
 def _not_installed(name: str, known: Known | None, settings: Settings) -> ModelNotFound:
     ways = [f"`{known.install}` (works offline)"] if known and known.install else []
-    if settings.offline:
+    if not known and "/" not in name:  # nothing to pull, online or not: name the names that exist
+        close = difflib.get_close_matches(name, KNOWN, n=3, cutoff=0.6)
+        ways.append((f"did you mean {' or '.join(close)}? " if close else "")
+                    + f"use one of {', '.join(KNOWN)} (`aie-apps models` lists them), a repo id")
+        return ModelNotFound(f"unknown model {name!r}: neither a known model name nor a Hugging Face repo id "
+                             f"(org/name)", fix="; or ".join(ways + ["pass the model's local folder"]))
+    elif settings.offline:
         switches = " and ".join(settings.offline_switches)
         ways.append(f"go online ({f'unset {switches}' if switches else 'offline=False'}) and run "
                     f"`aie-apps models pull {name}`")
         why = f"offline mode is on ({switches})" if switches else "offline mode is on"
-    elif known or "/" in name:
+    else:
         ways.append(f"`aie-apps models pull {name}`")
         why = "it is not downloaded yet"
-    else:
-        why = f"{name!r} is neither a known model name nor a Hugging Face repo id (org/name)"
-        ways.append(f"use one of {', '.join(KNOWN)} (`aie-apps models` lists them), a repo id or a folder")
     return ModelNotFound(f"model {name!r} is not installed or cached: {why}",
                          fix="; or ".join(ways + ["pass the model's local folder"]))
 

@@ -48,3 +48,12 @@ def test_settings_read_the_environment_in_one_place():
     assert (str(s.home), s.offline, s.device) == ("/x/home", True, "cpu")
     assert str(s.compiled_dir) == "/x/home/compiled"
     assert load({}).offline is False
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_an_unknown_bare_name_is_never_offered_to_pull(tmp_path, offline):
+    """`whisper-tiny` is neither a known name nor a repo id: the fix names the real ones, never a pull of it."""
+    with pytest.raises(ModelNotFound) as e:
+        hub.resolve("whisper-tiny", settings=settings(tmp_path, offline=offline))
+    assert "models pull whisper-tiny`" not in e.value.fix and "did you mean whisper-tiny.en" in e.value.fix
+    assert "unknown model" in e.value.message and "offline" not in e.value.message
