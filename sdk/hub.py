@@ -239,7 +239,14 @@ def download(repo: str, known: Known | None, settings: Settings) -> Path:
                     fetch(shard, required=True)
             for extra in EXTRAS:
                 fetch(extra, required=False)
-    except (HfHubHTTPError, LocalEntryNotFoundError, OSError) as e:
+    except LocalEntryNotFoundError:  # no answer from the hub at all (huggingface_hub has already retried)
+        if not existed:
+            _remove_if_empty(root)
+        raise ModelNotFound(f"could not reach {settings.hf_endpoint or 'https://huggingface.co'} to download {repo}",
+                            fix=f"connect to the network and run the command again (a cut download resumes; "
+                                f"`aie-apps models pull {repo}` downloads it alone), or pass a local model folder as "
+                                f"--model PATH (`aie-apps models` lists what is installed)") from None
+    except (HfHubHTTPError, OSError) as e:
         if not existed:
             _remove_if_empty(root)
         raise ModelNotFound(f"could not download {repo}: {type(e).__name__}: {str(e).splitlines()[0]}",

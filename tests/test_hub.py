@@ -57,3 +57,17 @@ def test_an_unknown_bare_name_is_never_offered_to_pull(tmp_path, offline):
         hub.resolve("whisper-tiny", settings=settings(tmp_path, offline=offline))
     assert "models pull whisper-tiny`" not in e.value.fix and "did you mean whisper-tiny.en" in e.value.fix
     assert "unknown model" in e.value.message and "offline" not in e.value.message
+
+
+def test_an_unreachable_hub_says_so_and_how_to_go_on(tmp_path, monkeypatch):
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    def no_connection(*args, **kwargs):  # what hf_hub_download raises once its retries found no server
+        raise LocalEntryNotFoundError("An error happened while trying to locate the file on the Hub ...")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_connection)  # download() imports it from here
+    with pytest.raises(ModelNotFound) as e:
+        hub.resolve("vit-base-patch16-224", settings=settings(tmp_path, offline=False))
+    assert e.value.message == "could not reach https://huggingface.co to download google/vit-base-patch16-224"
+    assert "models pull google/vit-base-patch16-224" in e.value.fix and "--model PATH" in e.value.fix
+    assert not (tmp_path / "cache" / "huggingface" / "hub" / "models--google--vit-base-patch16-224").exists()
