@@ -446,12 +446,15 @@ def test_fused_design_names_the_kernels_it_cannot_build():
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
-def test_transpose_design(target):
+@pytest.mark.parametrize("shape", [(6, 32, 48), (1, 251, 32)])
+def test_transpose_design(target, shape):
     """A transpose step as layout.route_transposes emits it (here made by hand): the design builds and writes every
-    element."""
+    element. [1, 251, 32] is the conformer's 20 s bucket: 251 rows (prime) of 32 exceed the tile, so it tiles by
+    all rows x 16 columns (16 whole output rows per tile)."""
     from sdk.program import Buffer, Step, Usage
-    buffers = {"x": Buffer("x", (6, 32, 48), "bfloat16", Usage.SCRATCH),
-               "y": Buffer("y", (6, 48, 32), "bfloat16", Usage.SCRATCH)}
+    b, r, c = shape
+    buffers = {"x": Buffer("x", (b, r, c), "bfloat16", Usage.SCRATCH),
+               "y": Buffer("y", (b, c, r), "bfloat16", Usage.SCRATCH)}
     step = Step("kernel", "transpose", ("x",), ("y",), {"head": {"op": "transpose", "attrs": {}}, "chain": [],
                                                         "views": [[]], "tiling": {"cores": 4}})
     params = {}
@@ -460,6 +463,7 @@ def test_transpose_design(target):
         rec = design.build(target, step, buffers, params)
     assert standin.check(rec, TARGETS[target]) == []
     assert (standin.written(rec, 1) == 1).all()
+    assert (params["rows_per_call"], params["columns_per_call"]) == ((32, 48) if r == 32 else (251, 16))
 
 
 # ---- the GEMM's memtile layouts are the kernel's -------------------------------------------------------------

@@ -231,8 +231,8 @@ def word_values(f: Fused) -> set[str]:
     - rows of an odd number of elements that a row-streaming kernel reads or writes, and an attention mask's:
       CLIP's 77-token masks, ResNet's 7 x 7 maps (not those a transpose or an attention's q / k / v moves:
       those kernels read bf16; nor what a DMA-only kind copies into a bf16 output);
-    - a value a row-streaming kernel or an argmax reads through a view as rows of odd width or from an odd
-      element (`_odd_rows`)."""
+    - a value a row-streaming kernel (not a conv or pool: those read bands) or an argmax reads through a view
+      as contiguous rows of odd width or from an odd element (`_odd_rows`)."""
     words = set()
     bf16_only = {r.value for k in f.kernels if k.kind == "transpose" for r in k.inputs if r is not None}
     bf16_only |= {v for k in f.kernels if k.kind == "transpose" for v in k.outputs}
@@ -248,7 +248,7 @@ def word_values(f: Fused) -> set[str]:
                     and v not in bf16_only:
                 words.add(v)
     for k in f.kernels:
-        if k.kind in ROW_KINDS | {"argmax"}:
+        if k.kind in ROW_KINDS - {"conv", "pool"} | {"argmax"}:
             for r in k.inputs:
                 if r is not None and r.views and r.value not in bf16_only and _odd_rows(f, r):
                     words.add(r.value)
@@ -283,7 +283,9 @@ def _odd_rows(f: Fused, r) -> bool:
     if value is None or value.kind != "node" or not value.shape or int(np.prod(value.shape)) > 1 << 22:
         return False
     index = apply_views(np.arange(int(np.prod(value.shape)), dtype=np.int64).reshape(value.shape), r.views)
-    return index.size > 1 and index.ndim > 0 and (index.shape[-1] % 2 == 1 or index.reshape(-1)[0] % 2 == 1)
+    if index.size < 2 or index.ndim == 0 or not (np.diff(index, axis=-1) == 1).all():
+        return False   # element-granular reads go through kernels/transpose instead (route_transposes)
+    return index.shape[-1] % 2 == 1 or index.reshape(-1)[0] % 2 == 1
 
 
 def _mean_item(f: Fused, k) -> int:
