@@ -466,12 +466,13 @@ class Streaming:
     state: dict = field(default_factory=dict)  # name -> (n, dtype, initial value or None): per-core L1 buffers
 
 
-def row_piece(row: int, chunk: int) -> int:
+def row_piece(row: int, chunk: int, words: bool = False) -> int:
     """Elements per transfer: the whole row when it fits the catalog's chunk, else the largest even divisor of
-    the row not above the chunk (objects have one size; the last transfer of a row must not spill)."""
+    the row not above the chunk (objects have one size; the last transfer of a row must not spill). Rows of
+    fp32 words (`words`) may split at any divisor."""
     if row <= chunk:
         return row
-    for d in range(chunk - chunk % 2, 1, -2):
+    for d in range(chunk, 1, -1) if words else range(chunk - chunk % 2, 1, -2):
         if row % d == 0:
             return d
     raise DesignError(f"a row of {row} elements has no even divisor below the chunk {chunk}: pad rows to even")

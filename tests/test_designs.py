@@ -123,8 +123,8 @@ def _bert():
     return [bert.graph(cfg, 2, 8)]
 
 
-def _whisper():
-    return whisper.graphs(whisper.TINY, prefill=(8,))
+def _whisper():  # with the greedy step and its suppress table (timestamps from id 76 of 96)
+    return whisper.graphs(whisper.TINY, timestamp_begin=76, prefill=(8,))
 
 
 def _resnet():
@@ -388,6 +388,54 @@ def test_fused_design_is_one_sequence_per_dispatch(synthetic_programs, target):
     assert set(manifest["devices"]) == set(fused.devices) and manifest["arenas"] == fused.arenas
 
 
+def greedy_tail(w, logits, lo, hi):
+    """Whisper's decode_greedy tail at a width that exercises what its real size needs: a length mask wider than
+    the chunk that the chunk does not divide, a slice from an odd element, rows of odd width, and values gathered
+    at an argmax the same dispatch computes."""
+    V, begin = logits.shape[1], 4001
+    outside = float(ops.NEG_INF) - (ops.length_mask(lo, size=V) - ops.length_mask(hi, size=V))
+    lp = ops.log_softmax(logits + outside, axis=-1)
+    ts = lp[:, begin:]
+    within = ops.log_softmax(ts, axis=-1)
+
+    def at(a, i):
+        return ops.embedding(a.reshape(a.shape[1], 1), i).reshape(1)
+    best, ts_best = ops.argmax(lp, axis=-1), ops.argmax(within, axis=-1)
+    return {"token": best, "logprob": at(lp, best), "ts_token": ts_best, "ts_logprob": at(within, ts_best),
+            "ts_total": at(ts, ts_best) - at(within, ts_best)}
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_the_greedy_tail_builds_and_the_emulator_picks_what_numpy_picks(target):
+    from sdk.runtime.emu import EmuBackend
+    graph = trace(greedy_tail, name="greedy", weights={}, inputs={"logits": ((1, 4100), "float32")},
+                  params={"lo": ((), "int32"), "hi": ((), "int32")})
+    program = compile_graphs([graph], target)
+    steps = kernel_steps(program)
+    assert not [k for k in steps if k.op == "gather"]   # folded into the argmax kernels (fuse._fold_argmax_picks)
+    # at(within, ts_best) twice (ts_logprob, ts_total) and at(ts, ts_best): picks of the row itself (0) and of ts
+    assert sorted(k.attrs.get("picks", []) for k in steps if k.op == "argmax") == [[0], [0, 1, 0]]
+    mask = next(k for k in steps if k.op == "maskgen")
+    assert program.buffers[mask.outputs[0]].shape[0] % mask.attrs["tiling"]["chunk"] == 0 < \
+        program.buffers[mask.outputs[0]].shape[0] - 4100   # stored padded to whole chunks
+    failures = [f"{name_of(k)}: {p}" for k in steps for p in check_step(k, program, target)[0]]
+    assert not failures, "\n".join(failures)
+    with standin.installed():
+        fused_design.build(program)   # nothing refused, no data-dependent DMA address
+
+    logits = np.random.default_rng(3).normal(scale=3.0, size=(1, 4100)).astype(np.float32)
+    out = EmuBackend(target).load(program, {}).run("greedy", {"logits": logits, "lo": np.int32(0),
+                                                               "hi": np.int32(4050)})
+    z = np.where(np.arange(4100) < 4050, logits[0], np.float32(ops.NEG_INF))   # only [lo, hi) = [0, 4050) stays
+    lp = z - np.log(np.exp(z - z.max()).sum()) - z.max()
+    ts = lp[4001:]
+    within = ts - np.log(np.exp(ts - ts.max()).sum()) - ts.max()
+    assert int(np.argmax(within)) > 0
+    assert int(out["token"][0]) == int(np.argmax(lp)) and int(out["ts_token"][0]) == int(np.argmax(within))
+    np.testing.assert_allclose([out["logprob"][0], out["ts_logprob"][0], out["ts_total"][0]],
+                               [lp.max(), within.max(), ts[np.argmax(within)] - within.max()], atol=2e-2)
+
+
 def test_fused_design_names_the_kernels_it_cannot_build():
     # a constant pad along two axes is no concat (layout.pads_as_concats), and no design writes a constant
     def padded(w, x):
@@ -398,12 +446,15 @@ def test_fused_design_names_the_kernels_it_cannot_build():
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
-def test_transpose_design(target):
+@pytest.mark.parametrize("shape", [(6, 32, 48), (1, 251, 32)])
+def test_transpose_design(target, shape):
     """A transpose step as layout.route_transposes emits it (here made by hand): the design builds and writes every
-    element."""
+    element. [1, 251, 32] is the conformer's 20 s bucket: 251 rows (prime) of 32 exceed the tile, so it tiles by
+    all rows x 16 columns (16 whole output rows per tile)."""
     from sdk.program import Buffer, Step, Usage
-    buffers = {"x": Buffer("x", (6, 32, 48), "bfloat16", Usage.SCRATCH),
-               "y": Buffer("y", (6, 48, 32), "bfloat16", Usage.SCRATCH)}
+    b, r, c = shape
+    buffers = {"x": Buffer("x", (b, r, c), "bfloat16", Usage.SCRATCH),
+               "y": Buffer("y", (b, c, r), "bfloat16", Usage.SCRATCH)}
     step = Step("kernel", "transpose", ("x",), ("y",), {"head": {"op": "transpose", "attrs": {}}, "chain": [],
                                                         "views": [[]], "tiling": {"cores": 4}})
     params = {}
@@ -412,6 +463,7 @@ def test_transpose_design(target):
         rec = design.build(target, step, buffers, params)
     assert standin.check(rec, TARGETS[target]) == []
     assert (standin.written(rec, 1) == 1).all()
+    assert (params["rows_per_call"], params["columns_per_call"]) == ((32, 48) if r == 32 else (251, 16))
 
 
 # ---- the GEMM's memtile layouts are the kernel's -------------------------------------------------------------

@@ -762,6 +762,31 @@ def test_argmax_matches_emu(lib):
     assert got == ref.astype(int).tolist()
 
 
+def test_argmax_picks_match_emu(lib):
+    """The greedy tail's argmax with picks (fuse._fold_argmax_picks): the index of x's best, x's value there and
+    t's value there, as the emulator stores them; x and t arrive joined per piece (t from word t_word)."""
+    x = rng(11).normal(size=(1, 60)).astype(np.float32)
+    x[0, 13] = x[0, 41] = 9.0                                             # a tie: the first index wins
+    t = rng(12).normal(size=(1, 60)).astype(np.float32)
+    arena = Arena(x=x, t=t, i=np.zeros(1, np.int32), px=np.zeros((1, 1), np.float32),
+                  pt=np.zeros((1, 1), np.float32))
+    step = Step("kernel", "argmax", ("x", "t"), ("i", "px", "pt"), {
+        "head": {"op": "argmax", "attrs": {"axis": -1}}, "chain": [], "views": [[], []], "tiling": {},
+        "n_head": 1, "name": "argmax", "picks": [0, 1]})
+    emu.EmuExecutable._kernel(arena, step)
+    k = lib("argmax")
+    best, index, picked = np.zeros(1, np.float32), np.zeros(1, np.int32), np.full(1, 7.0, np.float32)
+    call(k, "argmax_begin", best, index)
+    for p in range(0, 60, 15):  # pieces of 15 fp32 words: x then t
+        call(k, "argmax_chunk_pick", np.concatenate([x[0, p:p + 15], t[0, p:p + 15]]), 1, 15, 1, 15, p,
+             best, index, picked)
+    y = np.zeros(3, np.int32)
+    call(k, "argmax_store_picks", index, best, picked, y, 2, 0b10)
+    assert int(y[0]) == int(arena.buffers["i"][0]) == 13
+    np.testing.assert_array_equal(y[1:].view(np.float32), [arena.buffers["px"][0, 0], arena.buffers["pt"][0, 0]])
+    assert arena.buffers["pt"][0, 0] == t[0, 13]
+
+
 def test_mean_matches_emu(lib, record_parity):
     g = rng(11)
     x = bf16(g.normal(size=(2, 6, 3, 3)))                                 # ResNet's pool: mean over (2, 3)
@@ -822,8 +847,12 @@ def test_masks_match_emu(lib):
     length = np.array([7], np.int32)
     ref = golden("maskgen", "length_mask", {"length": length.reshape(())}, out_dtype=np.float32, attrs={"size": 10})
     got = np.zeros(10, np.float32)
-    call(k, "mask_length", length, got, 1, 10)
+    call(k, "mask_length", length, got, 1, 10, 0)
     np.testing.assert_array_equal(got, ref)
+    pieces = np.zeros((5, 2), np.float32)  # a long mask in pieces (kernels/maskgen/design.py), each at its column
+    for j in range(5):
+        call(k, "mask_length", length, pieces[j], 1, 2, 2 * j)
+    np.testing.assert_array_equal(pieces.reshape(-1), ref)
     ref = golden("maskgen", "positions", {"pos": pos.reshape(())}, out_dtype=np.int32, attrs={"n": 4})
     got = np.zeros(4, np.int32)
     call(k, "mask_positions", pos, got, 4)

@@ -1,6 +1,9 @@
 """Masks and positions from the runtime parameters (catalog kind `maskgen`): one core reads the parameter
 (position or valid length: one int32 from the io arena, filled each dispatch) and writes the mask rows, so a
-decoder step or a padded bucket needs no host computation. kernels/maskgen/maskgen.cc."""
+decoder step or a padded bucket needs no host computation. A length mask longer than the catalog's chunk
+(Whisper's vocabulary filter, 51864 wide) is written in pieces of the chunk, each told its first column; the
+memory plan stores such a mask padded to whole chunks (sdk/compiler/memory.py: pad_masks_to_chunks).
+kernels/maskgen/maskgen.cc."""
 from __future__ import annotations
 
 import math
@@ -10,6 +13,8 @@ import numpy as np
 from kernels import dataflow as df
 
 KINDS = ("maskgen",)
+HALF_L1 = 32 * 1024   # two output objects (double-buffered) within half of a core's 64 KB
+MAX_PIECES = 64
 
 
 def build(target: str, step, buffers: dict, params: dict):
@@ -20,16 +25,21 @@ def build(target: str, step, buffers: dict, params: dict):
         rows, row = attrs["n_new"], attrs["size"]
     else:
         rows, row = 1, math.prod(out.shape)
-    if 2 * row * out.dtype.itemsize > 32 * 1024:
+    # one output object: the whole row, or (a length mask) pieces of the catalog's chunk
+    piece = df.row_piece(row, step.attrs["tiling"]["chunk"]) if op == "length_mask" else row
+    if 2 * piece * out.dtype.itemsize > HALF_L1:
         raise df.DesignError(f"{op} rows of {row}: two output rows exceed half of L1")
+    pieces = row // piece
+    if pieces > MAX_PIECES:
+        raise df.DesignError(f"{op} of {row}: {pieces} pieces of {piece} (the design unrolls at most {MAX_PIECES})")
     if rows > 32:
         raise df.DesignError(f"{op} with {rows} rows: the design unrolls one call per row (at most 32)")
     io = df.iron()
     y_f32 = df.is_f32(out)
     p_ty, i32 = df.tensor(1, np.int32), np.int32
-    row_ty = df.tensor(row, out.dtype)
+    row_ty = df.tensor(piece, out.dtype)
     fns = {"causal_cache_mask": ("mask_causal", [p_ty, row_ty, i32, i32, i32, i32]),
-           "length_mask": ("mask_length", [p_ty, row_ty, i32, i32]),
+           "length_mask": ("mask_length", [p_ty, row_ty, i32, i32, i32]),
            "positions": ("mask_positions", [p_ty, row_ty, i32])}
     fn, types = fns[op]
     kernel = io.Kernel(fn, "maskgen.o", types)
@@ -38,12 +48,12 @@ def build(target: str, step, buffers: dict, params: dict):
 
     def body(p_fifo, y_fifo, k, n_rows):
         p = p_fifo.acquire(1)
-        for r in range(n_rows):  # unrolled: the row index is a constant of each call (n_new is small)
+        for r in range(n_rows * pieces):  # unrolled: the row (or piece) index is a constant of each call
             y = y_fifo.acquire(1)
             if op == "causal_cache_mask":
                 k(p, y, y_f32, 1, row, r)
             elif op == "length_mask":
-                k(p, y, y_f32, row)
+                k(p, y, y_f32, piece, r * piece)
             else:
                 k(p, y, row)
             y_fifo.release(1)
@@ -56,9 +66,10 @@ def build(target: str, step, buffers: dict, params: dict):
 
     def sequence(p_arg, y_arg):
         p_end.fill(p_arg, tap=df.taps(io, param, param.index.reshape(-1)[:1])[0])
-        for tap in df.taps(io, out, out.index.reshape(rows, row)):
+        for tap in df.taps(io, out, out.index.reshape(rows * pieces, piece)):
             y_end.drain(y_arg, tap=tap, wait=True)
-    params.update({"cores": 1, "rows": rows, "row": row, "sequence": df.sequence_of(step, [param, out])})
+    params.update({"cores": 1, "rows": rows, "row": row, "piece": piece,
+                   "sequence": df.sequence_of(step, [param, out])})
     return df.program(io, target, [param, out], ends, [worker], sequence)
 
 

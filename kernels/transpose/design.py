@@ -22,26 +22,39 @@ def build(target: str, step, buffers: dict, params: dict):
     if x.dtype != df.BF16 or x.index.ndim != 3:
         raise df.DesignError("the transpose kernel moves bf16 [b, r, c] tensors")
     b, r, c = x.shape
-    rt_ = max(d for d in range(1, r + 1) if r % d == 0 and d * c * 2 <= TILE_BYTES and (d % 2 == 0 or d == r))
-    items = [(i, j) for i in range(b) for j in range(r // rt_)]
+    oi = out.index.reshape(b, c, r)
+    # A tile of rt_ rows x all c columns writes rt_-long runs of each output row: whole 32-bit words when rt_ is
+    # even (or the whole row). When no such tile fits (r odd and too long: the conformer's 20 s bucket, r = 251),
+    # a tile of all r rows x cc columns writes cc whole output rows, one contiguous run of cc x r elements: whole
+    # words when cc is even. Either way the tile divides the tensor and every transfer moves whole words.
+    rows = [d for d in range(1, r + 1) if r % d == 0 and d * c * 2 <= TILE_BYTES and (d % 2 == 0 or d == r)]
+    cols = [d for d in range(2, c + 1, 2) if c % d == 0 and r * d * 2 <= TILE_BYTES]
+    if rows:
+        rt_, ct_ = max(rows), c
+        items = [(i, j * rt_, 0) for i in range(b) for j in range(r // rt_)]
+    elif cols:
+        rt_, ct_ = r, max(cols)
+        items = [(i, 0, j * ct_) for i in range(b) for j in range(c // ct_)]
+    else:
+        raise df.DesignError(f"transpose of bf16 [{b}, {r}, {c}]: no tile of {TILE_BYTES} bytes moves whole 32-bit "
+                             "words (an even number of rows, or all rows and an even number of columns)")
     cores = max(k for k in range(1, min(step.attrs["tiling"].get("cores", hw.columns), hw.columns, len(items)) + 1)
                 if len(items) % k == 0)
-    oi = out.index.reshape(b, c, r)
-    x_core = [np.stack([x.index[i, j * rt_:(j + 1) * rt_] for i, j in items[k::cores]]) for k in range(cores)]
-    y_core = [np.stack([oi[i, :, j * rt_:(j + 1) * rt_] for i, j in items[k::cores]]) for k in range(cores)]
+    x_core = [np.stack([x.index[i, j:j + rt_, q:q + ct_] for i, j, q in items[k::cores]]) for k in range(cores)]
+    y_core = [np.stack([oi[i, q:q + ct_, j:j + rt_] for i, j, q in items[k::cores]]) for k in range(cores)]
     io = df.iron()
     i32 = np.int32
-    t = df.tensor(rt_ * c)
+    t = df.tensor(rt_ * ct_)
     kernel = io.Kernel("transpose_bf16", "transpose.o", [t, t, i32, i32, i32])
 
     def body(x_in, y_out, k, n_items):
         for _ in io.range_(n_items):
             xt, yt = x_in.acquire(1), y_out.acquire(1)
-            k(xt, yt, 1, rt_, c)
+            k(xt, yt, 1, rt_, ct_)
             x_in.release(1)
             y_out.release(1)
 
-    params.update({"rows_per_call": rt_, "items_per_core": len(items) // cores})
+    params.update({"rows_per_call": rt_, "columns_per_call": ct_, "items_per_core": len(items) // cores})
     return df.per_core_design(target, "transpose", [df.Stream(x, t, x_core)], df.Stream(out, t, y_core), [kernel],
                               {}, body, [len(items) // cores], params, step)
 

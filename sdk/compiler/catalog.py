@@ -176,7 +176,8 @@ def tiling(kernel, shape_of, target: Target, bytes_of=None) -> dict:
     # streaming kinds: rows of the last axis, processed in chunks
     first = next((s for s in ins if s is not None), (1,))
     out_shape = shape_of(kernel.outputs[0])
-    row = max((out_shape or first or (1,))[-1], 1)  # the output's row (a first operand may be a scalar)
+    # the output's row (a first operand may be a scalar); an argmax streams its input's rows into one index
+    row = max((first if kind == "argmax" else out_shape or first or (1,))[-1], 1)
     elems = max(math.prod(out_shape), math.prod(first), 1)
     streams_in = max(1, len([s for s in ins[:len(ins) - extra] if s is not None]))
     for chunk in (4096, 2048, 1024, 512, 256, 128, 64):

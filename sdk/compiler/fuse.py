@@ -11,7 +11,10 @@ Three things happen here, in one walk over the graph in order:
 - a layer/RMS norm read only by one GEMM becomes that GEMM's prologue (pre-LN transformers: the norm before
   Q/K/V and before FC1 costs no kernel of its own);
 - a cache_write of a GEMM output that nothing else reads becomes that GEMM's output access pattern: K and V
-  land in the cache at the runtime position straight from the projection.
+  land in the cache at the runtime position straight from the projection;
+- a gather of one element of a row at that row's argmax (Whisper's greedy log-prob at its token) becomes an
+  output of the argmax kernel, which holds the value at its running best index: a DMA cannot take its address
+  from a value the same dispatch computes.
 In-place state writes (cache_write, assign) alias their output to the state tensor they write.
 """
 from __future__ import annotations
@@ -154,6 +157,7 @@ def fuse(graph: Graph, target: Target) -> Fused:
     kernels = _merge_projections(kernels)
     kernels = _norm_prologues(kernels, set(out_values.values()), target)
     kernels = _fold_cache_writes(kernels, set(out_values.values()))
+    kernels = _fold_argmax_picks(kernels, graph)
     return Fused(graph.name, kernels, alias, out_values, values, views, positions, n_views)
 
 
@@ -278,4 +282,35 @@ def _fold_cache_writes(kernels: list[Kernel], outputs: set[str]) -> list[Kernel]
         g.outputs[i] = cache
         g.nodes += s.nodes
         gone.add(id(s))
+    return [k for k in kernels if id(k) not in gone]
+
+
+def _fold_argmax_picks(kernels: list[Kernel], graph: Graph) -> list[Kernel]:
+    """gather(t.reshape(V, 1), argmax(x)) for rows t, x [1, V] -> one more output of the argmax kernel: the value
+    of t at the index it picks (attrs picks: for each extra output, the kernel input it reads; 0 is x itself,
+    whose value at the index is the running best). t must be computed before the argmax runs."""
+    producer = {v: k for k in kernels for v in k.outputs}
+    gone = set()
+    for g in kernels:
+        if g.kind != "gather" or g.inputs[1] is None or g.inputs[1].views:
+            continue
+        a = producer.get(g.inputs[1].value)
+        table = g.inputs[0]
+        if a is None or a.kind != "argmax" or a.chain or not table.views or table.views[-1][0] != "reshape":
+            continue
+        x = a.inputs[0]
+        row = _shape_after(graph, x)
+        payload = Ref(table.value, table.views[:-1])
+        if len(row) != 2 or row[0] != 1 or _shape_after(graph, payload) != row \
+                or tuple(table.views[-1][1]) != (row[1], 1) or _shape_after(graph, g.inputs[1]) != (1,):
+            continue
+        made = producer.get(payload.value)
+        if made is not None and made.position > a.position:
+            continue
+        if payload not in a.inputs:
+            a.inputs.append(payload)
+        a.attrs.setdefault("picks", []).append(a.inputs.index(payload))
+        a.outputs.append(g.outputs[0])
+        a.nodes += g.nodes
+        gone.add(id(g))
     return [k for k in kernels if id(k) not in gone]

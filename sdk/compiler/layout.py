@@ -230,7 +230,9 @@ def word_values(f: Fused) -> set[str]:
     - a concat along the row of pieces of odd width, and its inputs;
     - rows of an odd number of elements that a row-streaming kernel reads or writes, and an attention mask's:
       CLIP's 77-token masks, ResNet's 7 x 7 maps (not those a transpose or an attention's q / k / v moves:
-      those kernels read bf16; nor what a DMA-only kind copies into a bf16 output)."""
+      those kernels read bf16; nor what a DMA-only kind copies into a bf16 output);
+    - a value a row-streaming kernel (not a conv or pool: those read bands) or an argmax reads through a view
+      as contiguous rows of odd width or from an odd element (`_odd_rows`)."""
     words = set()
     bf16_only = {r.value for k in f.kernels if k.kind == "transpose" for r in k.inputs if r is not None}
     bf16_only |= {v for k in f.kernels if k.kind == "transpose" for v in k.outputs}
@@ -246,6 +248,10 @@ def word_values(f: Fused) -> set[str]:
                     and v not in bf16_only:
                 words.add(v)
     for k in f.kernels:
+        if k.kind in ROW_KINDS - {"conv", "pool"} | {"argmax"}:
+            for r in k.inputs:
+                if r is not None and r.views and r.value not in bf16_only and _odd_rows(f, r):
+                    words.add(r.value)
         if not k.outputs or k.outputs[0] not in f.values:
             continue
         out = f.values[k.outputs[0]].shape
@@ -255,6 +261,8 @@ def word_values(f: Fused) -> set[str]:
                     shape = apply_views_shape(f.values[r.value].shape, r.views)
                     if shape and shape[-1] == 1:
                         words.add(r.value)
+        if k.kind == "argmax":
+            words.update(v for v in k.outputs[1:] if f.values[v].dtype == "float32")  # picks: one word each
         if k.kind == "gather" and f.values[k.inputs[0].value].shape[-1] % 2:
             words.add(k.outputs[0])
         if k.kind == "concat" and k.head.attrs["axis"] % len(out) == len(out) - 1 \
@@ -265,6 +273,19 @@ def word_values(f: Fused) -> set[str]:
         if k.kind == "reduce" and k.head.op == "mean" and _mean_item(f, k) % 2:
             words.add(k.outputs[0])
     return words
+
+
+def _odd_rows(f: Fused, r) -> bool:
+    """A node value read through views as rows of an odd number of elements, or from an odd element (Whisper's
+    timestamp log-probs: the slice from timestamp_begin = 50363 of the vocabulary): in bf16 such rows do not
+    start or end on a 32-bit word."""
+    value = f.values.get(r.value)
+    if value is None or value.kind != "node" or not value.shape or int(np.prod(value.shape)) > 1 << 22:
+        return False
+    index = apply_views(np.arange(int(np.prod(value.shape)), dtype=np.int64).reshape(value.shape), r.views)
+    if index.size < 2 or index.ndim == 0 or not (np.diff(index, axis=-1) == 1).all():
+        return False   # element-granular reads go through kernels/transpose instead (route_transposes)
+    return index.shape[-1] % 2 == 1 or index.reshape(-1)[0] % 2 == 1
 
 
 def _mean_item(f: Fused, k) -> int:

@@ -54,16 +54,32 @@ def plan(fused: list[Fused], weights: dict[str, Buffer], target: Target) -> tupl
         place(buf)
     for f in fused:
         keep = pad_to_tiles(f, target)
+        pad_masks_to_chunks(f, target)
         interleave_heads(f)
         outputs = set(f.outputs.values())
+        converted = host_converted_inputs(f)
         for name, v in f.values.items():
             if v.kind == "state" and name not in buffers:
                 place(Buffer(name, v.shape, _device_dtype(v.dtype), Usage.STATE))
             elif v.kind in ("input", "param") or name in outputs and v.kind == "node":
-                place(Buffer(buffer_name(f, name), v.shape, v.dtype, Usage.IO))
+                dtype = _device_dtype(v.dtype) if name in converted else v.dtype
+                place(Buffer(buffer_name(f, name), v.shape, dtype, Usage.IO))
         scratch_end = _plan_scratch(f, outputs, buffers, keep)
         sizes["scratch"] = max(sizes["scratch"], scratch_end)
     return buffers, sizes
+
+
+def host_converted_inputs(f: Fused) -> set[str]:
+    """fp32 inputs that only a state assign reads (Whisper's suppress table): the assign is a DMA copy into bf16
+    state, and a DMA moves bytes, not conversions, so such an input is stored in bf16 in the io arena and the
+    host rounds it (nearest even) as it writes it, which is what storing it in the state does anyway."""
+    readers: dict[str, set] = {}
+    for k in f.kernels:
+        for i, r in enumerate(k.inputs):
+            if r is not None:
+                readers.setdefault(r.value, set()).add((k.kind, k.head.op, i))
+    return {name for name, v in f.values.items() if v.kind == "input" and v.dtype == "float32"
+            and readers.get(name) == {("state_write", "assign", 1)}}
 
 
 def _device_dtype(dtype: str) -> str:
@@ -131,6 +147,30 @@ def pad_to_tiles(f: Fused, target: Target) -> set[str]:
             reader.inputs = [Ref(stored, (cut, *r.views)) if r is not None and r.value == value.name else r
                              for r in reader.inputs]
     return keep
+
+
+def pad_masks_to_chunks(f: Fused, target: Target) -> None:
+    """Store a length mask wider than its tiling's chunk, when the chunk does not divide it (Whisper's vocabulary
+    filter: 51864 columns, no even divisor between 24 and 2161), as whole chunks: kernels/maskgen writes it in
+    pieces of the chunk, objects of one size. The kernel computes the padded mask (length_mask of the padded
+    size: its first columns are the mask) and every reader reads it through a `slice` of the real width."""
+    outputs = set(f.outputs.values())
+    for k in f.kernels:
+        if k.kind != "maskgen" or k.head.op != "length_mask":
+            continue
+        size, chunk = k.head.attrs["size"], k.attrs["tiling"]["chunk"]
+        value = f.values[k.outputs[0]]
+        if size <= chunk or size % chunk == 0 or value.kind != "node" or value.name in outputs:
+            continue
+        padded = -(-size // chunk) * chunk
+        k.head = Node(k.head.op, k.head.inputs, {**k.head.attrs, "size": padded}, k.head.output)
+        f.values[value.name] = Value(value.name, (padded,), value.dtype, "node")
+        cut = ("slice", 0, 0, size, 1)
+        for reader in f.kernels:
+            if reader is not k:
+                reader.inputs = [Ref(r.value, (cut, *r.views)) if r is not None and r.value == value.name else r
+                                 for r in reader.inputs]
+        k.attrs["tiling"] = catalog.tiling(k, shape_of(f), target)
 
 
 MERGE_HEADS = ("transpose", (0, 2, 1, 3))

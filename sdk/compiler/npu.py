@@ -20,7 +20,8 @@ The program is the contract with the emu and npu backends and with kernels/:
   a list of reshape / transpose / slice), dims (DMA dimensions per input), tiling (catalog.py), flops,
   weight_bytes; GEMMs also n_splits (outputs' widths), prologue {op, attrs, operands} (a norm of A),
   state_writes [{output, axis, views, pos}] (an output stored into a cache at a runtime position),
-  stored_width (Np: the output buffer is padded to whole tiles, its readers slice it; memory.pad_to_tiles).
+  stored_width (Np: the output buffer is padded to whole tiles, its readers slice it; memory.pad_to_tiles);
+  an argmax may have picks (for each output after the index, the input whose value at the index it stores).
 - meta: layout (packing recipe per weights buffer, see layout.py; sdk/runtime/packing.py builds the arena),
   source_shapes, arenas (bytes per arena), npu_fraction, toolchain, content_key (kernels/ sources + steps +
   placement + target + toolchain pin: what prebuilt artifacts are stored under), watchdog (the dispatch

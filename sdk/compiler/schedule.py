@@ -60,6 +60,8 @@ def _kernel_attrs(f: Fused, k: Kernel, views, buffers) -> dict:
                 attrs[key] = k.attrs[key]
     if "stored_width" in k.attrs:  # a gemm or bmm output padded to whole tiles (memory.pad_to_tiles)
         attrs["stored_width"] = k.attrs["stored_width"]
+    if "picks" in k.attrs:  # an argmax that also stores values at its index (fuse._fold_argmax_picks)
+        attrs["picks"] = k.attrs["picks"]
     if "stored_perm" in k.attrs:  # an mha output stored [B, T, H, D] (memory.interleave_heads)
         attrs["stored_perm"] = k.attrs["stored_perm"]
     # bytes the kernel moves: what the cost model charges to DRAM bandwidth

@@ -184,6 +184,12 @@ class EmuExecutable(ArenaExecutable):
         head = args[:a["n_head"]]
         if k.op == "state_write":
             return self._state_write(k, head)
+        if k.op == "argmax" and "picks" in a:  # the index, then the picked rows' values at it (as stored)
+            index = _reference(self, k, head, args)
+            self._store(k.outputs[0], index)
+            for name, i in zip(k.outputs[1:], a["picks"]):
+                self._store(name, np.take_along_axis(args[i], np.reshape(index, (-1, 1)), axis=-1))
+            return
         y = KERNELS.get(k.op, _reference)(self, k, head, args)
         if k.op == "gemm" and (len(k.outputs) > 1 or "state_writes" in a):
             # merged projections: one result per output; K/V may go straight into their cache
