@@ -1,9 +1,12 @@
 """The cpu backend: every entry of a program runs as one ONNX Runtime session built from the entry's steps.
 
 Each step is written as a few ONNX nodes with the `onnx` package's helpers (one lowering per op, below). The
-weights are not copied into the model: each is declared as external data and handed to the session as the
-array it is, so every entry's session reads the same arrays. Runtime parameters (a decoder's position) are
-0-d int32 inputs; masks and positions made from them are computed in the graph.
+weights are not copied into the model, nor by ONNX Runtime: each is declared as external data and handed to
+every session as a shared initializer over the one array we hold (`add_external_initializers` would copy it
+into each session), so all entries of a program read the same memory. A linear's weight is kept transposed
+([in, out], what MatMul reads), converted once at load; where every reader can take that form (a tied
+embedding table too) the [out, in] original is dropped. Runtime parameters (a decoder's position) are 0-d
+int32 inputs; masks and positions made from them are computed in the graph.
 
 State (KV caches, cross-attention K/V) is the caller's numpy arrays, bound with IO binding: a step that
 writes state (cache_write as an in-place ScatterND, assign) makes a graph output bound to the very memory the
@@ -36,10 +39,10 @@ class _Graph:
     """The nodes and constants of one entry's ONNX graph. Buffers are SSA values: a state buffer written by a
     step gets a new name, and readers after it read the newest one."""
 
-    def __init__(self, program: Program, int8: bool):
+    def __init__(self, program: Program, int8: bool, transposed: frozenset[str]):
         from onnx import TensorProto, helper, numpy_helper
         self.helper, self.tensor, self.numpy_helper = helper, TensorProto, numpy_helper
-        self.program, self.int8 = program, int8
+        self.program, self.int8, self.transposed = program, int8, transposed
         self.nodes, self.constants = [], []
         self.weights: dict[str, tuple] = {}  # initializer name -> (make(weights) or None for the weight, dtype, shape)
         self.current: dict[str, str] = {}  # buffer -> the value that holds it now
@@ -97,13 +100,18 @@ def _slice(g, out, x, axes, starts, stops, steps):
                             g.const(_i64(steps))], out)
 
 
+def _transposed(g, w) -> str:
+    """A weight [out, in] as [in, out], transposed once at load: MatMul reads it in place (Gemm's transB reads
+    [out, in] but is slower at one row, the decoder's case, without a prepacked copy per session)."""
+    return g.derived(w, ".T", lambda weights: np.ascontiguousarray(weights[w].T), "float32",
+                     g.program.buffers[w].shape[::-1])
+
+
 def _linear(g, out, x, w, b=None, **_):
-    # a weight [out, in] transposed once, at load: MatMul then reads [in, out] as torch exports do
     if g.int8 and g.program.buffers[w].usage is Usage.WEIGHTS:
         return _linear_int8(g, out, x, w, b)
     if g.program.buffers[w].usage is Usage.WEIGHTS:
-        wt = g.derived(w, ".T", lambda weights: np.ascontiguousarray(weights[w].T), "float32",
-                       g.program.buffers[w].shape[::-1])
+        wt = _transposed(g, w)
     else:
         wt = g.node("Transpose", [g.value(w)], perm=[1, 0])
     y = g.node("MatMul", [g.value(x), wt], None if b else out)
@@ -148,6 +156,14 @@ def _cache_write(g, out, cache, value, pos, *, axis, shapes):
     at = g.node("Mul", [g.node("Cast", [g.value(pos)], to=g.tensor.INT64), g.const(np.eye(axis + 1, dtype=np.int64)[axis])])
     indices = g.node("Add", [g.const(grid.astype(np.int64)), at])
     return g.node("ScatterND", [g.value(cache), indices, g.value(value)], out)
+
+
+def _embedding(g, out, table, ids, *, shapes):
+    if table not in g.transposed:
+        return g.node("Gather", [g.value(table), g.value(ids)], out)
+    # a table tied to a linear is kept as [d, vocab] only: gather its columns, move d last
+    columns = g.node("Gather", [_transposed(g, table), g.value(ids)], axis=1)
+    return g.node("Transpose", [columns], out, perm=[*range(1, len(shapes[1]) + 1), 0])
 
 
 def _where_less(g, out, a, b, *, then, otherwise):
@@ -210,8 +226,8 @@ def _same(op_type):
 
 LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes..., output shape], **attrs)
     **{op: _same(t) for op, t in [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"),
-                                  ("sigmoid", "Sigmoid"), ("relu", "Relu"), ("tanh", "Tanh"), ("exp", "Exp"),
-                                  ("embedding", "Gather")]},
+                                  ("sigmoid", "Sigmoid"), ("relu", "Relu"), ("tanh", "Tanh"), ("exp", "Exp")]},
+    "embedding": _embedding,
     "assign": lambda g, out, dst, value, *, shapes: g.node("Identity", [g.value(value)], out),
     "scale": lambda g, out, x, *, factor, shapes: g.node("Mul", [g.value(x), g.const(_f32(factor))], out),
     "gelu": _gelu,
@@ -251,6 +267,8 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "length_mask": _length_mask,
     "cache_write": _cache_write,
 }
+SHARED_READERS = {("MatMul", 1), ("MatMulInteger", 1), ("Gather", 0), ("Conv", 1), ("Conv", 2),
+                  ("LayerNormalization", 1), ("LayerNormalization", 2)}
 _DTYPES = {"float32": 1, "int8": 3, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
 
 
@@ -258,8 +276,8 @@ class EntryGraph:
     """One entry written as an ONNX model: which buffers it reads from the caller, which it writes back
     (state, bound in place) and which it returns; `model` is the serialised ModelProto, `key` its digest."""
 
-    def __init__(self, program: Program, entry: Entry, precision: str = "fp32"):
-        g = _Graph(program, precision == "int8")
+    def __init__(self, program: Program, entry: Entry, precision: str = "fp32", transposed: frozenset[str] = frozenset()):
+        g = _Graph(program, precision == "int8", transposed)
         for step in entry.steps:
             if step.op not in LOWERINGS:
                 raise SdkError(f"the cpu backend has no ONNX form for op {step.op}",
@@ -275,6 +293,13 @@ class EntryGraph:
         self.writes = [b for b, v in g.current.items() if buffers[b].usage is Usage.STATE and v != b]
         self.returns = [b for b in dict.fromkeys(entry.outputs.values()) if buffers[b].usage is not Usage.STATE]
         self.reads, self.weights = g.reads, g.weights
+        readers = {}
+        for node in g.nodes:
+            for i, name in enumerate(node.input):
+                readers.setdefault(name, set()).add((node.op_type, i))
+        # ORT's optimizer may rewrite an initializer read by an elementwise op (its transpose pass reshaped a
+        # rotary table, then ran the shared array at the old shape): only these readers' weights are shared
+        self.shared = {n for n in g.weights if readers.get(n, {None}) <= SHARED_READERS}
         results = [g.current[b] for b in self.writes + self.returns]
         self.outputs = dict(zip(self.writes + self.returns, results))
         for b, v in list(self.outputs.items()):
@@ -290,13 +315,34 @@ class EntryGraph:
             t.dims.extend(shape)
             t.data_location = g.tensor.EXTERNAL
             where = t.external_data.add()
-            where.key, where.value = "location", "caller"  # never read: the session is given the arrays
+            where.key, where.value = "location", _location(name)  # an in-memory file: the array itself
             externals.append(t)
         graph = g.helper.make_graph(g.nodes, entry.name, [info(b, b) for b in self.reads],
                                     [info(v, b) for b, v in self.outputs.items()], externals + g.constants)
         model = g.helper.make_model(graph, opset_imports=[g.helper.make_opsetid("", OPSET)], producer_name="aie-apps")
         self.model = model.SerializeToString()
         self.key = hashlib.sha256(self.model).hexdigest()
+
+
+def _location(initializer: str) -> str:
+    return hashlib.sha256(initializer.encode()).hexdigest()[:24]  # a file name whatever the buffer is called
+
+
+def transposed_only(program: Program, precision: Mapping[str, str]) -> frozenset[str]:
+    """The weights every reader can take as [in, out]: fp32 linears and embedding lookups, at least one linear."""
+    linear, other = set(), set()
+    for entry in program.entries.values():
+        for step in entry.steps:
+            for i, name in enumerate(step.inputs):
+                if not name or program.buffers[name].usage is not Usage.WEIGHTS:
+                    continue
+                if step.op == "linear" and i == 1:
+                    if precision[entry.name] == "fp32":
+                        linear.add(name)  # an int8 linear reads its own form, made at load
+                elif not (step.op == "embedding" and i == 0):
+                    other.add(name)
+        other.update(b for b in entry.outputs.values() if program.buffers[b].usage is Usage.WEIGHTS)
+    return frozenset(linear - other)
 
 
 PRECISIONS = ("fp32", "int8")
@@ -325,9 +371,19 @@ class CpuExecutable:
         import onnxruntime  # here, not at import: commands that run no model never load it
         self.ort, self.program, self.threads = onnxruntime, program, threads
         self.precision = entry_precisions(program, precision)
-        self.weights = check_weights(program, weights)
-        self.graphs = {name: EntryGraph(program, e, self.precision[name]) for name, e in program.entries.items()}
-        self.arrays: dict[str, tuple] = {}     # initializer name -> (array, OrtValue over it), shared by the sessions
+        weights = check_weights(program, weights)
+        transposed = transposed_only(program, self.precision)
+        self.graphs = {name: EntryGraph(program, e, self.precision[name], transposed)
+                       for name, e in program.entries.items()}
+        # every initializer made once, here; an original no session reads is not kept (freed once the caller
+        # lets go of it too)
+        self.arrays: dict[str, tuple] = {}  # initializer name -> (array, OrtValue over it), shared by the sessions
+        for graph in self.graphs.values():
+            for name, (make, _, _) in graph.weights.items():
+                if name not in self.arrays:
+                    # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
+                    array = weights[name].reshape(program.buffers[name].shape) if make is None else make(weights)
+                    self.arrays[name] = array, onnxruntime.OrtValue.ortvalue_from_numpy(array)
         self.sessions: dict[str, object] = {}  # EntryGraph.key -> its session, built on the entry's first run
         self.lock = threading.Lock()
         self.counters = Counters()
@@ -343,14 +399,17 @@ class CpuExecutable:
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                 options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
                 options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
-                for name, (make, _, _) in graph.weights.items():
-                    if name not in self.arrays:
-                        # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
-                        array = self.weights[name].reshape(self.program.buffers[name].shape) if make is None \
-                            else make(self.weights)
-                        self.arrays[name] = array, ort.OrtValue.ortvalue_from_numpy(array)
+                # a prepacked weight is a copy per session, and every entry of a program has one: MatMul
+                # reading [in, out] unpacked is as fast at one row and within a few % at many (measured)
+                options.add_session_config_entry("session.disable_prepacking", "1")
                 names = list(graph.weights)
-                options.add_external_initializers(names, [self.arrays[n][1] for n in names])
+                arrays = [self.arrays[n][0] for n in names]
+                # the external data resolves to our arrays (ORT copies those), and add_initializer makes the
+                # session read the shared ones where they are
+                options.add_external_initializers_from_files_in_memory([_location(n) for n in names], arrays,
+                                                                       [a.nbytes for a in arrays])
+                for name in graph.shared:
+                    options.add_initializer(name, self.arrays[name][1])
                 self.sessions[graph.key] = ort.InferenceSession(graph.model, options,
                                                                 providers=["CPUExecutionProvider"])
             return self.sessions[graph.key]
@@ -391,7 +450,7 @@ class CpuExecutable:
 
     def close(self):
         self.closed = True
-        self.sessions, self.arrays, self.weights = {}, {}, {}
+        self.sessions, self.arrays = {}, {}
 
 
 class CpuBackend:
