@@ -1,12 +1,11 @@
 """The cpu backend: every entry of a program runs as one ONNX Runtime session built from the entry's steps.
 
 Each step is written as a few ONNX nodes with the `onnx` package's helpers (one lowering per op, below). The
-weights are not copied into the model, nor by ONNX Runtime: each is declared as external data and handed to
-every session as a shared initializer over the one array we hold (`add_external_initializers` would copy it
-into each session), so all entries of a program read the same memory. A linear's weight is kept transposed
-([in, out], what MatMul reads), converted once at load; where every reader can take that form (a tied
-embedding table too) the [out, in] original is dropped. Runtime parameters (a decoder's position) are 0-d
-int32 inputs; masks and positions made from them are computed in the graph.
+weights are not copied into the model, and the large ones not by ONNX Runtime either: all entries of a program
+read one array per weight (see `EntryGraph.bound`). A linear's weight is kept transposed ([in, out], what
+MatMul reads), made once at load; where every reader can take that form (a tied embedding table too) the
+[out, in] original is not kept. Runtime parameters (a decoder's position) are 0-d int32 inputs; masks and
+positions made from them are computed in the graph.
 
 State (KV caches, cross-attention K/V) is the caller's numpy arrays, bound with IO binding: a step that
 writes state (cache_write as an in-place ScatterND, assign) makes a graph output bound to the very memory the
@@ -267,8 +266,9 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "length_mask": _length_mask,
     "cache_write": _cache_write,
 }
-SHARED_READERS = {("MatMul", 1), ("MatMulInteger", 1), ("Gather", 0), ("Conv", 1), ("Conv", 2),
-                  ("LayerNormalization", 1), ("LayerNormalization", 2)}
+BOUND_READERS = {("MatMul", 1), ("Gather", 0)}
+SHARED_READERS = {("MatMulInteger", 1), ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1),
+                  ("LayerNormalization", 2)}
 _DTYPES = {"float32": 1, "int8": 3, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
 
 
@@ -297,9 +297,16 @@ class EntryGraph:
         for node in g.nodes:
             for i, name in enumerate(node.input):
                 readers.setdefault(name, set()).add((node.op_type, i))
-        # ORT's optimizer may rewrite an initializer read by an elementwise op (its transpose pass reshaped a
-        # rotary table, then ran the shared array at the old shape): only these readers' weights are shared
-        self.shared = {n for n in g.weights if readers.get(n, {None}) <= SHARED_READERS}
+        # How each weight reaches the session. Read only by MatMul or Gather (the linears and tables, nearly all
+        # the bytes): a graph input bound where it lies at each run, which ORT can neither copy nor rewrite (as
+        # an initializer it is read through a transient copy while the session is built). Read by ops that ORT
+        # rewrites with constant weights for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer
+        # shared with add_initializer. The rest (biases, rotary tables read by elementwise ops, small): copied
+        # into each session, since ORT's transpose pass may reshape such an initializer, and ran a shared one
+        # at its old shape.
+        kinds = {n: readers.get(n, {None}) for n in g.weights}
+        self.bound = [n for n, r in kinds.items() if r <= BOUND_READERS]
+        self.shared = [n for n, r in kinds.items() if r <= SHARED_READERS]
         results = [g.current[b] for b in self.writes + self.returns]
         self.outputs = dict(zip(self.writes + self.returns, results))
         for b, v in list(self.outputs.items()):
@@ -310,6 +317,8 @@ class EntryGraph:
             return g.helper.make_tensor_value_info(name, _DTYPES[buffers[buffer].dtype], buffers[buffer].shape)
         externals = []
         for name, (_, dtype, shape) in g.weights.items():
+            if name in self.bound:
+                continue
             t = g.tensor()
             t.name, t.data_type = name, _DTYPES[dtype]
             t.dims.extend(shape)
@@ -317,7 +326,9 @@ class EntryGraph:
             where = t.external_data.add()
             where.key, where.value = "location", _location(name)  # an in-memory file: the array itself
             externals.append(t)
-        graph = g.helper.make_graph(g.nodes, entry.name, [info(b, b) for b in self.reads],
+        weight_inputs = [g.helper.make_tensor_value_info(n, _DTYPES[g.weights[n][1]], g.weights[n][2])
+                         for n in self.bound]
+        graph = g.helper.make_graph(g.nodes, entry.name, [info(b, b) for b in self.reads] + weight_inputs,
                                     [info(v, b) for b, v in self.outputs.items()], externals + g.constants)
         model = g.helper.make_model(graph, opset_imports=[g.helper.make_opsetid("", OPSET)], producer_name="aie-apps")
         self.model = model.SerializeToString()
@@ -386,6 +397,7 @@ class CpuExecutable:
                     self.arrays[name] = array, onnxruntime.OrtValue.ortvalue_from_numpy(array)
         self.sessions: dict[str, object] = {}  # EntryGraph.key -> its session, built on the entry's first run
         self.lock = threading.Lock()
+        self.local = threading.local()
         self.counters = Counters()
         self.closed = False
 
@@ -399,13 +411,11 @@ class CpuExecutable:
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                 options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
                 options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
-                # a prepacked weight is a copy per session, and every entry of a program has one: MatMul
-                # reading [in, out] unpacked is as fast at one row and within a few % at many (measured)
+                # a prepacked weight is a copy per session (and every entry of a program has one)
                 options.add_session_config_entry("session.disable_prepacking", "1")
-                names = list(graph.weights)
+                names = [n for n in graph.weights if n not in graph.bound]
                 arrays = [self.arrays[n][0] for n in names]
-                # the external data resolves to our arrays (ORT copies those), and add_initializer makes the
-                # session read the shared ones where they are
+                # the initializers' external data: our arrays, which add_initializer shares
                 options.add_external_initializers_from_files_in_memory([_location(n) for n in names], arrays,
                                                                        [a.nbytes for a in arrays])
                 for name in graph.shared:
@@ -413,6 +423,18 @@ class CpuExecutable:
                 self.sessions[graph.key] = ort.InferenceSession(graph.model, options,
                                                                 providers=["CPUExecutionProvider"])
             return self.sessions[graph.key]
+
+    def _binding(self, graph: EntryGraph):
+        """This thread's IO binding for the entry, with its weights bound once; inputs and outputs are bound
+        again at every run."""
+        bindings = self.local.__dict__.setdefault("bindings", {})
+        if graph.key not in bindings:
+            binding = self._session(graph).io_binding()
+            for name in graph.bound:
+                array = self.arrays[name][0]
+                binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+            bindings[graph.key] = binding
+        return bindings[graph.key]
 
     def new_state(self) -> State:
         return State({n: np.zeros(b.shape, b.dtype) for n, b in self.program.buffers_of(Usage.STATE).items()})
@@ -429,8 +451,7 @@ class CpuExecutable:
         if missing:
             raise ValueError(f"entry {program_entry.name} reads or writes state {missing[0]}: it needs a State "
                              f"(session.new_state())")
-        session = self._session(graph)
-        binding = session.io_binding()
+        binding = self._binding(graph)
         for name in graph.reads:
             array = env[name]
             binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
@@ -439,7 +460,7 @@ class CpuExecutable:
             array = env[buffer] if buffer in graph.writes else results[buffer]  # state: written where it lives
             binding.bind_output(value, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
         try:
-            session.run_with_iobinding(binding)
+            self.sessions[graph.key].run_with_iobinding(binding)
         except RuntimeError as e:  # what ORT raises for data its kernels refuse (an index past a table, ...)
             raise InputError(f"entry {program_entry.name} refused its inputs: {str(e).strip().splitlines()[-1]}",
                              fix="check the token ids against the vocabulary and the position against the "
@@ -450,7 +471,7 @@ class CpuExecutable:
 
     def close(self):
         self.closed = True
-        self.sessions, self.arrays = {}, {}
+        self.sessions, self.arrays, self.local = {}, {}, threading.local()
 
 
 class CpuBackend:
