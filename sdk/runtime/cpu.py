@@ -1,9 +1,11 @@
 """The cpu backend: every entry of a program runs as one ONNX Runtime session built from the entry's steps.
 
 Each step is written as a few ONNX nodes with the `onnx` package's helpers (one lowering per op, below). The
-weights are not copied into the model: each is declared as external data and handed to the session as the
-array it is, so every entry's session reads the same arrays. Runtime parameters (a decoder's position) are
-0-d int32 inputs; masks and positions made from them are computed in the graph.
+weights are not copied into the model, and the large ones not by ONNX Runtime either: all entries of a program
+read one array per weight (see `EntryGraph.bound`). A linear's weight is kept transposed ([in, out], what
+MatMul reads), made once at load; where every reader can take that form (a tied embedding table too) the
+[out, in] original is not kept. Runtime parameters (a decoder's position) are 0-d int32 inputs; masks and
+positions made from them are computed in the graph.
 
 State (KV caches, cross-attention K/V) is the caller's numpy arrays, bound with IO binding: a step that
 writes state (cache_write as an in-place ScatterND, assign) makes a graph output bound to the very memory the
@@ -36,10 +38,10 @@ class _Graph:
     """The nodes and constants of one entry's ONNX graph. Buffers are SSA values: a state buffer written by a
     step gets a new name, and readers after it read the newest one."""
 
-    def __init__(self, program: Program, int8: bool):
+    def __init__(self, program: Program, int8: bool, transposed: frozenset[str]):
         from onnx import TensorProto, helper, numpy_helper
         self.helper, self.tensor, self.numpy_helper = helper, TensorProto, numpy_helper
-        self.program, self.int8 = program, int8
+        self.program, self.int8, self.transposed = program, int8, transposed
         self.nodes, self.constants = [], []
         self.weights: dict[str, tuple] = {}  # initializer name -> (make(weights) or None for the weight, dtype, shape)
         self.current: dict[str, str] = {}  # buffer -> the value that holds it now
@@ -97,13 +99,18 @@ def _slice(g, out, x, axes, starts, stops, steps):
                             g.const(_i64(steps))], out)
 
 
+def _transposed(g, w) -> str:
+    """A weight [out, in] as [in, out], transposed once at load: MatMul reads it in place (Gemm's transB reads
+    [out, in] but is slower at one row, the decoder's case, without a prepacked copy per session)."""
+    return g.derived(w, ".T", lambda weights: np.ascontiguousarray(weights[w].T), "float32",
+                     g.program.buffers[w].shape[::-1])
+
+
 def _linear(g, out, x, w, b=None, **_):
-    # a weight [out, in] transposed once, at load: MatMul then reads [in, out] as torch exports do
     if g.int8 and g.program.buffers[w].usage is Usage.WEIGHTS:
         return _linear_int8(g, out, x, w, b)
     if g.program.buffers[w].usage is Usage.WEIGHTS:
-        wt = g.derived(w, ".T", lambda weights: np.ascontiguousarray(weights[w].T), "float32",
-                       g.program.buffers[w].shape[::-1])
+        wt = _transposed(g, w)
     else:
         wt = g.node("Transpose", [g.value(w)], perm=[1, 0])
     y = g.node("MatMul", [g.value(x), wt], None if b else out)
@@ -148,6 +155,14 @@ def _cache_write(g, out, cache, value, pos, *, axis, shapes):
     at = g.node("Mul", [g.node("Cast", [g.value(pos)], to=g.tensor.INT64), g.const(np.eye(axis + 1, dtype=np.int64)[axis])])
     indices = g.node("Add", [g.const(grid.astype(np.int64)), at])
     return g.node("ScatterND", [g.value(cache), indices, g.value(value)], out)
+
+
+def _embedding(g, out, table, ids, *, shapes):
+    if table not in g.transposed:
+        return g.node("Gather", [g.value(table), g.value(ids)], out)
+    # a table tied to a linear is kept as [d, vocab] only: gather its columns, move d last
+    columns = g.node("Gather", [_transposed(g, table), g.value(ids)], axis=1)
+    return g.node("Transpose", [columns], out, perm=[*range(1, len(shapes[1]) + 1), 0])
 
 
 def _where_less(g, out, a, b, *, then, otherwise):
@@ -210,8 +225,8 @@ def _same(op_type):
 
 LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes..., output shape], **attrs)
     **{op: _same(t) for op, t in [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"),
-                                  ("sigmoid", "Sigmoid"), ("relu", "Relu"), ("tanh", "Tanh"), ("exp", "Exp"),
-                                  ("embedding", "Gather")]},
+                                  ("sigmoid", "Sigmoid"), ("relu", "Relu"), ("tanh", "Tanh"), ("exp", "Exp")]},
+    "embedding": _embedding,
     "assign": lambda g, out, dst, value, *, shapes: g.node("Identity", [g.value(value)], out),
     "scale": lambda g, out, x, *, factor, shapes: g.node("Mul", [g.value(x), g.const(_f32(factor))], out),
     "gelu": _gelu,
@@ -251,6 +266,9 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "length_mask": _length_mask,
     "cache_write": _cache_write,
 }
+BOUND_READERS = {("MatMul", 1), ("Gather", 0)}
+SHARED_READERS = {("MatMulInteger", 1), ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1),
+                  ("LayerNormalization", 2)}
 _DTYPES = {"float32": 1, "int8": 3, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
 
 
@@ -258,8 +276,8 @@ class EntryGraph:
     """One entry written as an ONNX model: which buffers it reads from the caller, which it writes back
     (state, bound in place) and which it returns; `model` is the serialised ModelProto, `key` its digest."""
 
-    def __init__(self, program: Program, entry: Entry, precision: str = "fp32"):
-        g = _Graph(program, precision == "int8")
+    def __init__(self, program: Program, entry: Entry, precision: str = "fp32", transposed: frozenset[str] = frozenset()):
+        g = _Graph(program, precision == "int8", transposed)
         for step in entry.steps:
             if step.op not in LOWERINGS:
                 raise SdkError(f"the cpu backend has no ONNX form for op {step.op}",
@@ -275,6 +293,20 @@ class EntryGraph:
         self.writes = [b for b, v in g.current.items() if buffers[b].usage is Usage.STATE and v != b]
         self.returns = [b for b in dict.fromkeys(entry.outputs.values()) if buffers[b].usage is not Usage.STATE]
         self.reads, self.weights = g.reads, g.weights
+        readers = {}
+        for node in g.nodes:
+            for i, name in enumerate(node.input):
+                readers.setdefault(name, set()).add((node.op_type, i))
+        # How each weight reaches the session. Read only by MatMul or Gather (the linears and tables, nearly all
+        # the bytes): a graph input bound where it lies at each run, which ORT can neither copy nor rewrite (as
+        # an initializer it is read through a transient copy while the session is built). Read by ops that ORT
+        # rewrites with constant weights for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer
+        # shared with add_initializer. The rest (biases, rotary tables read by elementwise ops, small): copied
+        # into each session, since ORT's transpose pass may reshape such an initializer, and ran a shared one
+        # at its old shape.
+        kinds = {n: readers.get(n, {None}) for n in g.weights}
+        self.bound = [n for n, r in kinds.items() if r <= BOUND_READERS]
+        self.shared = [n for n, r in kinds.items() if r <= SHARED_READERS]
         results = [g.current[b] for b in self.writes + self.returns]
         self.outputs = dict(zip(self.writes + self.returns, results))
         for b, v in list(self.outputs.items()):
@@ -285,18 +317,43 @@ class EntryGraph:
             return g.helper.make_tensor_value_info(name, _DTYPES[buffers[buffer].dtype], buffers[buffer].shape)
         externals = []
         for name, (_, dtype, shape) in g.weights.items():
+            if name in self.bound:
+                continue
             t = g.tensor()
             t.name, t.data_type = name, _DTYPES[dtype]
             t.dims.extend(shape)
             t.data_location = g.tensor.EXTERNAL
             where = t.external_data.add()
-            where.key, where.value = "location", "caller"  # never read: the session is given the arrays
+            where.key, where.value = "location", _location(name)  # an in-memory file: the array itself
             externals.append(t)
-        graph = g.helper.make_graph(g.nodes, entry.name, [info(b, b) for b in self.reads],
+        weight_inputs = [g.helper.make_tensor_value_info(n, _DTYPES[g.weights[n][1]], g.weights[n][2])
+                         for n in self.bound]
+        graph = g.helper.make_graph(g.nodes, entry.name, [info(b, b) for b in self.reads] + weight_inputs,
                                     [info(v, b) for b, v in self.outputs.items()], externals + g.constants)
         model = g.helper.make_model(graph, opset_imports=[g.helper.make_opsetid("", OPSET)], producer_name="aie-apps")
         self.model = model.SerializeToString()
         self.key = hashlib.sha256(self.model).hexdigest()
+
+
+def _location(initializer: str) -> str:
+    return hashlib.sha256(initializer.encode()).hexdigest()[:24]  # a file name whatever the buffer is called
+
+
+def transposed_only(program: Program, precision: Mapping[str, str]) -> frozenset[str]:
+    """The weights every reader can take as [in, out]: fp32 linears and embedding lookups, at least one linear."""
+    linear, other = set(), set()
+    for entry in program.entries.values():
+        for step in entry.steps:
+            for i, name in enumerate(step.inputs):
+                if not name or program.buffers[name].usage is not Usage.WEIGHTS:
+                    continue
+                if step.op == "linear" and i == 1:
+                    if precision[entry.name] == "fp32":
+                        linear.add(name)  # an int8 linear reads its own form, made at load
+                elif not (step.op == "embedding" and i == 0):
+                    other.add(name)
+        other.update(b for b in entry.outputs.values() if program.buffers[b].usage is Usage.WEIGHTS)
+    return frozenset(linear - other)
 
 
 PRECISIONS = ("fp32", "int8")
@@ -325,11 +382,22 @@ class CpuExecutable:
         import onnxruntime  # here, not at import: commands that run no model never load it
         self.ort, self.program, self.threads = onnxruntime, program, threads
         self.precision = entry_precisions(program, precision)
-        self.weights = check_weights(program, weights)
-        self.graphs = {name: EntryGraph(program, e, self.precision[name]) for name, e in program.entries.items()}
-        self.arrays: dict[str, tuple] = {}     # initializer name -> (array, OrtValue over it), shared by the sessions
+        weights = check_weights(program, weights)
+        transposed = transposed_only(program, self.precision)
+        self.graphs = {name: EntryGraph(program, e, self.precision[name], transposed)
+                       for name, e in program.entries.items()}
+        # every initializer made once, here; an original no session reads is not kept (freed once the caller
+        # lets go of it too)
+        self.arrays: dict[str, tuple] = {}  # initializer name -> (array, OrtValue over it), shared by the sessions
+        for graph in self.graphs.values():
+            for name, (make, _, _) in graph.weights.items():
+                if name not in self.arrays:
+                    # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
+                    array = weights[name].reshape(program.buffers[name].shape) if make is None else make(weights)
+                    self.arrays[name] = array, onnxruntime.OrtValue.ortvalue_from_numpy(array)
         self.sessions: dict[str, object] = {}  # EntryGraph.key -> its session, built on the entry's first run
         self.lock = threading.Lock()
+        self.local = threading.local()
         self.counters = Counters()
         self.closed = False
 
@@ -343,17 +411,30 @@ class CpuExecutable:
                 options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
                 options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
                 options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
-                for name, (make, _, _) in graph.weights.items():
-                    if name not in self.arrays:
-                        # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
-                        array = self.weights[name].reshape(self.program.buffers[name].shape) if make is None \
-                            else make(self.weights)
-                        self.arrays[name] = array, ort.OrtValue.ortvalue_from_numpy(array)
-                names = list(graph.weights)
-                options.add_external_initializers(names, [self.arrays[n][1] for n in names])
+                # a prepacked weight is a copy per session (and every entry of a program has one)
+                options.add_session_config_entry("session.disable_prepacking", "1")
+                names = [n for n in graph.weights if n not in graph.bound]
+                arrays = [self.arrays[n][0] for n in names]
+                # the initializers' external data: our arrays, which add_initializer shares
+                options.add_external_initializers_from_files_in_memory([_location(n) for n in names], arrays,
+                                                                       [a.nbytes for a in arrays])
+                for name in graph.shared:
+                    options.add_initializer(name, self.arrays[name][1])
                 self.sessions[graph.key] = ort.InferenceSession(graph.model, options,
                                                                 providers=["CPUExecutionProvider"])
             return self.sessions[graph.key]
+
+    def _binding(self, graph: EntryGraph):
+        """This thread's IO binding for the entry, with its weights bound once; inputs and outputs are bound
+        again at every run."""
+        bindings = self.local.__dict__.setdefault("bindings", {})
+        if graph.key not in bindings:
+            binding = self._session(graph).io_binding()
+            for name in graph.bound:
+                array = self.arrays[name][0]
+                binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+            bindings[graph.key] = binding
+        return bindings[graph.key]
 
     def new_state(self) -> State:
         return State({n: np.zeros(b.shape, b.dtype) for n, b in self.program.buffers_of(Usage.STATE).items()})
@@ -370,8 +451,7 @@ class CpuExecutable:
         if missing:
             raise ValueError(f"entry {program_entry.name} reads or writes state {missing[0]}: it needs a State "
                              f"(session.new_state())")
-        session = self._session(graph)
-        binding = session.io_binding()
+        binding = self._binding(graph)
         for name in graph.reads:
             array = env[name]
             binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
@@ -380,7 +460,7 @@ class CpuExecutable:
             array = env[buffer] if buffer in graph.writes else results[buffer]  # state: written where it lives
             binding.bind_output(value, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
         try:
-            session.run_with_iobinding(binding)
+            self.sessions[graph.key].run_with_iobinding(binding)
         except RuntimeError as e:  # what ORT raises for data its kernels refuse (an index past a table, ...)
             raise InputError(f"entry {program_entry.name} refused its inputs: {str(e).strip().splitlines()[-1]}",
                              fix="check the token ids against the vocabulary and the position against the "
@@ -391,7 +471,7 @@ class CpuExecutable:
 
     def close(self):
         self.closed = True
-        self.sessions, self.arrays, self.weights = {}, {}, {}
+        self.sessions, self.arrays, self.local = {}, {}, threading.local()
 
 
 class CpuBackend:
