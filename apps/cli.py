@@ -47,10 +47,10 @@ def byte_size(text) -> int:
     """The value of a `--max-*-size` input limit: bytes, or with a K, M or G suffix (powers of 1024): 300M, 2G."""
     if isinstance(text, int):
         return text
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:i?B)?\s*", str(text), re.IGNORECASE)
+    m = re.fullmatch(r"\s*(\d+)\s*(?:([KMG])(?:i?B)?|B?)\s*", str(text), re.IGNORECASE)
     if not m or int(m.group(1)) == 0:
         raise typer.BadParameter(f"{text!r} is not a size", param_hint="a positive number of bytes, e.g. 300M or 2G")
-    return int(m.group(1)) << _SIZE_UNITS[m.group(2).upper()]
+    return int(m.group(1)) << _SIZE_UNITS[(m.group(2) or "").upper()]
 
 
 def err(message: str) -> None:
