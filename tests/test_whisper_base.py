@@ -178,3 +178,28 @@ def test_short_windows_keep_the_full_windows_accuracy(base, english, capsys):
         print(f"\n  whisper-base WER, LibriVox + flite: short windows {short_wer:.2%}, full window {full_wer:.2%}"
               f" (windows, s: {sorted(w.frames // 100 for w in used)})", end="")
     assert short_wer <= full_wer + 0.005
+
+
+def test_live_dictation_in_short_windows_keeps_the_full_windows_accuracy(base, monkeypatch, capsys):
+    """The same gate live: the LibriVox clips as one dictation session (fast pace), every final decoded in a
+    short window, WER within 0.5 points of the full window's. (The recognizer's 6 s of left context stays: cut
+    to fit the 5 and 10 s windows it cost two words of these 71.)"""
+    from pipelines.asr import Transcriber, TranscribeOptions
+    from pipelines.dictation import DictationOptions, FileSource, Final, Stream
+    from tests.dictation_support import librivox_session, wer
+    audio, reference, _ = librivox_session()
+    session = base.recognizer.session
+    encoded, real_run = [], session.run
+    monkeypatch.setattr(session, "run", lambda entry, state=None, **inputs: (
+        encoded.append(entry) if entry.startswith("encode") else None, real_run(entry, state, **inputs))[1])
+
+    def dictate(transcriber) -> str:
+        stream = Stream(transcriber, FileSource(audio, RATE, pace="fast"), DictationOptions(partials=False))
+        return " ".join(e.text for e in stream.start().events() if isinstance(e, Final))
+    short = wer(reference, dictate(base))
+    with Transcriber("whisper-base", options=TranscribeOptions(language="en", shortest_window=30.0)) as full_window:
+        full = wer(reference, dictate(full_window))
+    with capsys.disabled():
+        print(f"\n  whisper-base live WER on LibriVox: short windows {short:.2%} ({encoded}), full window {full:.2%}", end="")
+    assert encoded and all(e != "encode" for e in encoded)
+    assert short <= full + 0.005
