@@ -19,6 +19,12 @@ independently (no previous-text prompt), as transformers does by default.
 
 Greedy steps run `decode_greedy` (filters and argmax on the device, a few scalars back); the first step of
 each window and sampled steps read full logits from `decode_step` (see sdk/models/whisper.py).
+
+Audio shorter than 30 s (a short file, the last window of a long one, a dictation utterance) may run in a short
+encoder window (whisper.ENCODER_WINDOWS, the shortest that holds it with 1 s to spare), where the model's WER
+gate allows it (SHORTEST_WINDOW). A short window gets one greedy pass; a decode there that looks like a repeat
+loop (its token limit reached, a timestamp past the audio), hears no speech or fails the fallback checks is
+decoded again in the next longer window, and only the full window retries at higher temperatures.
 One WhisperRecognizer holds one session (weights resident) and one decoding state; it serialises its callers.
 """
 from __future__ import annotations
