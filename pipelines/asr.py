@@ -23,7 +23,7 @@ each window and sampled steps read full logits from `decode_step` (see sdk/model
 Audio shorter than 30 s (a short file, the last window of a long one, a dictation utterance) may run in a short
 encoder window (whisper.ENCODER_WINDOWS, the shortest that holds it with 1 s to spare), where the model's WER
 gate allows it (SHORTEST_WINDOW). A short window gets one greedy pass; a decode there that looks like a repeat
-loop (its token limit reached, a timestamp past the audio), hears no speech or fails the fallback checks is
+loop (its token limit reached, a timestamp well past the audio), hears no speech or fails the fallback checks is
 decoded again in the next longer window, and only the full window retries at higher temperatures.
 One WhisperRecognizer holds one session (weights resident) and one decoding state; it serialises its callers.
 """
@@ -50,6 +50,9 @@ DEFAULT_MODEL = "whisper-tiny.en"
 TIME_PRECISION = 0.02          # seconds per timestamp token
 FRAME_SECONDS = audio.WHISPER_HOP / audio.SAMPLE_RATE  # 10 ms mel frames
 TAIL_SECONDS = 1.0             # silence a short encoder window holds after the audio (of a 30 s window)
+LATE_STAMP_SECONDS = 3.0       # a short window's timestamp this far past the audio's end means a loop: whisper-base
+                               # puts the end of speech up to 2.3 s into the silence after it with the same text as
+                               # the next window (measured on the LibriVox dictation session), a loop runs on further
 # The shortest encoder window (s) in which each model keeps its accuracy, by the WER gate (tests/test_transcribe.py:
 # LibriVox and flite speech, short windows vs the full one within 0.5 points, no word lost at the ends).
 # whisper-base holds it at 5 s. tiny.en does not below 30 s: at 15 and 20 s it drops the first word of a 3.5 s
@@ -299,12 +302,13 @@ class WhisperRecognizer:
 
     def _plausible(self, result: _Result, seconds: float, max_tokens: int) -> bool:
         """A short window's greedy decode is kept unless it looks like a repeat loop or a failure: it ran into
-        its token limit, a timestamp lies past the audio's end, it heard no speech (whisper-base hears none in
+        its token limit, a timestamp lies well past the audio's end, it heard no speech (whisper-base hears none in
         robotic German at 10 s that it transcribes at 30 s: the full window decides what is silence), or the
         fallback checks would retry it."""
         o, tb = self.options, self.tokenizer.timestamp_begin
         stamps = [t for t in result.tokens if t >= tb]
-        if len(result.tokens) >= max_tokens or (stamps and (stamps[-1] - tb) * TIME_PRECISION > seconds + TAIL_SECONDS):
+        late = bool(stamps) and (stamps[-1] - tb) * TIME_PRECISION > seconds + LATE_STAMP_SECONDS
+        if len(result.tokens) >= max_tokens or late:
             return False
         if not result.text.strip() or (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold):
             return False
