@@ -7,15 +7,17 @@ end of its utterance's words and its arrival, and where they went:
     queue    from that audio's arrival to the decode's start
     behind   (not a term of the sum) how long after the words ended an earlier decode (a partial that
              missed the end) kept the worker busy: it delays the final's decode and is part of quiet + queue
-    encoder  the encoder pass; decoder: the decoder steps (and their count); other: mel, guards, host work
+    encoder  the encoder pass(es); decoder: the decoder steps (and their count); other: mel, guards, host work
+    window   the encoder window(s) the final's decode ran (whisper.ENCODER_WINDOWS: e.g. encode_t1000 = 10 s;
+             more than one when a short window's decode looked like a repeat loop and fell back)
     confirm  from the decode's end to the final's emission (an early decode waits for the hangover)
 
     PYTHONPATH=. python bench/dictation_latency.py [--model whisper-base] [--paces realtime,modeled,simulated] [--runs N]
-        [--partials both|on|off] [--set early_final=0.3 ...] [--encoder-s 1.2 --step-s 0.018] [--decodes]
+        [--partials both|on|off] [--set early_final=0.3 ...] [--shortest-window 30] [--step-s 0.018] [--decodes]
 
 Paces: realtime = a FileSource at real-time pace, wall clock (what a user sees, noisy on a shared machine);
-modeled = the same cadence on a virtual clock that charges every decode a fixed cost per encoder pass and
-decoder step (default: the fastest measured at start), so variants compare without the noise of other
+modeled = the same cadence on a virtual clock that charges every decode a fixed cost per encoder pass (per
+window) and decoder step (the fastest measured at start), so variants compare without the noise of other
 programs; simulated = the Stream's own simulated pace (each decode charged its wall time; summary only).
 The load average is printed with every line. Not a test: nothing is asserted.
 """
@@ -42,6 +44,7 @@ class Decode:
     decoder: float = 0.0
     steps: int = 0
     encodes: int = 0
+    windows: list = field(default_factory=list)  # the encode entries run, in order
     wall: float = 0.0
 
 
@@ -64,9 +67,10 @@ class TimedTranscriber:
             took = time.perf_counter() - started
             if self.decodes:
                 d = self.decodes[-1]
-                if entry == "encode":
+                if entry.startswith("encode"):
                     d.encoder += took
                     d.encodes += 1
+                    d.windows.append(entry)
                 elif entry.startswith("decode"):
                     d.decoder += took
                     d.steps += 1
@@ -101,12 +105,12 @@ def breakdown(final, decodes: list[Decode], hangover: float) -> dict:
     behind = max(0.0, min(d.start, before[-1].end) - max(final.end, before[-1].start)) if before else 0.0
     return {"quiet": d.audio_end - final.end, "queue": d.start - d.audio_end, "behind": behind,
             "encoder": d.encoder, "decoder": d.decoder, "steps": d.steps,
-            "other": d.wall - d.encoder - d.decoder, "confirm": final.at - d.end}
+            "other": d.wall - d.encoder - d.decoder, "confirm": final.at - d.end, "window": "+".join(d.windows)}
 
 
-def modeled_session(timed: TimedTranscriber, audio: np.ndarray, options, encoder_s: float, step_s: float):
-    """The session on a virtual clock that charges each decode `encoder_s` per encoder pass plus `step_s` per
-    decoder step, whatever it really took: this machine idle, independent of the load from other programs.
+def modeled_session(timed: TimedTranscriber, audio: np.ndarray, options, encoder_s: dict, step_s: float):
+    """The session on a virtual clock that charges each decode `encoder_s[entry]` per encoder pass plus `step_s`
+    per decoder step, whatever it really took: this machine idle, independent of the load from other programs.
     The audio cadence is the Stream's "simulated" pace (each chunk = what a microphone delivered meanwhile)."""
     from pipelines.dictation import FRAME, SAMPLE_RATE, Recognizer
     clock = [0.0]
@@ -120,7 +124,7 @@ def modeled_session(timed: TimedTranscriber, audio: np.ndarray, options, encoder
         fed = due
         clock[0] = max(clock[0], fed / SAMPLE_RATE)
         for d in timed.decodes[before:]:          # decodes of one accept() run back to back
-            d.start, d.encoder, d.decoder = clock[0], encoder_s * d.encodes, step_s * d.steps
+            d.start, d.encoder, d.decoder = clock[0], sum(encoder_s[w] for w in d.windows), step_s * d.steps
             d.wall = d.encoder + d.decoder
             clock[0] = d.end = d.start + d.wall
             modeled = d.wall if modeled is None else 0.8 * modeled + 0.2 * d.wall
@@ -148,9 +152,10 @@ def main():
                         help="comma-separated: realtime (wall clock), modeled (idle-machine cost model), simulated")
     parser.add_argument("--runs", type=int, default=1, help="real-time sessions per setting")
     parser.add_argument("--partials", choices=("both", "on", "off"), default="both")
-    parser.add_argument("--encoder-s", type=float, default=None,
-                        help="modeled seconds per encoder pass (default: the fastest measured at start)")
-    parser.add_argument("--step-s", type=float, default=None, help="modeled seconds per decoder step (same)")
+    parser.add_argument("--step-s", type=float, default=None,
+                        help="modeled seconds per decoder step (default: the fastest measured at start)")
+    parser.add_argument("--shortest-window", type=float, default=None, metavar="SECONDS",
+                        help="TranscribeOptions.shortest_window (default: the model's own; 30 = always the full window)")
     parser.add_argument("--decodes", action="store_true", help="also list every decode (audio end, start, end)")
     parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                         help="a DictationOptions field, e.g. --set early_final=0.3 (repeatable)")
@@ -158,25 +163,28 @@ def main():
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(args.threads))
 
-    from pipelines.asr import Transcriber
+    from pipelines.asr import Transcriber, TranscribeOptions
     from pipelines.dictation import DictationOptions, FileSource, Stream
     from tests.dictation_support import RATE, librivox_session, wer
 
     audio, reference, _ = librivox_session()
-    timed = TimedTranscriber(Transcriber(args.model))
+    timed = TimedTranscriber(Transcriber(args.model, options=TranscribeOptions(shortest_window=args.shortest_window)))
+    encoder_s = None
     overrides = {k: option_value(v) for k, v in (item.split("=", 1) for item in args.set)}
     settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.partials]
     paces = [p for p in args.paces.split(",") for _ in range(args.runs if p == "realtime" else 1)]
-    print(f"{load()}; options {overrides or 'defaults'}", flush=True)
+    print(f"{load()}; options {overrides or 'defaults'}; shortest encoder window {args.shortest_window or 'the model default'}", flush=True)
     for pace in sorted(paces, key=lambda p: p == "modeled"):     # calibrate on the decodes of the others too
         for partials in settings:
             options = DictationOptions(**{"partials": partials, **overrides})
             if pace == "modeled":
-                if args.encoder_s is None or args.step_s is None:
-                    args.encoder_s, args.step_s = calibrate(timed, audio, args.encoder_s, args.step_s)
-                encoder_s, step_s = args.encoder_s, args.step_s
+                if encoder_s is None:
+                    encoder_s, step = calibrate(timed, audio)
+                    args.step_s = step if args.step_s is None else args.step_s
+                step_s = args.step_s
                 events, decodes = modeled_session(timed, audio, options, encoder_s, step_s)
-                label = f"modeled (encoder {encoder_s:.2f} s + {1000 * step_s:.0f} ms/step)"
+                label = (f"modeled (encoder {', '.join(f'{k} {v:.2f} s' for k, v in sorted(encoder_s.items()))}"
+                         f" + {1000 * step_s:.0f} ms/step)")
             else:
                 stream = Stream(timed, FileSource(audio, RATE, pace=pace), options)
                 timed.clock, timed.decodes = (lambda s=stream, p=pace: s._clock(p)), []
@@ -197,21 +205,29 @@ def main():
             for i, final in enumerate(finals):
                 parts = breakdown(final, timed.decodes, options.hangover)
                 print(f"    final {i}: {final.latency:.2f} s = " + " + ".join(
-                    f"{k} {v:.2f}" for k, v in parts.items() if k not in ("behind", "steps"))
-                    + f"  (behind a running decode {parts.get('behind', 0):.2f}, {parts.get('steps', 0)} decoder steps)",
+                    f"{k} {v:.2f}" for k, v in parts.items() if k not in ("behind", "steps", "window"))
+                    + f"  (behind a running decode {parts.get('behind', 0):.2f}, {parts.get('steps', 0)} decoder steps,"
+                      f" window {parts.get('window', '-')})",
                     flush=True)
 
 
-def calibrate(timed: TimedTranscriber, audio: np.ndarray, encoder_s, step_s) -> tuple[float, float]:
-    """The fastest encoder pass and decoder step (per decode) of five more decodes and all so far: the idle
-    machine, as near as a shared one can tell (other programs only ever make them slower)."""
-    timed.clock, timed.decodes = (lambda: 0.0), []
+def calibrate(timed: TimedTranscriber, audio: np.ndarray) -> tuple[dict, float]:
+    """The fastest of three passes of each encoder window, and the fastest decoder step (per decode) of five
+    more decodes and all so far: the idle machine, as near as a shared one can tell (other programs only ever
+    make them slower)."""
+    from pipelines.audio import whisper_log_mel
+    recognizer = timed.transcriber.recognizer
+    timed.clock, timed.decodes, encoder = (lambda: 0.0), [], {}
+    for window in recognizer.windows:
+        mel = whisper_log_mel(audio[:8 * 16000], recognizer.cfg.num_mel_bins, n_samples=window.frames * 160)[None]
+        for _ in range(3):
+            started = time.perf_counter()
+            recognizer.session.run(window.entry("encode"), recognizer.state, mel=mel)
+            took = time.perf_counter() - started
+            encoder[window.entry("encode")] = min(encoder.get(window.entry("encode"), took), took)
     for _ in range(5):
         timed.decode_window(audio[:8 * 16000])
-    measured = [d for d in timed.history if d.encodes and d.steps]
-    encoder = min(d.encoder / d.encodes for d in measured)
-    step = min(d.decoder / d.steps for d in measured)
-    return encoder if encoder_s is None else encoder_s, step if step_s is None else step_s
+    return encoder, min(d.decoder / d.steps for d in timed.history if d.steps)
 
 
 if __name__ == "__main__":

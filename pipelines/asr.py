@@ -19,6 +19,12 @@ independently (no previous-text prompt), as transformers does by default.
 
 Greedy steps run `decode_greedy` (filters and argmax on the device, a few scalars back); the first step of
 each window and sampled steps read full logits from `decode_step` (see sdk/models/whisper.py).
+
+Audio shorter than 30 s (a short file, the last window of a long one, a dictation utterance) may run in a short
+encoder window (whisper.ENCODER_WINDOWS, the shortest that holds it with 1 s to spare), where the model's WER
+gate allows it (SHORTEST_WINDOW). A short window gets one greedy pass; a decode there that looks like a repeat
+loop (its token limit reached, a timestamp well past the audio), hears no speech or fails the fallback checks is
+decoded again in the next longer window, and only the full window retries at higher temperatures.
 One WhisperRecognizer holds one session (weights resident) and one decoding state; it serialises its callers.
 """
 from __future__ import annotations
@@ -43,6 +49,16 @@ from sdk.weights import read_config, read_json_object
 DEFAULT_MODEL = "whisper-tiny.en"
 TIME_PRECISION = 0.02          # seconds per timestamp token
 FRAME_SECONDS = audio.WHISPER_HOP / audio.SAMPLE_RATE  # 10 ms mel frames
+TAIL_SECONDS = 1.0             # silence a short encoder window holds after the audio (of a 30 s window)
+LATE_STAMP_SECONDS = 3.0       # a short window's timestamp this far past the audio's end means a loop: whisper-base
+                               # puts the end of speech up to 2.3 s into the silence after it with the same text as
+                               # the next window (measured on the LibriVox dictation session), a loop runs on further
+# The shortest encoder window (s) in which each model keeps its accuracy, by the WER gate (tests/test_transcribe.py:
+# LibriVox and flite speech, short windows vs the full one within 0.5 points, no word lost at the ends).
+# whisper-base holds it at 5 s. tiny.en does not below 30 s: at 15 and 20 s it drops the first word of a 3.5 s
+# clip and stamps the end of speech at the end of the audio, at 5 and 10 s it loops on a third of the flite
+# sentences. Models not listed run the full window only.
+SHORTEST_WINDOW = {"whisper-base": 5.0}
 
 
 class Segment(NamedTuple):
@@ -70,12 +86,18 @@ class TranscribeOptions:
     seed: int = 0                     # for sampling at temperature > 0
     precision: str = "fp32"           # cpu backend: "int8" runs the entries whisper.INT8_ENTRIES names with int8
                                       # weights (the entries its WER gate allows), the rest fp32
+    shortest_window: float | None = None  # s: audio shorter than 30 s runs in the shortest encoder window of at
+                                      # least this length that holds it (whisper.ENCODER_WINDOWS); 30: always the
+                                      # full window; None: the model's own (SHORTEST_WINDOW)
 
     def __post_init__(self):
         if self.task not in ("transcribe", "translate"):
             raise UsageError(f"unknown task {self.task!r}", fix="use transcribe or translate")
         if self.precision not in ("fp32", "int8"):
             raise UsageError(f"unknown precision {self.precision!r}", fix="use fp32 or int8")
+        if self.shortest_window is not None and not 0 < self.shortest_window < float("inf"):
+            raise UsageError(f"shortest_window must be a positive number of seconds, got {self.shortest_window!r}",
+                             fix="e.g. 15 (the default), 5 for whisper-base, or 30 for the full window only")
         if not self.temperatures or min(self.temperatures) < 0:
             raise UsageError(f"temperatures must be a non-empty tuple of values >= 0, got {self.temperatures!r}",
                              fix="e.g. (0.0,) for greedy only, or the default (0.0, 0.2, ..., 1.0)")
@@ -165,6 +187,9 @@ class WhisperRecognizer:
                                precision=precision)
         self.state = self.session.new_state()
         self.session.run("set_suppress", self.state, bias=self._suppress_table(folder))
+        self.windows = whisper.windows(self.cfg, whisper.ENCODER_WINDOWS)  # shortest first, the full one last
+        self._active = self.windows[-1]  # the window whose cross K/V the state holds
+        self.last_window: whisper.Window | None = None  # the encoder window the last decode kept (bench reads it)
         self._lock = threading.Lock()
 
     # -- public API
@@ -244,11 +269,56 @@ class WhisperRecognizer:
         o = self.options
         if float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) < o.silence_rms:
             return [], size, language or o.language or "en"
-        mel = audio.whisper_log_mel(samples, self.cfg.num_mel_bins, n_samples=self.cfg.n_frames * audio.WHISPER_HOP)
-        if stop is not None and stop():
-            return None
-        self.session.run("encode", self.state, mel=mel[None])
-        language = language or o.language or ("en" if self.english_only else self._detect_language())
+        max_tokens = int(o.tokens_per_second * len(samples) / audio.SAMPLE_RATE) + 16
+        for window in self.windows_for(size):
+            mel = audio.whisper_log_mel(samples, self.cfg.num_mel_bins, n_samples=window.frames * audio.WHISPER_HOP)
+            if stop is not None and stop():
+                return None
+            self.session.run(window.entry("encode"), self.state, mel=mel[None])
+            self._active = window
+            language = language or o.language or ("en" if self.english_only else self._detect_language())
+            # A short window gets one greedy pass; one that went wrong moves to the next window (a short audio
+            # context is what makes Whisper repeat itself), and only the full window retries hotter.
+            result = self._fallback_decode(language, max_tokens, fallback and window.full, stop)
+            if result is None:
+                return None
+            if window.full or self._plausible(result, size * FRAME_SECONDS, max_tokens):
+                break
+        self.last_window = window
+        if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
+                and not (o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold)):
+            return [], size, language
+        segments, advance = self._segments(result.tokens, size, offset, keep_tail)
+        return segments, advance, language
+
+    def windows_for(self, size: int) -> list[whisper.Window]:
+        """The encoder windows a decode of `size` mel frames may run in, in the order it tries them."""
+        def frames(seconds: float) -> int:  # mel frames of `seconds` of a 30 s window, at this model's window
+            return round(self.cfg.n_frames * seconds / whisper.WINDOW_SECONDS)
+        o = self.options
+        shortest = o.shortest_window if o.shortest_window is not None else SHORTEST_WINDOW.get(self.source.name, 30.0)
+        need = max(size + frames(TAIL_SECONDS), frames(shortest))
+        return [w for w in self.windows if w.full or w.frames >= need]
+
+    def _plausible(self, result: _Result, seconds: float, max_tokens: int) -> bool:
+        """A short window's greedy decode is kept unless it looks like a repeat loop or a failure: it ran into
+        its token limit, a timestamp lies well past the audio's end, it heard no speech (whisper-base hears none in
+        robotic German at 10 s that it transcribes at 30 s: the full window decides what is silence), or the
+        fallback checks would retry it."""
+        o, tb = self.options, self.tokenizer.timestamp_begin
+        stamps = [t for t in result.tokens if t >= tb]
+        late = bool(stamps) and (stamps[-1] - tb) * TIME_PRECISION > seconds + LATE_STAMP_SECONDS
+        if len(result.tokens) >= max_tokens or late:
+            return False
+        if not result.text.strip() or (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold):
+            return False
+        return not ((o.compression_ratio_threshold is not None and result.compression_ratio > o.compression_ratio_threshold)
+                    or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold))
+
+    def _fallback_decode(self, language: str, max_tokens: int, fallback: bool,
+                         stop: Callable[[], bool] | None) -> _Result | None:
+        """Decode the encoded window, greedy first, hotter while the checks fail (fallback=True)."""
+        o = self.options
         prompt = [self.tokenizer.sot]
         if not self.english_only:
             prompt += [self.tokenizer.languages[language],
@@ -256,7 +326,6 @@ class WhisperRecognizer:
         if not o.timestamps:
             prompt.append(self.tokenizer.no_timestamps)
         result, tried = None, []
-        max_tokens = int(o.tokens_per_second * len(samples) / audio.SAMPLE_RATE) + 16
         for temperature in o.temperatures if fallback else o.temperatures[:1]:
             result = self._decode(prompt, temperature, max_tokens, stop)
             if result is None:
@@ -273,15 +342,11 @@ class WhisperRecognizer:
             # every temperature failed a check: the likeliest decode that does not loop (as faster-whisper does),
             # not the last one, which at temperature 1.0 is often noise (whisper-base on German: "ночgutten")
             result = min(tried)[-1] if tried else result
-        if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
-                and not (o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold)):
-            return [], size, language
-        segments, advance = self._segments(result.tokens, size, offset, keep_tail)
-        return segments, advance, language
+        return result
 
     def _detect_language(self) -> str:
-        logits = self.session.run("decode_step", self.state, tokens=np.array([[self.tokenizer.sot]], np.int32),
-                                  pos=0)["logits"][0, 0]
+        logits = self.session.run(self._active.entry("decode_step"), self.state,
+                                  tokens=np.array([[self.tokenizer.sot]], np.int32), pos=0)["logits"][0, 0]
         ids = np.array(list(self.tokenizer.languages.values()))
         return list(self.tokenizer.languages)[int(np.argmax(logits[ids]))]
 
@@ -294,8 +359,8 @@ class WhisperRecognizer:
 
         def logits_at(token: int, pos: int) -> np.ndarray:
             nonlocal no_speech_prob
-            logits = self.session.run("decode_step", self.state, tokens=np.array([[token]], np.int32),
-                                      pos=pos)["logits"][0, 0]
+            logits = self.session.run(self._active.entry("decode_step"), self.state,
+                                      tokens=np.array([[token]], np.int32), pos=pos)["logits"][0, 0]
             if pos == 0:  # Whisper reads the no-speech probability at <|startoftranscript|>
                 p = np.exp(logits - logits.max())
                 no_speech_prob = float(p[tok.no_speech] / p.sum())
@@ -312,9 +377,9 @@ class WhisperRecognizer:
             first = int(not sampled)
             ranges = self._ranges(sampled)
             if sampled and temperature == 0:   # the common case: filters + argmax on the device
-                out = self.session.run("decode_greedy", self.state, tokens=np.array([[tokens[-1]]], np.int32),
-                                       pos=pos, first=first, lo1=ranges[0], hi1=ranges[1], lo2=ranges[2],
-                                       hi2=ranges[3])
+                out = self.session.run(self._active.entry("decode_greedy"), self.state,
+                                       tokens=np.array([[tokens[-1]]], np.int32), pos=pos, first=first,
+                                       lo1=ranges[0], hi1=ranges[1], lo2=ranges[2], hi2=ranges[3])
                 token, logprob = int(out["token"][0]), float(out["logprob"][0])
                 if self.options.timestamps and (token >= tok.timestamp_begin or float(out["ts_total"][0]) > logprob):
                     token, logprob = tok.timestamp_begin + int(out["ts_token"][0]), float(out["ts_logprob"][0])

@@ -163,6 +163,26 @@ def test_whisper_one_dispatch_per_window_and_per_token():
             assert c["bytes_from_device"] == 4 * whisper.load(FIXTURES / "whisper" / "hf")[0].vocab_size
 
 
+def test_whisper_short_windows_one_dispatch_per_window_and_per_token():
+    """Each short encoder window (whisper.ENCODER_WINDOWS at TINY size) is its own static-shape entry: one
+    dispatch per window, one per token of its decoder steps, and no weights re-uploaded."""
+    cfg, weights = whisper.load(FIXTURES / "whisper" / "hf")
+    mel = np.load(FIXTURES / "whisper" / "golden.npz")["mel"]
+    windows = whisper.windows(cfg, whisper.ENCODER_WINDOWS)
+    assert len(windows) == len(whisper.ENCODER_WINDOWS) + 1
+    with Session(whisper.graphs(cfg, encoder_windows=whisper.ENCODER_WINDOWS), weights, device="emu") as s:
+        state = s.new_state()
+        for window in windows:
+            s.counters.reset()
+            s.run(window.entry("encode"), state, mel=mel[:, :, :window.frames])
+            assert (s.counters.dispatches, s.counters.weight_bytes_to_device) == (1, 0), window
+            for p in range(2):
+                s.counters.reset()
+                s.run(window.entry("decode_step"), state, tokens=np.array([[p + 1]], np.int32), pos=np.int32(p))
+                c = s.counters
+                assert (c.dispatches, c.host_ops, c.weight_bytes_to_device, c.bytes_to_device) == (1, 0, 0, 8)
+
+
 def test_whisper_greedy_step_returns_a_few_bytes():
     cfg, weights = whisper.load(FIXTURES / "whisper" / "hf")
     mel = np.load(FIXTURES / "whisper" / "golden.npz")["mel"]

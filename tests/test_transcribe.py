@@ -66,9 +66,11 @@ def transcriber():
 
 @pytest.fixture(scope="module")
 def plain():
-    """Without timestamp tokens: transformers' default for clips under 30 s, the mode the parity and WER
-    checks use. (With timestamps tiny.en writes "coldhearted" and drops a hyphen: 7.0% WER on these clips.)"""
-    with Transcriber("whisper-tiny.en", device="cpu", options=TranscribeOptions(timestamps=False)) as t:
+    """Without timestamp tokens, in the full 30 s window: transformers' default for clips under 30 s, the mode
+    the parity and WER checks use. (With timestamps tiny.en writes "coldhearted" and drops a hyphen: 7.0% WER
+    on these clips.)"""
+    with Transcriber("whisper-tiny.en", device="cpu",
+                     options=TranscribeOptions(timestamps=False, shortest_window=30.0)) as t:
         yield t
 
 
@@ -88,7 +90,8 @@ def test_librivox_wer(results, record_result):
 
 def test_librivox_wer_int8_is_within_half_a_point_of_fp32(results, record_result):
     """The gate that lets whisper.INT8_ENTRIES run with int8 weights (--precision int8 on the cpu backend)."""
-    with Transcriber("whisper-tiny.en", device="cpu", options=TranscribeOptions(timestamps=False, precision="int8")) as t:
+    with Transcriber("whisper-tiny.en", device="cpu", options=TranscribeOptions(timestamps=False, precision="int8",
+                                                                                shortest_window=30.0)) as t:
         int8, _, _ = wer({c.stem: t.transcribe(c).text for c in CLIPS})
     fp32, _, _ = wer({k: r.text for k, r in results.items()})
     record_result(f"WER tiny.en int8 on 5 LibriVox clips: {int8:.1%} (fp32 {fp32:.1%})", wer_int8=int8, wer_fp32=fp32)
@@ -206,7 +209,8 @@ def test_decode_window_bounds_its_tokens_and_partials_skip_fallback(transcriber,
         calls.append((temperature, max_tokens, None if result is None else len(result.tokens)))
         return result
     monkeypatch.setattr(rec, "_decode", logged)
-    monkeypatch.setattr(rec, "options", TranscribeOptions(tokens_per_second=0.0, logprob_threshold=0.0))
+    monkeypatch.setattr(rec, "options", TranscribeOptions(tokens_per_second=0.0, logprob_threshold=0.0,
+                                                           shortest_window=30.0))
     rec.decode_window(speech, fallback=False)
     assert calls == [(0.0, 16, 16)]          # capped at 0 x duration + 16; no retry although log-prob < 0
     calls.clear()
@@ -216,6 +220,37 @@ def test_decode_window_bounds_its_tokens_and_partials_skip_fallback(transcriber,
     asked = []
     assert rec.decode_window(speech, stop=lambda: asked.append(1) or len(asked) > 3) is None   # given up
     assert len(calls) == 1 and len(asked) == 4      # before the encoder, then before each of 3 decoder steps
+
+
+def test_a_short_window_that_loops_falls_back_to_the_next_window(transcriber, monkeypatch):
+    """A short encoder window's decode that runs into its token limit (the repeat loop a short audio context
+    provokes) is decoded again in the next longer window, up to the full one, which alone retries hotter.
+    (tiny.en runs the full window only by default: here it is made to try the short ones.)"""
+    rec = transcriber.recognizer
+    assert [w.full for w in rec.windows_for(300)] == [True]    # tiny.en's default
+    encoded, decodes = [], []
+    real_run, real_decode = rec.session.run, rec._decode
+
+    def run(entry, state=None, **inputs):
+        if entry.startswith("encode"):
+            encoded.append(entry)
+        return real_run(entry, state, **inputs)
+
+    def decode(prompt, temperature, max_tokens, stop=None):
+        decodes.append((rec._active.entry("encode"), temperature))
+        return real_decode(prompt, temperature, max_tokens, stop)
+    monkeypatch.setattr(rec.session, "run", run)
+    monkeypatch.setattr(rec, "_decode", decode)
+    # every decode hits its limit, and every full-window decode calls for a retry
+    monkeypatch.setattr(rec, "options", TranscribeOptions(tokens_per_second=0.0, logprob_threshold=0.0,
+                                                           shortest_window=5.0))
+    speech = load_audio(CLIPS[0])                      # 7.1 s, 30 tokens > 16
+    fits = rec.windows_for(len(speech) // 160)
+    assert len(fits) >= 3 and fits[0].frames == 1000 and fits[-1].full
+    transcriber.decode_window(speech)
+    assert encoded == [w.entry("encode") for w in fits] and rec.last_window.full
+    temperatures = list(TranscribeOptions().temperatures)
+    assert decodes == [(w.entry("encode"), 0.0) for w in fits[:-1]] + [("encode", t) for t in temperatures]
 
 
 class _Once:

@@ -2,6 +2,8 @@
 reader's typed errors, and (reference) real tiny.en logits against transformers live."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -87,6 +89,38 @@ def test_decode_greedy_matches_host_rules(golden, ranges):
             assert int(out["ts_token"][0]) == int(np.argmax(ts))
             np.testing.assert_allclose(out["ts_total"][0], total, atol=1e-5)
             np.testing.assert_allclose(out["ts_logprob"][0], ts.max() - total, atol=1e-5)
+
+
+def test_short_windows_are_whisper_with_a_shorter_audio_context(golden):
+    """A short window's entries compute exactly Whisper with n_audio_ctx = the window (first positional
+    embeddings, cross-attention over the window's positions only), even when a full window wrote the state
+    before it; and each window's decode_greedy agrees with its decode_step."""
+    cfg, weights = W.load(FIX / "hf")
+    s = Session(W.graphs(cfg, timestamp_begin=TS_BEGIN, encoder_windows=W.ENCODER_WINDOWS), weights, device="cpu")
+    windows = W.windows(cfg, W.ENCODER_WINDOWS)
+    assert [w.full for w in windows] == [False] * len(W.ENCODER_WINDOWS) + [True]
+    assert len({w.frames for w in windows}) == len(windows) and windows[-1].frames == cfg.n_frames
+    state = s.new_state()
+    s.run("set_suppress", state, bias=np.zeros((2, cfg.vocab_size), np.float32))
+    tokens = golden["tokens"][0][:4]
+    for window in windows[:-1]:
+        short = replace(cfg, max_source_positions=window.n_audio)
+        ref_w = weights | {"model.encoder.embed_positions.weight":
+                           weights["model.encoder.embed_positions.weight"][:window.n_audio]}
+        ref = Session(W.graphs(short), ref_w, device="cpu")
+        ref_state = ref.new_state()
+        mel = golden["mel"][:, :, :window.frames]
+        s.run("encode", state, mel=golden["mel"])  # the full window's cross K/V, longer than this window's
+        np.testing.assert_array_equal(s.run(window.entry("encode"), state, mel=mel)["encoder"],
+                                      ref.run("encode", ref_state, mel=mel)["encoder"])
+        for p, t in enumerate(tokens):
+            step = {"tokens": np.array([[t]], np.int32), "pos": p}
+            logits = s.run(window.entry("decode_step"), state, **step)["logits"]
+            np.testing.assert_array_equal(logits, ref.run("decode_step", ref_state, **step)["logits"])
+        greedy = s.run(window.entry("decode_greedy"), state, tokens=np.array([[tokens[-1]]], np.int32),
+                       pos=len(tokens), first=0, lo1=0, hi1=TS_BEGIN, lo2=TS_BEGIN, hi2=cfg.vocab_size)
+        step = ref.run("decode_step", ref_state, tokens=np.array([[tokens[-1]]], np.int32), pos=len(tokens))
+        assert int(greedy["token"][0]) == int(np.argmax(step["logits"][0, 0]))
 
 
 def test_ct2_reader_typed_errors(tmp_path):

@@ -132,3 +132,74 @@ def test_cli_dictate_with_whisper_base_in_german(home, speech, tmp_path):
     assert result.exit_code == 0, result.output
     text = " ".join(json.loads(line)["text"] for line in result.stdout.splitlines())
     assert {"guten", "morgen", "park"} <= set(words(text)), text
+
+
+# Harvard sentences (public domain), spoken by flite's slt voice: generated speech beside the LibriVox clips
+HARVARD = ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background.",
+           "It is easy to tell the depth of a well.", "These days a chicken leg is a rare dish.",
+           "The juice of lemons makes fine punch.", "The box was thrown beside the parked truck.",
+           "Four hours of steady work faced us.", "A large size in stockings is hard to sell.",
+           "The boy was there when the sun rose. A rod is used to catch pink salmon. The source of the huge "
+           "river is the clear spring.",
+           "The small pup gnawed a hole in the sock. The fish twisted and turned on the bent hook. Press the pants "
+           "and sew a button on the vest. The swan dive was far short of perfect."]
+
+
+@pytest.fixture(scope="module")
+def english(tmp_path_factory):
+    """(wav, reference) for the 5 LibriVox clips and the Harvard sentences spoken by flite."""
+    from tests.dictation_support import librivox_clips
+    if reason := need("flite"):
+        pytest.skip(reason)
+    folder = tmp_path_factory.mktemp("flite")
+    out = list(librivox_clips())
+    for i, text in enumerate(HARVARD):
+        subprocess.run(["flite", "-voice", "slt", "-t", text, "-o", str(folder / f"h{i}.wav")], check=True)
+        out.append((folder / f"h{i}.wav", text))
+    return out
+
+
+def test_short_windows_keep_the_full_windows_accuracy(base, english, capsys):
+    """The WER gate of pipelines.asr.SHORTEST_WINDOW["whisper-base"]: file transcription in the short encoder
+    windows (every clip here is < 15 s) within 0.5 points of the full 30 s window, and no window looped."""
+    from pipelines.asr import Transcriber, TranscribeOptions
+    from tests.dictation_support import wer
+    rec = base.recognizer
+    reference = " ".join(ref for _, ref in english)
+    short, used = [], []
+    for wav, _ in english:
+        short.append(base.transcribe(wav).text)
+        used.append(rec.last_window)
+    assert sum(not w.full for w in used) >= len(used) // 2 and min(w.frames for w in used) == 500
+    with Transcriber("whisper-base", options=TranscribeOptions(language="en", shortest_window=30.0)) as full:
+        full_text = [full.transcribe(wav).text for wav, _ in english]
+    short_wer, full_wer = wer(reference, " ".join(short)), wer(reference, " ".join(full_text))
+    with capsys.disabled():
+        print(f"\n  whisper-base WER, LibriVox + flite: short windows {short_wer:.2%}, full window {full_wer:.2%}"
+              f" (windows, s: {sorted(w.frames // 100 for w in used)})", end="")
+    assert short_wer <= full_wer + 0.005
+
+
+def test_live_dictation_in_short_windows_keeps_the_full_windows_accuracy(base, monkeypatch, capsys):
+    """The same gate live: the LibriVox clips as one dictation session (fast pace), every final decoded in a
+    short window, WER within 0.5 points of the full window's. (The recognizer's 6 s of left context stays: cut
+    to fit the 5 and 10 s windows it cost two words of these 71.)"""
+    from pipelines.asr import Transcriber, TranscribeOptions
+    from pipelines.dictation import DictationOptions, FileSource, Final, Stream
+    from tests.dictation_support import librivox_session, wer
+    audio, reference, _ = librivox_session()
+    session = base.recognizer.session
+    encoded, real_run = [], session.run
+    monkeypatch.setattr(session, "run", lambda entry, state=None, **inputs: (
+        encoded.append(entry) if entry.startswith("encode") else None, real_run(entry, state, **inputs))[1])
+
+    def dictate(transcriber) -> str:
+        stream = Stream(transcriber, FileSource(audio, RATE, pace="fast"), DictationOptions(partials=False))
+        return " ".join(e.text for e in stream.start().events() if isinstance(e, Final))
+    short = wer(reference, dictate(base))
+    with Transcriber("whisper-base", options=TranscribeOptions(language="en", shortest_window=30.0)) as full_window:
+        full = wer(reference, dictate(full_window))
+    with capsys.disabled():
+        print(f"\n  whisper-base live WER on LibriVox: short windows {short:.2%} ({encoded}), full window {full:.2%}", end="")
+    assert encoded and all(e != "encode" for e in encoded)
+    assert short <= full + 0.005

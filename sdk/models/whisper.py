@@ -8,6 +8,10 @@ Reference: transformers' modeling_whisper.py.
 Entries, all in ONE session so that weights are uploaded once and per-stream state is shared:
 - `encode`: mel [1, n_mels, 2 * n_audio_ctx] -> encoder output [1, n_audio_ctx, d]; also writes each decoder
   layer's cross-attention K/V into STATE (`cross_k.{i}`, `cross_v.{i}`, ops.assign), once per 30 s window.
+- Short windows (`windows()`): the same entries over a shorter audio context (whisper.cpp's `--audio-ctx`),
+  each under its own name (`encode_t500`, `decode_step_t500`, `decode_greedy_t500` for 500 mel frames = 5 s):
+  the encoder sees only that many frames with the first positional embeddings, writes the first positions of
+  the cross K/V state, and the window's decoder entries attend to exactly those positions.
 - `decode_step` (`decode_{n}` for n tokens at once): tokens [1, n] at runtime position `pos` -> logits
   [1, n, vocab]; the self-attention K/V are written into the STATE cache (`self_k.{i}`, `self_v.{i}`, static
   length n_text_ctx) at `pos` with ops.cache_write and read through a causal_cache_mask.
@@ -25,7 +29,7 @@ Entries, all in ONE session so that weights are uploaded once and per-stream sta
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -195,7 +199,9 @@ def encode(w, mel, *, state, cfg: Config):
     e = "model.encoder."
     x = ops.gelu(ops.conv1d(mel, w[e + "conv1.weight"], w[e + "conv1.bias"], padding=1))
     x = ops.gelu(ops.conv1d(x, w[e + "conv2.weight"], w[e + "conv2.bias"], stride=2, padding=1))
-    x = x.transpose(0, 2, 1) + w[e + "embed_positions.weight"]
+    n_audio = x.shape[2]
+    table = w[e + "embed_positions.weight"]
+    x = x.transpose(0, 2, 1) + (table[:n_audio] if table.shape[0] > n_audio else table)
     for i in range(cfg.encoder_layers):
         p = f"{e}layers.{i}."
         h = _ln(w, p + "self_attn_layer_norm", x)
@@ -208,7 +214,11 @@ def encode(w, mel, *, state, cfg: Config):
         k = ops.linear(x, w[p + "k_proj.weight"])
         v = ops.linear(x, w[p + "v_proj.weight"], w[p + "v_proj.bias"])
         for name, t in ((f"cross_k.{i}", k), (f"cross_v.{i}", v)):
-            ops.assign(state[name], t.reshape(1, cfg.max_source_positions, H, -1).transpose(0, 2, 1, 3))
+            t = t.reshape(1, n_audio, H, -1).transpose(0, 2, 1, 3)
+            if state[name].shape[2] == n_audio:
+                ops.assign(state[name], t)
+            else:  # a short window fills the first n_audio positions; its decoder entries read only those
+                ops.cache_write(state[name], t, x.graph.constant(np.int32(0)), axis=2)
     return {"encoder": x}
 
 
@@ -224,9 +234,15 @@ def decode(w, tokens, pos, *, state, cfg: Config):
         h = _ln(w, p + "self_attn_layer_norm", x)
         x = x + _attention(w, p + "self_attn.", h, h, H, (state[f"self_k.{i}"], state[f"self_v.{i}"]), mask, pos)
         h = _ln(w, p + "encoder_attn_layer_norm", x)
-        x = x + _attention(w, p + "encoder_attn.", h, None, H, (state[f"cross_k.{i}"], state[f"cross_v.{i}"]))
+        x = x + _attention(w, p + "encoder_attn.", h, None, H, _cross(state, i, cfg.max_source_positions))
         x = _mlp(w, p, x)
     return _ln(w, t + "layer_norm", x)
+
+
+def _cross(state, i: int, n_audio: int):
+    """Layer i's cross-attention K/V over the window's n_audio encoder positions (a view of the state)."""
+    k, v = state[f"cross_k.{i}"], state[f"cross_v.{i}"]
+    return (k, v) if k.shape[2] == n_audio else (k[:, :, :n_audio], v[:, :, :n_audio])
 
 
 def decode_logits(w, tokens, pos, *, state, cfg: Config):
@@ -281,33 +297,69 @@ def _state(cfg: Config) -> dict[str, tuple]:
 INT8_ENTRIES = ("encode", "decode_step", "decode_greedy")
 
 
-def graphs(cfg: Config, *, timestamp_begin: int | None = None, prefill: tuple[int, ...] = ()) -> list[Graph]:
-    """`encode`, `decode_step`, `decode_{n}` per prefill length, and (with the tokenizer's first timestamp id)
-    `set_suppress` + `decode_greedy`: everything one transcription stream needs, for ONE session."""
+@dataclass(frozen=True)
+class Window:
+    """One encoder window: how much audio it holds and the names of its entries."""
+    n_audio: int                      # encoder positions (n_audio_ctx); mel frames = 2 * n_audio
+    full: bool                        # the checkpoint's own window (max_source_positions)
+
+    @property
+    def frames(self) -> int:
+        return 2 * self.n_audio
+
+    def entry(self, name: str) -> str:
+        """`encode`, `decode_step`, `decode_greedy` or `decode_{n}` of this window."""
+        return name if self.full else f"{name}_t{self.frames}"
+
+
+def windows(cfg: Config, seconds: tuple[float, ...] = ()) -> list[Window]:
+    """The short windows (seconds of Whisper's 30 s window, scaled to cfg's own window), then the full one."""
+    n = cfg.max_source_positions
+    short = sorted({max(1, round(n * s / WINDOW_SECONDS)) for s in seconds} - {n})
+    return [Window(k, False) for k in short if k < n] + [Window(n, True)]
+
+
+def graphs(cfg: Config, *, timestamp_begin: int | None = None, prefill: tuple[int, ...] = (),
+           encoder_windows: tuple[float, ...] = ()) -> list[Graph]:
+    """Per window (`windows(cfg, encoder_windows)`): `encode`, `decode_step`, `decode_{n}` per prefill length,
+    and (with the tokenizer's first timestamp id) `decode_greedy`; plus `set_suppress`: everything one
+    transcription stream needs, for ONE session. The state (KV caches) is the full window's, shared by all."""
     shapes, state = param_shapes(cfg), _state(cfg)
-    out = [trace(encode, name="encode", weights=shapes, cfg=cfg, state=state,
-                 inputs={"mel": ((1, cfg.num_mel_bins, cfg.n_frames), "float32")})]
-    for n in (1, *prefill):
-        out.append(trace(decode_logits, name="decode_step" if n == 1 else f"decode_{n}", weights=shapes, cfg=cfg,
-                         state=state, inputs={"tokens": ((1, n), "int32")}, params={"pos": ((), "int32")}))
-    if timestamp_begin is not None:
-        table = {"suppress": ((2, cfg.vocab_size), "float32")}
-        out.append(trace(set_suppress, name="set_suppress", weights=shapes, state=table,
-                         inputs={"bias": ((2, cfg.vocab_size), "float32")}))
-        scalars = {n: ((), "int32") for n in ("pos", "first", "lo1", "hi1", "lo2", "hi2")}
-        out.append(trace(decode_greedy, name="decode_greedy", weights=shapes, cfg=cfg, state=state | table,
-                         timestamp_begin=timestamp_begin, inputs={"tokens": ((1, 1), "int32")}, params=scalars))
+    table = {"suppress": ((2, cfg.vocab_size), "float32")}
+    out = []
+    for window in sorted(windows(cfg, encoder_windows), key=lambda w: not w.full):  # the full window's first
+        wcfg = replace(cfg, max_source_positions=window.n_audio)  # this window's audio context
+        out.append(trace(encode, name=window.entry("encode"), weights=shapes, cfg=wcfg, state=state,
+                         inputs={"mel": ((1, cfg.num_mel_bins, window.frames), "float32")}))
+        for n in (1, *prefill):
+            out.append(trace(decode_logits, name=window.entry("decode_step" if n == 1 else f"decode_{n}"),
+                             weights=shapes, cfg=wcfg, state=state, inputs={"tokens": ((1, n), "int32")},
+                             params={"pos": ((), "int32")}))
+        if timestamp_begin is not None:
+            if window.full:
+                out.append(trace(set_suppress, name="set_suppress", weights=shapes, state=table,
+                                 inputs={"bias": ((2, cfg.vocab_size), "float32")}))
+            scalars = {n: ((), "int32") for n in ("pos", "first", "lo1", "hi1", "lo2", "hi2")}
+            out.append(trace(decode_greedy, name=window.entry("decode_greedy"), weights=shapes, cfg=wcfg,
+                             state=state | table, timestamp_begin=timestamp_begin,
+                             inputs={"tokens": ((1, 1), "int32")}, params=scalars))
     return out
 
 
-# Prefill lengths (decode_{n}) of the program the pipelines run; none today. The Whisper program set below takes
-# its shapes from here, so a new bucket is a one-line change that the pipelines, the build and bench all see.
+# The program the pipelines run takes its shapes from these constants, so a new bucket is a one-line change that
+# the pipelines, the build and bench all see. PREFILL: decoder prefill lengths (decode_{n}); none today.
+# ENCODER_WINDOWS: the short encoder windows, in seconds of Whisper's 30 s one; audio runs in the shortest that
+# holds it (pipelines/asr.py, where each model's WER gate sets the shortest it may use). The encoder's time is
+# about proportional to the window; 5 and 10 s hold single utterances, 15 and 20 s a dictation decode (6 s of
+# left context + the utterance), and whisper-base keeps its accuracy in all four.
 PREFILL: tuple[int, ...] = ()
+ENCODER_WINDOWS: tuple[float, ...] = (5.0, 10.0, 15.0, 20.0)
+WINDOW_SECONDS = 30.0  # the window every Whisper checkpoint was trained on (max_source_positions = 1500)
 
 
 def program_graphs(cfg: Config, timestamp_begin: int) -> list[Graph]:
     """Every graph of one transcription session (pipelines/asr.py): what `aie-apps build` compiles for Whisper."""
-    return graphs(cfg, timestamp_begin=timestamp_begin, prefill=PREFILL)
+    return graphs(cfg, timestamp_begin=timestamp_begin, prefill=PREFILL, encoder_windows=ENCODER_WINDOWS)
 
 
 def load(folder: str | Path) -> tuple[Config, dict[str, np.ndarray]]:
