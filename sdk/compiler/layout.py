@@ -105,7 +105,8 @@ def plan(fused: list[Fused], target: Target, constants: dict[str, np.ndarray]) -
             if k.kind == "gemm":
                 _pack_gemm(f, k, buffers, recipes)
             # a gather or concat copies weights into its output as they are stored: store them in its dtype
-            copied = "float32" if k.outputs and k.outputs[0] in wide else "bfloat16"
+            copied = "float32" if k.outputs and (k.outputs[0] in wide or k.outputs[0] in f.outputs.values()
+                                                 and f.values[k.outputs[0]].dtype == "float32") else "bfloat16"
             for i, r in enumerate(k.inputs):
                 if r is not None and r.value in f.values and f.values[r.value].kind in ("weight", "const"):
                     value = f.values[r.value]  # rows of odd width that a row kernel or a mask reads: fp32 words
