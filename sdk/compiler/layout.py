@@ -234,7 +234,8 @@ def word_values(f: Fused) -> set[str]:
       those kernels read bf16; nor what a DMA-only kind copies into a bf16 output);
     - a value a row-streaming kernel (not a conv or pool: those read bands) or an argmax reads through a view
       as contiguous rows of odd width or from an odd element (`_odd_rows`);
-    - what a concat or copy moves into an fp32 entry output."""
+    - what a concat or copy moves into an fp32 entry output, and a concat with an fp32 piece in the io arena
+      with its other pieces."""
     words = set()
     bf16_only = {r.value for k in f.kernels if k.kind == "transpose" for r in k.inputs if r is not None}
     bf16_only |= {v for k in f.kernels if k.kind == "transpose" for v in k.outputs}
@@ -245,9 +246,15 @@ def word_values(f: Fused) -> set[str]:
     into_io = {r.value for k in f.kernels if k.kind in ("concat", "copy") and k.outputs[0] in outputs
                and f.values[k.outputs[0]].dtype == "float32" for r in k.inputs
                if r is not None and f.values[r.value].kind == "node"}
-    words |= into_io
+    # and a concat with a piece in the io arena (DINOv2's head input: the final hidden state, an entry output, next
+    # to the patches' mean) moves whole fp32 rows: its output and other pieces are fp32 too
+    io_fp32 = outputs | {n for n, v in f.values.items() if v.kind == "input"}
+    from_io = {v for k in f.kernels if k.kind == "concat" and any(
+        r is not None and r.value in io_fp32 and f.values[r.value].dtype == "float32" for r in k.inputs)
+        for v in [*k.outputs, *(r.value for r in k.inputs if r is not None)] if f.values[v].kind == "node"}
+    words |= into_io | from_io
     bf16_only |= {r.value for k in f.kernels if k.kind in ("concat", "copy", "gather", "state_write")
-                  for r in k.inputs if r is not None} - into_io
+                  for r in k.inputs if r is not None} - into_io - from_io
     for k in f.kernels:
         rows = list(k.inputs[3:4]) if k.kind == "mha" else list(k.inputs) if k.kind in ROW_KINDS else []
         # a depthwise conv1d (kernels/dwconv1d) writes blocks of an even number of channels' whole rows: whole

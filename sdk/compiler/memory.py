@@ -103,6 +103,12 @@ def residual_stream(f: Fused) -> set[str]:
             if c["op"] == "add" and c["operand"] is not None:
                 wide.add(k.inputs[c["operand"]].value)
     wide |= word_values(f)  # and what a DMA can only move as whole fp32 words (layout.word_values)
+    while True:  # a concat's pieces in its output's dtype (DINOv2's register tokens, repeated per image by a concat)
+        pieces = {r.value for k in f.kernels if k.kind == "concat" and k.outputs[0] in wide for r in k.inputs
+                  if r is not None and f.values[r.value].kind == "node"} - wide
+        if not pieces:
+            break
+        wide |= pieces
     return {v for v in wide if f.values[v].dtype == "float32"}
 
 
