@@ -103,6 +103,13 @@ def residual_stream(f: Fused) -> set[str]:
             if c["op"] == "add" and c["operand"] is not None:
                 wide.add(k.inputs[c["operand"]].value)
     wide |= word_values(f)  # and what a DMA can only move as whole fp32 words (layout.word_values)
+    # an update added to the residual stream by an eltwise add of its own (DINOv2's layer-scaled projections: the
+    # GEMM's one epilogue operand is the scale, fuse.py) stays fp32, as it is when the GEMM adds it
+    scaled = {v for k in f.kernels if k.kind == "gemm" and any(c["operand"] is not None for c in k.chain)
+              for v in k.outputs}
+    for k in f.kernels:
+        if k.kind == "eltwise" and k.head.op == "add" and any(r is not None and r.value in wide for r in k.inputs):
+            wide.update(r.value for r in k.inputs if r is not None and r.value in scaled)
     while True:  # a concat's pieces in its output's dtype (DINOv2's register tokens, repeated per image by a concat)
         pieces = {r.value for k in f.kernels if k.kind == "concat" and k.outputs[0] in wide for r in k.inputs
                   if r is not None and f.values[r.value].kind == "node"} - wide
