@@ -364,7 +364,9 @@ class Stream:
     obj_type: type
     per_core: list[np.ndarray]
     lead: tuple | None = None
-    follow: tuple | None = None   # (operand, index per core): one object after each item (a residual row)
+    # (operand, index per core): one object after each item (a residual row); an item's index may be a tuple of
+    # index arrays, moved one after another into that object
+    follow: tuple | None = None
 
 
 def per_core_design(target_name: str, name: str, inputs: list[Stream], output: Stream, kernels: list,
@@ -412,7 +414,8 @@ def per_core_design(target_name: str, name: str, inputs: list[Stream], output: S
     def bds(t, lo, hi):
         kind, _, i, idx, _ = t
         if kind == "fill_pair":
-            return sum(len(taps(io, operands[i[0]], idx[0][j])) + len(taps(io, operands[i[1]], idx[1][j]))
+            return sum(len(taps(io, operands[i[0]], idx[0][j])) + sum(len(taps(io, operands[i[1]], p))
+                                                                      for p in _pieces(idx[1][j]))
                        for j in range(lo, min(hi, n_items)))
         return len(taps(io, operands[i], idx[lo:hi]))
 
@@ -428,8 +431,9 @@ def per_core_design(target_name: str, name: str, inputs: list[Stream], output: S
             if kind == "fill_pair":
                 for j in range(lo, min(hi, n_items)):
                     for which in (0, 1):
-                        for tap in taps(io, operands[i[which]], idx[which][j]):
-                            ends.fill(fifo, c).fill(rt_args[i[which]], tap=tap, group=tg)
+                        for piece in _pieces(idx[which][j]):
+                            for tap in taps(io, operands[i[which]], piece):
+                                ends.fill(fifo, c).fill(rt_args[i[which]], tap=tap, group=tg)
                 continue
             for tap in taps(io, operands[i], idx if lo is None else idx[lo:hi]):
                 if kind == "fill":
@@ -447,6 +451,10 @@ def per_core_design(target_name: str, name: str, inputs: list[Stream], output: S
         resident.finish()
     params.update({"cores": cores, "items_per_group": group, "sequence": sequence_of(step, operands)})
     return program(io, target_name, operands, ends, workers, sequence)
+
+
+def _pieces(index) -> tuple:
+    return index if isinstance(index, tuple) else (index,)
 
 
 # ---- the row-streaming skeleton ----------------------------------------------------------------------------

@@ -436,6 +436,20 @@ def test_the_greedy_tail_builds_and_the_emulator_picks_what_numpy_picks(target):
                                [lp.max(), within.max(), ts[np.argmax(within)] - within.max()], atol=2e-2)
 
 
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_a_gemv_whose_k_is_off_the_tile_repeats_its_last_word(target):
+    """GigaAM's joint: relu(enc + dec) [1, 28] into a 32-deep tile. The row is no padded GEMM output, so the K
+    padding (against the weight's zero rows) repeats its last 32-bit word, in a transfer of its own."""
+    def joint(w, enc, dec):
+        return {"logits": ops.linear(ops.relu(enc + dec), w["w"], w["b"])}
+    program = compile_graphs([trace(joint, name="joint", weights={"w": (34, 28), "b": (34,)},
+                                    inputs={"enc": ((1, 28), "float32"), "dec": ((1, 28), "float32")})], target)
+    gemv = [k for k in kernel_steps(program) if name_of(k) == "gemv"]
+    assert len(gemv) == 1 and gemv[0].attrs["tiling"]["K"] % gemv[0].attrs["tiling"]["k"]
+    problems, _ = check_step(gemv[0], program, target)
+    assert not problems, problems
+
+
 def test_fused_design_names_the_kernels_it_cannot_build():
     # a constant pad along two axes is no concat (layout.pads_as_concats), and no design writes a constant
     def padded(w, x):

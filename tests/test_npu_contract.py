@@ -86,14 +86,6 @@ def _transcript(out: str) -> list:
     return [(d["text"], d["segments"]) for d in json.loads(out)]
 
 
-# Programs today's designs refuse (kernels/*/design.py), found by building what the pipelines load; each case
-# turns into a failure (strict) the day its designs build it, so the mark cannot outlive the gap.
-ODD_BUCKETS = pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "the 5 s and 20 s encoder buckets have an odd frame count after subsampling (63, 251): kernels/dwconv1d finds no "
-    "bias packing for odd bf16 rows, and the silu after it reads the fp32 depthwise output with an innermost "
-    "stride of 63 / 251 elements (a DMA moves contiguous words; kernels/transpose moves bf16 only)"))
-
-
 # (model or a maker of its folder, the command's arguments after the model, how to read its result)
 CASES = {
     "bert-tiny": (_tiny_bert, lambda tmp: ["embed-text", "a man is eating food .", "a piece of bread ."], _texts),
@@ -121,12 +113,11 @@ def _cli(args: list[str]):
     return r
 
 
-MARKS = {"parakeet-ctc-tiny": ODD_BUCKETS, "parakeet-tdt-tiny": ODD_BUCKETS}
 EMULATED: dict[str, object] = {}   # the --device emu result per case: one run serves both targets
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("case", [pytest.param(c, marks=MARKS.get(c, ())) for c in CASES])
+@pytest.mark.parametrize("case", list(CASES))
 def test_built_artifacts_are_what_the_command_loads(fake_npu, monkeypatch, tmp_path, case, target):  # noqa: F811
     model, command, read = CASES[case]
     model = str(model(tmp_path / "model")) if callable(model) else model

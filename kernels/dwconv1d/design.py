@@ -1,7 +1,8 @@
 """Depthwise conv1d design (a catalog `conv` step with groups = channels: the conformer convolution module):
 a core takes blocks of channels with their whole time axis (bf16 or fp32 rows) and their K taps as one weight
 object, and writes the block's output rows. With a bias, the block's fp32 biases follow each input object on the
-input stream, repeated to fill one object, and the kernel reads them from there. kernels/dwconv1d/dwconv1d.cc."""
+input stream, repeated to fill one object (two transfers when a row is odd: the whole repeats, then the part of
+one more), and the kernel reads them from there. kernels/dwconv1d/dwconv1d.cc."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,7 +29,8 @@ def build(target: str, step, buffers: dict, params: dict):
     bias = df.operand(step.inputs[2], buffers[step.inputs[2]]) if has_bias else None
     x_bytes = lambda c: c * L * x.dtype.itemsize  # noqa: E731
     fits = [c for c in range(1, C + 1) if C % c == 0 and x_bytes(c) <= X_BYTES and (c * K) % 2 == 0
-            and x_bytes(c) % 4 == 0 and (bias is None or x_bytes(c) % (c * bias.dtype.itemsize) == 0)]
+            and x_bytes(c) % 4 == 0 and (c * to * out.dtype.itemsize) % 4 == 0
+            and (bias is None or x_bytes(c) >= c * bias.dtype.itemsize)]
     if not fits:
         raise df.DesignError("depthwise conv1d with a bias: its biases do not pack into whole input objects "
                              "(an odd length of bf16 rows)" if bias is not None else
@@ -44,10 +46,14 @@ def build(target: str, step, buffers: dict, params: dict):
         x_core.append(np.stack([x.index[b, j * cb:(j + 1) * cb] for b, j in mine]))
         w_core.append(np.stack([wi[j * cb:(j + 1) * cb] for _, j in mine]))
         y_core.append(np.stack([out.index[b, j * cb:(j + 1) * cb] for b, j in mine]))
-    if bias is not None:  # each item's biases, repeated to one input object, follow its input object
-        repeat = x_bytes(cb) // (cb * bias.dtype.itemsize)
-        b_core = [np.stack([np.broadcast_to(bias.index[j * cb:(j + 1) * cb], (repeat, cb)) for _, j in items[c::cores]])
-                  for c in range(cores)]
+    if bias is not None:  # each item's biases, repeated to fill one input object, follow its input object
+        words = x_bytes(cb) // bias.dtype.itemsize
+        repeat, rest = divmod(words, cb)   # an odd row length (T = 63, 251) leaves part of one more repeat
+
+        def filled(block):
+            pieces = (np.broadcast_to(block, (repeat, cb)),) + ((block[:rest],) if rest else ())
+            return pieces if rest else pieces[0]
+        b_core = [[filled(bias.index[j * cb:(j + 1) * cb]) for _, j in items[c::cores]] for c in range(cores)]
     io = df.iron()
     i32 = np.int32
     x_t, w_t, y_t = df.tensor(cb * L, x.dtype), df.tensor(cb * K), df.tensor(cb * to, out.dtype)

@@ -298,8 +298,11 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
         r = df.operand(step.inputs[slot], buffers[step.inputs[slot]], step.attrs["views"][slot])
         if r.dtype.itemsize < a.dtype.itemsize:
             raise df.DesignError("a bf16 residual beside an fp32 A: not expressed")
-        r_idx = np.broadcast_to(r.index, tuple(r.index.shape[:-2]) + (r.index.shape[-2], N)).reshape(M, N) \
-            if r.index.size != M * N else r.index.reshape(M, N)
+        if r.index.ndim == 1:   # one value per column (DINOv2's layer scale), the same for every row
+            r_idx = np.broadcast_to(r.index, (M, N))
+        else:
+            r_idx = np.broadcast_to(r.index, tuple(r.index.shape[:-2]) + (r.index.shape[-2], N)).reshape(M, N) \
+                if r.index.size != M * N else r.index.reshape(M, N)
         # the tile's elements in order fill A-sized objects (per_obj residual elements, whole rows of n), the
         # last one topped up with the tile's first rows again; gemm_residual reads them in that order
         a_bytes, r_bytes = m * k * a.dtype.itemsize, m * n * r.dtype.itemsize

@@ -44,7 +44,8 @@ def build(target: str, step, buffers: dict, params: dict):
     if any(s % n for s in splits):
         raise df.DesignError(f"output columns {splits} are not multiples of the tile n = {n}")
     # K not a multiple of k: the row reads on into its padding (a padded GEMM output), against the weight's
-    # zero rows; else it repeats its last element, which must leave whole words
+    # zero rows; else it repeats its last 32-bit word (a transfer of its own: a DMA repeats only in its outermost
+    # dimension), which must leave whole words
     wide = df.widened_rows(x, buffers[step.inputs[0]], Kt * k) if Kt * k > K else None
     if K % k and wide is None and x.dtype.itemsize * (K % k) % 4:
         raise df.DesignError(f"K = {K} leaves a partial tile that is not whole words")
@@ -143,8 +144,11 @@ def build(target: str, step, buffers: dict, params: dict):
     workers, fills, drains = [], [], []
     xi = x.index.reshape(-1) if wide is None else wide.reshape(-1)
     if xi.size < Kt * k:  # the K padding multiplies B's zero rows: any x values do
-        xi = np.concatenate([xi, np.repeat(xi[-1:], Kt * k - K)])
-    x_idx = np.broadcast_to(xi.reshape(Kt, k)[None], (jt, x_passes, Kt, k))  # per column tile: stats, then K loop
+        per_word = 4 // x.dtype.itemsize
+        tail = np.broadcast_to(xi[-per_word:], ((Kt * k - K) // per_word, per_word))
+        x_reads = [xi, tail] * (jt * x_passes)   # per column tile: stats, then K loop
+    else:
+        x_reads = [np.broadcast_to(xi.reshape(Kt, k)[None], (jt, x_passes, Kt, k))]
     wi = w.index.reshape(planes, Kt, Nt, k * n).transpose(1, 2, 0, 3).reshape(Kt, Nt, kb * n)
     for c in range(cores):
         col, row = c % hw.columns, 2 + c // hw.columns
@@ -192,8 +196,8 @@ def build(target: str, step, buffers: dict, params: dict):
     def sequence(*args):
         if any(a is not None for a in at):
             io.sync_parameters()
-        for tap in df.taps(io, x, x_idx):  # every core reads the broadcast row x_passes times per column tile
-            x_end.fill(args[0], tap=tap)
+        for tap in (t for part in x_reads for t in df.taps(io, x, part)):  # the broadcast row, x_passes times
+            x_end.fill(args[0], tap=tap)                                     # per column tile
         for end, i, idx in fills:
             for tap in df.taps(io, operands[i], idx):
                 end.fill(args[i], tap=tap)

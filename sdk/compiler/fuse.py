@@ -129,6 +129,10 @@ def fuse(graph: Graph, target: Target) -> Fused:
             if step is None or catalog.program_bytes(k.kind, len(k.chain) + 1) > target.program_bytes:
                 break
             operand, entry = step
+            if operand is not None and (k.kind == "bmm" or k.kind == "gemm" and
+                                        any(e["operand"] is not None for e in k.chain)):
+                break  # kernels/gemm streams one epilogue operand tile beside A (none on a bmm): DINOv2's layer
+                #        scale takes it, so its residual add runs as an eltwise kernel; CLIP's logit scale too
             extra = sum(1 for e in k.chain if e["operand"] is not None) + (operand is not None)
             head_inputs = sum(1 for r in k.inputs if r is not None) - extra + (operand is not None)
             if catalog.input_streams(k.kind, head_inputs, extra) > 2 * target.core_channels:

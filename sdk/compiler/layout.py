@@ -105,7 +105,8 @@ def plan(fused: list[Fused], target: Target, constants: dict[str, np.ndarray]) -
             if k.kind == "gemm":
                 _pack_gemm(f, k, buffers, recipes)
             # a gather or concat copies weights into its output as they are stored: store them in its dtype
-            copied = "float32" if k.outputs and k.outputs[0] in wide else "bfloat16"
+            copied = "float32" if k.outputs and (k.outputs[0] in wide or k.outputs[0] in f.outputs.values()
+                                                 and f.values[k.outputs[0]].dtype == "float32") else "bfloat16"
             for i, r in enumerate(k.inputs):
                 if r is not None and r.value in f.values and f.values[r.value].kind in ("weight", "const"):
                     value = f.values[r.value]  # rows of odd width that a row kernel or a mask reads: fp32 words
@@ -232,16 +233,37 @@ def word_values(f: Fused) -> set[str]:
       CLIP's 77-token masks, ResNet's 7 x 7 maps (not those a transpose or an attention's q / k / v moves:
       those kernels read bf16; nor what a DMA-only kind copies into a bf16 output);
     - a value a row-streaming kernel (not a conv or pool: those read bands) or an argmax reads through a view
-      as contiguous rows of odd width or from an odd element (`_odd_rows`)."""
+      as contiguous rows of odd width or from an odd element (`_odd_rows`);
+    - what a concat or copy moves into an fp32 entry output, and a concat with an fp32 piece in the io arena
+      with its other pieces."""
     words = set()
     bf16_only = {r.value for k in f.kernels if k.kind == "transpose" for r in k.inputs if r is not None}
     bf16_only |= {v for k in f.kernels if k.kind == "transpose" for v in k.outputs}
     bf16_only |= {r.value for k in f.kernels if k.kind == "mha" for r in k.inputs[:3] if r is not None}
+    # a DMA copies bytes into its output's dtype: bf16, or the host's fp32 for an entry output (the TDT
+    # predictor's h and c, concatenated from its layers' rows straight into the io arena)
+    outputs = set(f.outputs.values())
+    into_io = {r.value for k in f.kernels if k.kind in ("concat", "copy") and k.outputs[0] in outputs
+               and f.values[k.outputs[0]].dtype == "float32" for r in k.inputs
+               if r is not None and f.values[r.value].kind == "node"}
+    # and a concat with a piece in the io arena (DINOv2's head input: the final hidden state, an entry output, next
+    # to the patches' mean) moves whole fp32 rows: its output and other pieces are fp32 too
+    io_fp32 = outputs | {n for n, v in f.values.items() if v.kind == "input"}
+    from_io = {v for k in f.kernels if k.kind == "concat" and any(
+        r is not None and r.value in io_fp32 and f.values[r.value].dtype == "float32" for r in k.inputs)
+        for v in [*k.outputs, *(r.value for r in k.inputs if r is not None)] if f.values[v].kind == "node"}
+    words |= into_io | from_io
     bf16_only |= {r.value for k in f.kernels if k.kind in ("concat", "copy", "gather", "state_write")
-                  for r in k.inputs if r is not None}  # a DMA copies bytes into its output's dtype
+                  for r in k.inputs if r is not None} - into_io - from_io
     for k in f.kernels:
         rows = list(k.inputs[3:4]) if k.kind == "mha" else list(k.inputs) if k.kind in ROW_KINDS else []
-        touched = [r.value for r in rows if r is not None] + (list(k.outputs) if k.kind in ROW_KINDS else [])
+        # a depthwise conv1d (kernels/dwconv1d) writes blocks of an even number of channels' whole rows: whole
+        # words in bf16 at any row length (the conformer's odd 5 s / 20 s buckets)
+        writes_rows = k.kind in ROW_KINDS and not (k.head.op == "conv1d" and k.head.attrs.get("groups", 1) > 1)
+        # (an element-granular read goes through kernels/transpose, which moves bf16: route_transposes)
+        touched = [r.value for r in rows if r is not None and not (f.values[r.value].kind == "node" and
+                                                                   _transpose_split(f.values[r.value].shape, r.views))]
+        touched += list(k.outputs) if writes_rows else []
         for v in touched:
             value = f.values.get(v)
             if value is not None and value.kind == "node" and value.shape and value.shape[-1] % 2 \

@@ -69,17 +69,22 @@ def plan(fused: list[Fused], weights: dict[str, Buffer], target: Target) -> tupl
     return buffers, sizes
 
 
+# (kind, operand index) of the kernel reads that take an operand as bf16 whatever its dtype: the value a state
+# write copies into bf16 state, and an attention's q, k, v (kernels/mha reads bf16)
+BF16_READS = {("state_write", 1), ("mha", 0), ("mha", 1), ("mha", 2)}
+
+
 def host_converted_inputs(f: Fused) -> set[str]:
-    """fp32 inputs that only a state assign reads (Whisper's suppress table): the assign is a DMA copy into bf16
-    state, and a DMA moves bytes, not conversions, so such an input is stored in bf16 in the io arena and the
-    host rounds it (nearest even) as it writes it, which is what storing it in the state does anyway."""
+    """fp32 inputs that only bf16 reads take (Whisper's suppress table, which an assign copies into the state):
+    a DMA moves bytes, not conversions, so such an input is stored in bf16 in the io arena and the host rounds it
+    (nearest even) as it writes it, which is what the state or the kernel does with it anyway."""
     readers: dict[str, set] = {}
     for k in f.kernels:
         for i, r in enumerate(k.inputs):
             if r is not None:
-                readers.setdefault(r.value, set()).add((k.kind, k.head.op, i))
+                readers.setdefault(r.value, set()).add((k.kind, i))
     return {name for name, v in f.values.items() if v.kind == "input" and v.dtype == "float32"
-            and readers.get(name) == {("state_write", "assign", 1)}}
+            and readers.get(name) and readers[name] <= BF16_READS}
 
 
 def _device_dtype(dtype: str) -> str:
@@ -98,6 +103,19 @@ def residual_stream(f: Fused) -> set[str]:
             if c["op"] == "add" and c["operand"] is not None:
                 wide.add(k.inputs[c["operand"]].value)
     wide |= word_values(f)  # and what a DMA can only move as whole fp32 words (layout.word_values)
+    # an update added to the residual stream by an eltwise add of its own (DINOv2's layer-scaled projections: the
+    # GEMM's one epilogue operand is the scale, fuse.py) stays fp32, as it is when the GEMM adds it
+    scaled = {v for k in f.kernels if k.kind == "gemm" and any(c["operand"] is not None for c in k.chain)
+              for v in k.outputs}
+    for k in f.kernels:
+        if k.kind == "eltwise" and k.head.op == "add" and any(r is not None and r.value in wide for r in k.inputs):
+            wide.update(r.value for r in k.inputs if r is not None and r.value in scaled)
+    while True:  # a concat's pieces in its output's dtype (DINOv2's register tokens, repeated per image by a concat)
+        pieces = {r.value for k in f.kernels if k.kind == "concat" and k.outputs[0] in wide for r in k.inputs
+                  if r is not None and f.values[r.value].kind == "node"} - wide
+        if not pieces:
+            break
+        wide |= pieces
     return {v for v in wide if f.values[v].dtype == "float32"}
 
 
