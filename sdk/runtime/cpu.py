@@ -413,6 +413,9 @@ class CpuExecutable:
                 options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
                 # a prepacked weight is a copy per session (and every entry of a program has one)
                 options.add_session_config_entry("session.disable_prepacking", "1")
+                # the memory pattern is one block per session for all of a run's activations, taken from the
+                # arena beside the chunks the first run left there: twice an encoder's activations, kept
+                options.enable_mem_pattern = False
                 names = [n for n in graph.weights if n not in graph.bound]
                 arrays = [self.arrays[n][0] for n in names]
                 # the initializers' external data: our arrays, which add_initializer shares
