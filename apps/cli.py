@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from sdk.errors import InputError, SdkError
-from sdk.runtime import DeviceFallbackWarning
+from sdk.runtime import FallbackWarning
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Run models on the AMD Ryzen AI NPU (or the CPU where there is none).")
@@ -85,7 +85,7 @@ def _jsonable(o):
 
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
-    label = "note" if issubclass(category, DeviceFallbackWarning) else "warning"
+    label = "note" if issubclass(category, FallbackWarning) else "warning"
     err(f"{label}: {message}")
 
 

@@ -33,6 +33,13 @@ from .dictate_control import ControlServer, send, socket_path
 from .dictate_output import Output, Sink
 
 
+class VadChoice(str, Enum):
+    auto = "auto"
+    silero = "silero"
+    energy = "energy"
+    off = "off"
+
+
 class Action(str, Enum):
     start = "start"
     stop = "stop"
@@ -89,7 +96,9 @@ def dictate(
     list_devices: Annotated[bool, typer.Option("--list-devices", help="list microphones and exit")] = False,
     file: Annotated[Optional[Path], typer.Option("--file", help="play this audio file as the microphone")] = None,
     fast: Annotated[bool, typer.Option("--fast", help="with --file: as fast as possible, not real time")] = False,
-    vad: Annotated[bool, typer.Option("--vad/--no-vad", help="voice activity detection (on by default)")] = True,
+    vad: Annotated[Optional[VadChoice], typer.Option(
+        "--vad", help="voice activity: energy (default) | silero | auto (silero-vad when installed, else energy) | off")] = None,
+    no_vad: Annotated[bool, typer.Option("--no-vad", help="no voice activity detection (= --vad off)")] = False,
     silence_timeout: Annotated[Optional[float], typer.Option("--silence-timeout", help="stop after this many seconds without speech")] = None,
     max_duration: Annotated[Optional[float], typer.Option("--max-duration", help="stop after this many seconds of audio")] = None,
     save_audio: Annotated[Optional[Path], typer.Option("--save-audio", help="also write the captured audio (16 kHz WAV) here")] = None,
@@ -117,11 +126,14 @@ def dictate(
         why = "is a folder" if save_audio.is_dir() else f"is in a folder that does not exist ({save_audio.parent})"
         raise UsageError(f"--save-audio {save_audio} {why}", fix="pass a .wav file path in an existing folder, "
                                                                f"e.g. --save-audio {save_audio / 'take.wav' if save_audio.is_dir() else 'take.wav'}")
+    if no_vad and vad not in (None, VadChoice.off):
+        raise UsageError(f"--no-vad and --vad {vad.value} contradict each other", fix="pass one of the two")
     from pipelines.asr import TranscribeOptions
     decoding = TranscribeOptions(language=language, task=task)
     _run_session(settings, output=mode, transcript=transcript, partials=partials, typer_tool=typer_tool, paste_chord=paste_chord,
-                 model=model, decoding=decoding, input_device=input_device, file=file, fast=fast, vad=vad,
-                 silence_timeout=silence_timeout, max_duration=max_duration, save_audio=save_audio, device=device)
+                 model=model, decoding=decoding, input_device=input_device, file=file, fast=fast,
+                 vad="off" if no_vad else (vad or VadChoice.energy).value, silence_timeout=silence_timeout,
+                 max_duration=max_duration, save_audio=save_audio, device=device)
 
 
 def _delivery(to: Output | None, json_events: bool, output: str | None) -> tuple[Output, Path | None]:
@@ -204,8 +216,8 @@ def _run_session(settings, *, output, transcript, partials, typer_tool, paste_ch
 
     server = ControlServer(socket_path(settings), handle)
     previous = _stop_on_sigterm()
-    stream.start()
     try:
+        stream.start()   # a missing silero-vad (--vad silero) fails here: the socket still goes
         try:
             _show(stream.events(), sink, stream)
         except KeyboardInterrupt:  # Ctrl-C ends the session like `dictate stop`: what was said is still written

@@ -1,6 +1,7 @@
 """Dictation latency: the 5 LibriVox clips joined with 2 s pauses are played as a microphone, once with
 partials and once without (the CLI's default off a TTY). For each final: seconds of audio time between the
-end of its utterance's words and its arrival, and where they went:
+end of its utterance's words (as its VAD heard it; "after the words' end" counts from the last loud sample
+of the clip instead, which compares VADs) and its arrival, and where they went:
 
     quiet    audio after the last words that the final's decode waited for (the hangover, or early_final
              when the decode started before the hangover confirmed the end; negative: a click came after)
@@ -13,7 +14,7 @@ end of its utterance's words and its arrival, and where they went:
     confirm  from the decode's end to the final's emission (an early decode waits for the hangover)
 
     PYTHONPATH=. python bench/dictation_latency.py [--model whisper-base] [--paces realtime,modeled,simulated] [--runs N]
-        [--partials both|on|off] [--set early_final=0.3 ...] [--shortest-window 30] [--step-s 0.018] [--decodes]
+        [--partials both|on|off] [--set early_final=0.3 --set vad=energy ...] [--shortest-window 30] [--step-s 0.018] [--decodes]
 
 Paces: realtime = a FileSource at real-time pace, wall clock (what a user sees, noisy on a shared machine);
 modeled = the same cadence on a virtual clock that charges every decode a fixed cost per encoder pass (per
@@ -134,14 +135,25 @@ def modeled_session(timed: TimedTranscriber, audio: np.ndarray, options, encoder
     return events, rec.decodes
 
 
+def words_end(final, word_ends: list[float]) -> float:
+    """Where the words of the clip the final ends in really end (the last sample above 0.05): a final's own
+    `end` is where its VAD heard them end, so latency after it does not compare VADs."""
+    return min(word_ends, key=lambda end: abs(end - final.end))
+
+
 def load() -> str:
     return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def option_value(text: str):
-    """A --set value: true, false, none or a number."""
+    """A --set value: true, false, none, a number, or else the text itself (--set vad=energy)."""
     words = {"true": True, "false": False, "none": None}
-    return words[text.lower()] if text.lower() in words else float(text)
+    if text.lower() in words:
+        return words[text.lower()]
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def main():
@@ -167,13 +179,18 @@ def main():
     from pipelines.dictation import DictationOptions, FileSource, Stream
     from tests.dictation_support import RATE, librivox_session, wer
 
-    audio, reference, _ = librivox_session()
+    audio, reference, spans = librivox_session()
+    word_ends = [start + (np.flatnonzero(np.abs(audio[int(start * RATE):int(end * RATE)]) > 0.05)[-1] + 1) / RATE
+                 for start, end in spans]
     timed = TimedTranscriber(Transcriber(args.model, options=TranscribeOptions(shortest_window=args.shortest_window)))
     encoder_s = None
     overrides = {k: option_value(v) for k, v in (item.split("=", 1) for item in args.set)}
     settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.partials]
     paces = [p for p in args.paces.split(",") for _ in range(args.runs if p == "realtime" else 1)]
-    print(f"{load()}; options {overrides or 'defaults'}; shortest encoder window {args.shortest_window or 'the model default'}", flush=True)
+    from pipelines.dictation.voice_activity import open_vad, vad_name
+    chosen = DictationOptions(**overrides)
+    print(f"{load()}; options {overrides or 'defaults'}; vad {vad_name(open_vad(chosen) if chosen.vad else None)};"
+          f" shortest encoder window {args.shortest_window or 'the model default'}", flush=True)
     for pace in sorted(paces, key=lambda p: p == "modeled"):     # calibrate on the decodes of the others too
         for partials in settings:
             options = DictationOptions(**{"partials": partials, **overrides})
@@ -192,11 +209,13 @@ def main():
                 decodes, label = stream.report()["decodes"], pace
             finals = [e for e in events if e.type == "final"]
             latency = np.array([f.latency for f in finals])
+            after_words = np.array([f.at - words_end(f, word_ends) for f in finals])
             n_partials = sum(e.type == "partial" for e in events)
             print(f"{label} partials={'on ' if partials else 'off'}: finals {len(finals)}, partials {n_partials},"
                   f" decodes {decodes}, WER {wer(reference, ' '.join(f.text for f in finals)):.3f};"
                   f" latency s min {latency.min():.2f} median {np.median(latency):.2f} max {latency.max():.2f}"
-                  f" all {np.round(latency, 2).tolist()}; over 2.5 s: {int(np.sum(latency > 2.5))}  [{load()}]", flush=True)
+                  f" all {np.round(latency, 2).tolist()}; over 2.5 s: {int(np.sum(latency > 2.5))}; after the words'"
+                  f" end: median {np.median(after_words):.2f} max {after_words.max():.2f}  [{load()}]", flush=True)
             if pace == "simulated":
                 continue   # the simulated clock does not advance during a decode: no breakdown
             if args.decodes:

@@ -1,20 +1,23 @@
-"""Voice activity: our energy + voicing VAD against silero-vad (its ONNX model, on ONNX Runtime) as utterance
-detectors, on speech, speech in noise, synthetic music and silence.
+"""Voice activity: our energy + voicing VAD against silero-vad (pipelines/dictation/silero_vad.py: its ONNX model
+on ONNX Runtime, as dictation runs it) as utterance detectors, on speech, speech in noise, synthetic music and
+silence.
 
     PYTHONPATH=. python bench/vad.py
 
-Both detectors feed the same utterance rules (onset 0.09 s of active frames, hangover 0.6 s); the energy VAD's
-utterances count only with min_voiced s of voiced frames, as the Recognizer decodes only those. Per material:
+Both detectors feed the same utterance rules (onset 0.09 s of active frames, hangover 0.6 s, min_voiced s of
+voiced frames, as the Recognizer decodes only those), from the same 30 ms frames. Per material:
     false   utterances that overlap no clip (widened by 0.3 s): each costs a decode, and on Whisper a chance
             of hallucinated text
     missed  clips no utterance overlaps
-    clipped clips whose first word starts before utterance onset - preroll (0.4 s): the first word is cut
+    clipped clips whose first word starts before utterance onset - preroll (DictationOptions'): the first word is cut
     delay   median onset delay after the first word's start (s)
+    tail    median of (the utterance's last active frame - the last word's end) (s): the end of speech is
+            confirmed `hangover` s after that frame, and the final's decode starts `early_final` s after it;
+            negative: the detector went quiet before the last word had ended
 Not a test: nothing is asserted. The load average is printed.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -26,22 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RATE = 16000
 
 
-def silero_probabilities(audio: np.ndarray) -> tuple[np.ndarray, float]:
-    """(speech probability per 512-sample chunk, chunk seconds), with the 64-sample context silero v5 expects."""
-    import onnxruntime as ort
-    spec = importlib.util.find_spec("silero_vad")
-    model = Path(next(iter(spec.submodule_search_locations))) / "data" / "silero_vad.onnx"
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
-    state, context, probs = np.zeros((2, 1, 128), np.float32), np.zeros(64, np.float32), []
-    for start in range(0, len(audio) - 511, 512):
-        chunk = audio[start:start + 512]
-        out, state = session.run(None, {"input": np.concatenate([context, chunk])[None], "state": state,
-                                        "sr": np.array(RATE, np.int64)})
-        context = chunk[-64:]
-        probs.append(float(out[0, 0]))
-    return np.array(probs), 512 / RATE
+def silero_frames(audio: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """What the Recognizer sees from pipelines/dictation/silero_vad.py (silero's ONNX model on ONNX Runtime):
+    (active with hysteresis, voiced = probability >= threshold) per 30 ms frame."""
+    from pipelines.dictation import FRAME, DictationOptions, SileroVad
+    n = len(audio) // FRAME
+    active, voiced = SileroVad(DictationOptions())(audio[:n * FRAME].reshape(n, FRAME))
+    return active, voiced, FRAME / RATE
 
 
 def energy_frames(audio: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
@@ -72,15 +66,15 @@ def utterances(active: np.ndarray, voiced: np.ndarray, step: float, *, onset=0.0
 
 
 def materials():
-    """{name: (audio, [(first word s, clip end s)] or [])}."""
+    """{name: (audio, [(first word s, last word's end s)] or [])}."""
     import soundfile
     from tests.dictation_support import librivox_clips
     rng = np.random.default_rng(0)
     parts, spans, t = [np.zeros(RATE, np.float32)], [], 1.0
     for wav, _ in librivox_clips():
         clip, _ = soundfile.read(str(wav), dtype="float32")
-        first = np.flatnonzero(np.abs(clip) > 0.05)[0] / RATE
-        spans.append((t + first, t + len(clip) / RATE))
+        loud = np.flatnonzero(np.abs(clip) > 0.05)
+        spans.append((t + loud[0] / RATE, t + (loud[-1] + 1) / RATE))
         parts += [clip, np.zeros(2 * RATE, np.float32)]
         t += len(clip) / RATE + 2
     speech = np.concatenate(parts)
@@ -107,31 +101,32 @@ def materials():
     return out
 
 
-def score(found, spans):
+def score(found, spans, preroll: float):
     false = sum(all(s > e + 0.3 or end < a - 0.3 for a, e in spans) for s, end in found)
     missed = clipped = 0
-    delays = []
+    delays, tails = [], []
     for first, end in spans:
-        hit = [s for s, e in found if s < end and e > first]
+        hit = [(s, e) for s, e in found if s < end and e > first]
         if not hit:
             missed += 1
             continue
-        delays.append(hit[0] - first)
-        clipped += hit[0] - 0.4 > first + 0.02
-    return false, missed, clipped, (float(np.median(delays)) if delays else float("nan"))
+        delays.append(hit[0][0] - first)
+        tails.append(hit[-1][1] - end)
+        clipped += hit[0][0] - preroll > first + 0.02
+    median = (lambda x: float(np.median(x)) if x else float("nan"))
+    return false, missed, clipped, median(delays), median(tails)
 
 
 def main():
+    from pipelines.dictation import DictationOptions
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
-    print(f"{'material':22} {'detector':8} {'utts':>5} {'false':>5} {'missed':>6} {'clipped':>7} {'delay s':>8}")
+    print(f"{'material':22} {'detector':8} {'utts':>5} {'false':>5} {'missed':>6} {'clipped':>7} {'delay s':>8} {'tail s':>7}")
     for name, (audio, spans) in materials().items():
-        loud, voiced, step = energy_frames(audio)
-        probs, sstep = silero_probabilities(audio)
-        for detector, found in (("energy", utterances(loud, voiced, step)),
-                                ("silero", utterances(probs >= 0.5, probs >= 0.5, sstep))):
-            false, missed, clipped, delay = score(found, spans)
-            print(f"{name:22} {detector:8} {len(found):5d} {false:5d} {missed:6d} {clipped:7d} {delay:8.3f}")
+        for detector, frames in (("energy", energy_frames), ("silero", silero_frames)):
+            found = utterances(*frames(audio))
+            false, missed, clipped, delay, tail = score(found, spans, DictationOptions().preroll)
+            print(f"{name:22} {detector:8} {len(found):5d} {false:5d} {missed:6d} {clipped:7d} {delay:8.3f} {tail:7.3f}")
 
 
 if __name__ == "__main__":

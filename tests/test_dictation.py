@@ -79,17 +79,21 @@ def test_silence_and_noise_produce_no_text(transcriber):
     assert stream.report()["processed_s"] == pytest.approx(60.0, abs=0.05)
 
 
-def test_speech_from_the_first_sample_to_the_last_keeps_both_ends(transcriber):
+@pytest.mark.parametrize("vad, heard_after", [("energy", 0.0), ("silero", 0.09)])
+def test_speech_from_the_first_sample_to_the_last_keeps_both_ends(transcriber, vad, heard_after):
     """A file (or a microphone opened mid-sentence) whose speech starts at sample 0 has no pre-roll: without a
-    lead-in tiny.en drops the first word ("might even have been..."). The last word ends at the file's end."""
+    lead-in tiny.en drops the first word ("might even have been..."). The last word ends at the file's end.
+    silero-vad, from its zero initial state, hears the speech begin 3 frames (0.09 s) late: the stamp says so,
+    and the words are all there (the pre-roll stand-in covers those frames)."""
     for wav, reference in [librivox_clips()[i] for i in (1, 3, 4)]:
         clip, _ = soundfile.read(str(wav), dtype="float32")
         clip = clip[np.flatnonzero(np.abs(clip) > 0.1)[0]:np.flatnonzero(np.abs(clip) > 0.02)[-1] + 1]
-        stream = Stream(transcriber, FileSource(clip, RATE, pace="fast"))
+        stream = Stream(transcriber, FileSource(clip, RATE, pace="fast"), DictationOptions(vad=vad))
         list(stream.start().events())
         (final,) = stream.finals
         said = words(final.text)
-        assert final.start == 0.0 and said[:2] == words(reference)[:2] and said[-1] == words(reference)[-1], final
+        assert final.start <= heard_after + 1e-9 and said[:2] == words(reference)[:2], final
+        assert said[-1] == words(reference)[-1], final
 
 
 def test_audio_fed_before_ready_is_transcribed():
@@ -122,7 +126,7 @@ def test_long_speech_is_committed_before_it_ends(transcriber):
     """No VAD, 20 s of speech without pauses: agreed segments become final early and the window slides.
     (A partial every 3 s whatever the decode time, so that the test does not depend on this machine's speed.)"""
     audio = np.concatenate([soundfile.read(str(w), dtype="float32")[0] for w, _ in librivox_clips()])[:20 * RATE]
-    options = DictationOptions(vad=False, commit_after=8.0, max_utterance=16.0, partial_every=3.0, partial_share=1e3)
+    options = DictationOptions(vad=None, commit_after=8.0, max_utterance=16.0, partial_every=3.0, partial_share=1e3)
     rec = Recognizer(transcriber, options)
     events = []
     for i in range(0, len(audio), RATE // 2):
@@ -142,7 +146,9 @@ def test_long_speech_is_committed_before_it_ends(transcriber):
 
 
 class _BurstCounter:
-    """A stand-in model that says "word" once per burst of tone it hears, and logs where each decode ended."""
+    """A stand-in model that says "word" once per burst of tone it hears, and logs where each decode ended.
+    The tests that use it are about when the Recognizer decodes, not about voice detection, so they run the
+    energy VAD, which calls a tone loud and voiced (silero-vad does not call it speech: test_silero_vad.py)."""
     window_seconds = 30.0
 
     def __init__(self):
@@ -181,7 +187,7 @@ def _quiet(seconds):
 def test_the_final_is_decoded_before_the_hangover_ends_and_not_again():
     """The final's decode starts after early_final s of quiet; when the hangover confirms the end, that decode
     is the final (no second one). A click after the words does not call for a new decode; words do."""
-    options = DictationOptions(partials=False)
+    options = DictationOptions(partials=False, vad="energy")   # tones as words: see _BurstCounter
     model = _BurstCounter()
     events = _run(Recognizer(model, options), np.concatenate([_quiet(1), _tone(1.0), _quiet(2)]))
     (emitted, final), = events
@@ -201,7 +207,7 @@ def test_the_final_is_decoded_before_the_hangover_ends_and_not_again():
 
 def test_a_partial_that_heard_the_end_is_the_final():
     """Partials start in pauses; the one that started after the last words is the final (one decode fewer)."""
-    options = DictationOptions(partial_every=0.3)
+    options = DictationOptions(partial_every=0.3, vad="energy")
     model = _BurstCounter()
     events = _run(Recognizer(model, options), np.concatenate([_quiet(1), _tone(1.0), _quiet(2)]))
     partials = [e for _, e in events if isinstance(e, Partial)]
@@ -213,7 +219,7 @@ def test_a_partial_that_heard_the_end_is_the_final():
 def test_a_partial_amid_speech_gives_way_when_the_talker_has_stopped():
     """Live capture: a partial decoded amid speech watches the audio that arrived meanwhile; once that shows
     early_final s of quiet it is given up (no partial event), and the final's decode starts at once."""
-    options = DictationOptions(partial_every=0.5)
+    options = DictationOptions(partial_every=0.5, vad="energy")
     audio = np.concatenate([_quiet(1), _tone(2.0), _quiet(2)])
     arrived = {"until": 0}
     rec = Recognizer(model := _BurstCounter(), options)
@@ -244,7 +250,8 @@ def test_a_live_source_is_heard_for_stop_delay_after_stop():
     stop request (cancel stops at once), so that word is transcribed, not cut."""
     audio = np.concatenate([_quiet(0.5), _tone(1.5), _quiet(1)])
     for cancel in (False, True):
-        stream = Stream(_BurstCounter(), FileSource(audio, RATE, pace="realtime"), DictationOptions(partials=False))
+        stream = Stream(_BurstCounter(), FileSource(audio, RATE, pace="realtime"),
+                        DictationOptions(partials=False, vad="energy"))
         stream.start()
         wait_for(lambda: stream.captured_seconds >= 1.0, 10, "a second of audio")
         requested = stream.captured_seconds

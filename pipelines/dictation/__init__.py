@@ -9,10 +9,11 @@
 
 How it works, in the order audio flows:
   source (Microphone, FileSource, or `feed()` from the app) -> resampled to 16 kHz -> RingBuffer
-  -> worker thread: Recognizer = VAD (energy over an adaptive noise floor + a voicing check) that cuts
-  utterances with pre-roll and hangover -> the utterance, after up to 6 s of the audio before it as left
-  context (tiny models transcribe short isolated utterances worse; the context's own text is recognised
-  as a repeat of the recent finals and dropped), all within one 30 s encoder window, is re-decoded every
+  -> worker thread: Recognizer = VAD (energy over an adaptive noise floor + a voicing check, or with
+  vad="silero" silero-vad's model on ONNX Runtime) that cuts utterances with pre-roll and hangover ->
+  the utterance, after up to 6 s of the audio before it as left context (tiny models transcribe short
+  isolated utterances worse; the context's own text is recognised as a repeat of the recent finals and
+  dropped), all within one 30 s encoder window, is re-decoded every
   `partial_every` seconds (less often when decoding is slow); words two consecutive decodes agree on are
   stable (LocalAgreement-2) ->
   at the utterance end one last decode becomes the `final`. It starts after `early_final` s of quiet, before
@@ -43,10 +44,12 @@ from .microphone import Microphone
 from .options import FRAME, FRAME_SECONDS, SAMPLE_RATE, WINDOW_SECONDS, DictationOptions
 from .recognizer import Recognizer
 from .ring_buffer import RingBuffer
+from .silero_vad import SileroVad
 from .stream import Stream
 from .text_guards import collapse_repeats
 from .vad import Vad
+from .voice_activity import VadFallbackWarning
 
 __all__ = ["DictationOptions", "Event", "FileSource", "Final", "FRAME", "FRAME_SECONDS", "InputDevice", "Microphone",
-           "Partial", "Recognizer", "RingBuffer", "SAMPLE_RATE", "State", "Stream", "Vad", "WINDOW_SECONDS",
-           "collapse_repeats", "find_input_device", "list_input_devices"]
+           "Partial", "Recognizer", "RingBuffer", "SAMPLE_RATE", "SileroVad", "State", "Stream", "Vad",
+           "VadFallbackWarning", "WINDOW_SECONDS", "collapse_repeats", "find_input_device", "list_input_devices"]

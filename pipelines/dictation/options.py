@@ -9,12 +9,18 @@ from sdk.errors import UsageError
 SAMPLE_RATE = 16000
 FRAME = 480                   # 30 ms VAD frames
 FRAME_SECONDS = FRAME / SAMPLE_RATE
+VAD_CHOICES = ("auto", "silero", "energy", None)
 WINDOW_SECONDS = 30.0         # Whisper's encoder window; other models say theirs in `window_seconds`
 
 
 @dataclass(frozen=True)
 class DictationOptions:
-    vad: bool = True                  # off: every sample is speech; text is committed by agreement only
+    vad: str | None = "energy"        # energy; silero (strict); auto: silero when installed, else energy (with one
+                                      # note); None: every sample is speech, text is committed by agreement only.
+                                      # Not yet silero by default: with its utterance cuts tiny.en misreads
+                                      # "ill-disposed" in the short-pause join test (test_dictation_joins.py)
+    silero_threshold: float = 0.5     # silero: speech probability that starts speech (it ends 0.15 below) ...
+    pause_threshold_db: float = 3.0   # ... where frames quieter than this above the noise floor are pauses
     vad_threshold_db: float = 10.0    # a frame is loud this far above the adaptive noise floor ...
     vad_min_db: float = -55.0         # ... and above this absolute level (dBFS)
     voicing_threshold: float = 0.45   # normalised autocorrelation at a pitch lag (70-400 Hz) = voiced frame
@@ -40,6 +46,13 @@ class DictationOptions:
     ring_seconds: float = 120.0       # audio that may wait for the worker (model loading, slow decodes)
 
     def __post_init__(self):
+        vad = {True: "energy", False: None, "off": None}.get(self.vad, self.vad)   # the field was a bool
+        if vad not in VAD_CHOICES:
+            raise UsageError(f"vad must be one of auto, silero, energy or None (off), got {self.vad!r}",
+                             fix="e.g. --vad energy for the energy VAD, --no-vad for none")
+        object.__setattr__(self, "vad", vad)
+        if not 0 < self.silero_threshold < 1:
+            raise UsageError(f"silero_threshold must be in (0, 1), got {self.silero_threshold}")
         if not 0 < self.max_utterance <= WINDOW_SECONDS:
             raise UsageError(f"max_utterance must be in (0, {WINDOW_SECONDS}] s, got {self.max_utterance}")
         if self.commit_after >= self.max_utterance:

@@ -12,7 +12,7 @@ from .events import Event, Final, Partial
 from .options import FRAME, FRAME_SECONDS, SAMPLE_RATE, WINDOW_SECONDS, DictationOptions
 from .text_guards import (agreed_words, collapse_repeats, looks_like_text, norm_word, overlap_words,
                           too_compressible)
-from .vad import Vad
+from .voice_activity import open_vad
 
 SLIDE_OVERLAP = 1.0           # s of committed audio an early commit keeps in the buffer (see _commit_agreed)
 
@@ -64,7 +64,7 @@ class Recognizer:
 
     def __init__(self, transcriber, options: DictationOptions = DictationOptions()):
         self.transcriber, self.options = transcriber, options
-        self.vad = Vad(options)
+        self.vad = open_vad(options) if options.vad else None   # the energy VAD or silero-vad (options.vad)
         # the model's window bounds the utterance buffer (Whisper: 30 s; a conformer may use shorter ones)
         self._window = float(getattr(transcriber, "window_seconds", WINDOW_SECONDS))
         self._max_utterance = min(options.max_utterance, self._window - 0.5)

@@ -17,6 +17,7 @@ from .events import Event, Final, Partial, State
 from .options import FRAME, SAMPLE_RATE, DictationOptions
 from .recognizer import Recognizer
 from .ring_buffer import RingBuffer
+from .voice_activity import check_vad, vad_name
 
 
 class Stream:
@@ -62,6 +63,7 @@ class Stream:
     def start(self) -> "Stream":
         if self._threads:
             raise UsageError("this Stream was already started; make a new one")
+        check_vad(self.options)  # as a missing silero-vad
         if self.source is not None:
             self.source.check()  # a missing microphone or file is raised here, not later on the capture thread
         if self.save_audio is not None:
@@ -173,7 +175,9 @@ class Stream:
         return {"state": self.state, "captured_s": round(self.captured_seconds, 3),
                 "processed_s": round(self.processed / SAMPLE_RATE, 3), "dropped_blocks": self.dropped_blocks,
                 "dropped_s": round(self.ring.dropped_samples / SAMPLE_RATE, 3),
-                "decodes": self.recognizer.decodes if self.recognizer else 0, "finals": len(self.finals)}
+                "decodes": self.recognizer.decodes if self.recognizer else 0, "finals": len(self.finals),
+                "vad_requested": self.options.vad or "off",
+                "vad_effective": vad_name(self.recognizer.vad) if self.recognizer else None}
 
     # -- threads
 

@@ -20,7 +20,11 @@ _BACKEND_MODULES = {"cpu": ("sdk.runtime.cpu", "CpuBackend"),
                     "npu": ("sdk.runtime.npu", "NpuBackend")}
 
 
-class DeviceFallbackWarning(UserWarning):
+class FallbackWarning(UserWarning):
+    """An "auto" choice took its documented fallback (the CLI shows it as a note); the message says why."""
+
+
+class DeviceFallbackWarning(FallbackWarning):
     """device="auto" chose the CPU; the message says why."""
 
 
