@@ -219,7 +219,7 @@ class WhisperRecognizer:
                     break
                 size = min(self.cfg.n_frames, total_frames - seek)
                 found, advance, language = self._window(buffer[:audio.WHISPER_CHUNK], size, seek * FRAME_SECONDS,
-                                                        language)
+                                                        language, zero_mel_past_audio=True)
                 segments += found
                 seek += max(advance, 1)
                 if on_progress is not None:
@@ -264,14 +264,19 @@ class WhisperRecognizer:
     # -- one window
 
     def _window(self, samples: np.ndarray, size: int, offset: float, language: str | None, keep_tail: bool = False,
-                fallback: bool = True, stop: Callable[[], bool] | None = None) -> tuple[list[Segment], int, str] | None:
-        """Decode one window: (segments, mel frames to advance, language), or None once `stop()` is True."""
+                fallback: bool = True, stop: Callable[[], bool] | None = None,
+                zero_mel_past_audio: bool = False) -> tuple[list[Segment], int, str] | None:
+        """Decode one window: (segments, mel frames to advance, language), or None once `stop()` is True.
+        zero_mel_past_audio: the mel after the window's audio is zeros, not silence, as OpenAI's transcribe
+        (and faster-whisper) pad a file's last window; live windows (decode_window) keep the silence."""
         o = self.options
         if float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) < o.silence_rms:
             return [], size, language or o.language or "en"
         max_tokens = int(o.tokens_per_second * len(samples) / audio.SAMPLE_RATE) + 16
         for window in self.windows_for(size):
             mel = audio.whisper_log_mel(samples, self.cfg.num_mel_bins, n_samples=window.frames * audio.WHISPER_HOP)
+            if zero_mel_past_audio:
+                mel[:, size:] = 0.0
             if stop is not None and stop():
                 return None
             self.session.run(window.entry("encode"), self.state, mel=mel[None])
@@ -333,8 +338,9 @@ class WhisperRecognizer:
             looping = (o.compression_ratio_threshold is not None
                        and result.compression_ratio > o.compression_ratio_threshold)
             retry = looping or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold)
-            if o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold:
-                retry = False  # silence: the skip below decides
+            if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
+                    and o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold):
+                retry = False  # silence, as OpenAI's transcribe judges it: the skip below decides
             if not retry:
                 break
             tried.append((looping, -result.avg_logprob, len(tried), result))

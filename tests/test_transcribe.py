@@ -186,7 +186,8 @@ def test_truncated_wav_transcribes_what_is_there(transcriber, tmp_path):
     (tmp_path / "cut.wav").write_bytes(data[: len(data) // 2])
     with pytest.warns(TruncatedAudioWarning, match="looks truncated"):
         text = transcriber.transcribe(tmp_path / "cut.wav").text
-    assert normalise(text)[:4] == ["and", "mister", "john", "dashwood"]
+    # OpenAI's and faster-whisper's decoding of this half clip (the mel past the audio zero) leave out "And"
+    assert "mister john dashwood had then leisure" in " ".join(normalise(text))
 
 
 def test_decode_window_offsets(transcriber, results):
