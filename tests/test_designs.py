@@ -451,12 +451,29 @@ def test_a_gemv_whose_k_is_off_the_tile_repeats_its_last_word(target):
 
 
 def test_fused_design_names_the_kernels_it_cannot_build():
-    # a constant pad along two axes is no concat (layout.pads_as_concats), and no design writes a constant
-    def padded(w, x):
-        return {"y": ops.pad(ops.relu(x), pads=((1, 1), (2, 2)))}
-    program = compile_graphs([trace(padded, name="pad2", weights={}, inputs={"x": ((4, 6), "float32")})], "npu2")
-    with standin.installed(), pytest.raises(df.DesignError, match=r"1 kernel steps have no design.*pad.*constant"):
+    # an fp32 input read through a transpose: a DMA moves contiguous words, and kernels/transpose moves bf16
+    # activations only (layout.route_transposes)
+    def transposed(w, x):
+        return {"y": ops.transpose(x, perm=(1, 0))}
+    program = compile_graphs([trace(transposed, name="t", weights={}, inputs={"x": ((4, 6), "float32")})], "npu2")
+    with standin.installed(), pytest.raises(df.DesignError, match=r"1 kernel steps have no design.*copy.*stride"):
         fused_design.build(program)
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_a_pad_along_two_axes_is_two_concats(target):
+    def padded(w, x):
+        return {"y": ops.pad(ops.relu(x), pads=((1, 1), (2, 2)), value=0.5)}
+    program = compile_graphs([trace(padded, name="pad2", weights={}, inputs={"x": ((4, 6), "float32")})], target)
+    steps = kernel_steps(program)
+    assert [k.op for k in steps] == ["eltwise", "concat", "concat"]
+    failures = [p for k in steps for p in check_step(k, program, target)[0]]
+    assert not failures, failures
+    from sdk.runtime.emu import EmuBackend
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    y = EmuBackend(target).load(program, {}).run("pad2", {"x": x})["y"]
+    want = np.pad(np.maximum(x, 0), ((1, 1), (2, 2)), constant_values=0.5)
+    np.testing.assert_allclose(y, want, rtol=2 ** -8)   # relu's rows stored as bf16 on the way
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)

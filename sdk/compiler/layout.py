@@ -121,30 +121,41 @@ def plan(fused: list[Fused], target: Target, constants: dict[str, np.ndarray]) -
 def pads_as_concats(f: Fused, constants: dict[str, np.ndarray], target: Target) -> None:
     """A DMA cannot write a constant, but it can copy one: a pad along one axis becomes a concat (kernels/dma) of
     a constant block of the pad value (a new constant of the program, in the weights arena), the operand, and
-    another block. The emulator runs it as the concat it is, which equals the pad."""
+    another block; a pad along several axes, one such concat per axis. The emulator runs them as the concats
+    they are, which equal the pad."""
+    kernels = []
     for k in f.kernels:
-        if k.kind != "pad":
-            continue
-        pads = [tuple(p) for p in k.head.attrs["pads"]]
+        pads = [tuple(p) for p in k.head.attrs["pads"]] if k.kind == "pad" else []
         axes = [a for a, p in enumerate(pads) if p != (0, 0)]
-        if len(axes) != 1:
+        if not axes:
+            kernels.append(k)
             continue
-        axis, r = axes[0], k.inputs[0]
-        shape = list(apply_views_shape(f.values[r.value].shape, r.views))
-        parts = []
-        for side, n in zip(("before", "after"), pads[axis]):
-            if n:
-                name = f"const.{f.name}.{k.outputs[0]}.{side}"
-                block = np.full(shape[:axis] + [n] + shape[axis + 1:], k.head.attrs.get("value", 0.0), np.float32)
-                constants[name] = block
-                f.values[name] = Value(name, block.shape, "float32", "const")
-                parts.append(Ref(name))
-            if side == "before":
-                parts.append(r)
-        k.kind = "concat"
-        k.head = Node("concat", tuple(p.value for p in parts), {"axis": axis}, k.head.output)
-        k.inputs = parts
-        k.attrs["tiling"] = catalog.tiling(k, lambda ref: _shape(f, ref), target)
+        r = k.inputs[0]
+        for i, axis in enumerate(axes):  # a pad along several axes: one concat per axis, through scratch values
+            shape = list(apply_views_shape(f.values[r.value].shape, r.views))
+            out = k.outputs[0] if i == len(axes) - 1 else f"{k.outputs[0]}.pad{axis}"
+            parts = []
+            for side, n in zip(("before", "after"), pads[axis]):
+                if n:
+                    name = f"const.{f.name}.{out}.{side}"
+                    block = np.full(shape[:axis] + [n] + shape[axis + 1:], k.head.attrs.get("value", 0.0),
+                                    np.float32)
+                    constants[name] = block
+                    f.values[name] = Value(name, block.shape, "float32", "const")
+                    parts.append(Ref(name))
+                if side == "before":
+                    parts.append(r)
+            if out != k.outputs[0]:
+                shape[axis] += sum(pads[axis])
+                f.values[out] = Value(out, tuple(shape), f.values[k.outputs[0]].dtype, "node")
+            step = k if out == k.outputs[0] else Kernel("concat", k.head, [], [out], k.position)
+            step.kind = "concat"
+            step.head = Node("concat", tuple(p.value for p in parts), {"axis": axis}, out)
+            step.inputs = parts
+            step.attrs["tiling"] = catalog.tiling(step, lambda ref: _shape(f, ref), target)
+            kernels.append(step)
+            r = Ref(out)
+    f.kernels = kernels
 
 
 def _shape(f: Fused, ref) -> tuple:
