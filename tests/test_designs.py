@@ -477,14 +477,16 @@ def test_a_pad_along_two_axes_is_two_concats(target):
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
-@pytest.mark.parametrize("shape", [(6, 32, 48), (1, 251, 32)])
-def test_transpose_design(target, shape):
+@pytest.mark.parametrize("shape,dtype,tile", [((6, 32, 48), "bfloat16", (32, 48)), ((1, 251, 32), "bfloat16", (251, 16)),
+                                              ((1, 64, 125), "float32", (16, 125))])
+def test_transpose_design(target, shape, dtype, tile):
     """A transpose step as layout.route_transposes emits it (here made by hand): the design builds and writes every
     element. [1, 251, 32] is the conformer's 20 s bucket: 251 rows (prime) of 32 exceed the tile, so it tiles by
-    all rows x 16 columns (16 whole output rows per tile)."""
+    all rows x 16 columns (16 whole output rows per tile). An fp32 x (a conv output of odd width, kept in words:
+    a 125-row Whisper encoder bucket) is transposed into bf16."""
     from sdk.program import Buffer, Step, Usage
     b, r, c = shape
-    buffers = {"x": Buffer("x", (b, r, c), "bfloat16", Usage.SCRATCH),
+    buffers = {"x": Buffer("x", (b, r, c), dtype, Usage.SCRATCH),
                "y": Buffer("y", (b, c, r), "bfloat16", Usage.SCRATCH)}
     step = Step("kernel", "transpose", ("x",), ("y",), {"head": {"op": "transpose", "attrs": {}}, "chain": [],
                                                         "views": [[]], "tiling": {"cores": 4}})
@@ -494,7 +496,7 @@ def test_transpose_design(target, shape):
         rec = design.build(target, step, buffers, params)
     assert standin.check(rec, TARGETS[target]) == []
     assert (standin.written(rec, 1) == 1).all()
-    assert (params["rows_per_call"], params["columns_per_call"]) == ((32, 48) if r == 32 else (251, 16))
+    assert (params["rows_per_call"], params["columns_per_call"]) == tile
 
 
 # ---- the GEMM's memtile layouts are the kernel's -------------------------------------------------------------
