@@ -451,8 +451,8 @@ def test_a_gemv_whose_k_is_off_the_tile_repeats_its_last_word(target):
 
 
 def test_fused_design_names_the_kernels_it_cannot_build():
-    # an fp32 input read through a transpose: a DMA moves contiguous words, and kernels/transpose moves bf16
-    # activations only (layout.route_transposes)
+    # an entry input read through a transpose: a DMA moves contiguous words, and layout.route_transposes routes
+    # activations only
     def transposed(w, x):
         return {"y": ops.transpose(x, perm=(1, 0))}
     program = compile_graphs([trace(transposed, name="t", weights={}, inputs={"x": ((4, 6), "float32")})], "npu2")
