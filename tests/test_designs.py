@@ -451,23 +451,42 @@ def test_a_gemv_whose_k_is_off_the_tile_repeats_its_last_word(target):
 
 
 def test_fused_design_names_the_kernels_it_cannot_build():
-    # a constant pad along two axes is no concat (layout.pads_as_concats), and no design writes a constant
-    def padded(w, x):
-        return {"y": ops.pad(ops.relu(x), pads=((1, 1), (2, 2)))}
-    program = compile_graphs([trace(padded, name="pad2", weights={}, inputs={"x": ((4, 6), "float32")})], "npu2")
-    with standin.installed(), pytest.raises(df.DesignError, match=r"1 kernel steps have no design.*pad.*constant"):
+    # an entry input read through a transpose: a DMA moves contiguous words, and layout.route_transposes routes
+    # activations only
+    def transposed(w, x):
+        return {"y": ops.transpose(x, perm=(1, 0))}
+    program = compile_graphs([trace(transposed, name="t", weights={}, inputs={"x": ((4, 6), "float32")})], "npu2")
+    with standin.installed(), pytest.raises(df.DesignError, match=r"1 kernel steps have no design.*copy.*stride"):
         fused_design.build(program)
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
-@pytest.mark.parametrize("shape", [(6, 32, 48), (1, 251, 32)])
-def test_transpose_design(target, shape):
+def test_a_pad_along_two_axes_is_two_concats(target):
+    def padded(w, x):
+        return {"y": ops.pad(ops.relu(x), pads=((1, 1), (2, 2)), value=0.5)}
+    program = compile_graphs([trace(padded, name="pad2", weights={}, inputs={"x": ((4, 6), "float32")})], target)
+    steps = kernel_steps(program)
+    assert [k.op for k in steps] == ["eltwise", "concat", "concat"]
+    failures = [p for k in steps for p in check_step(k, program, target)[0]]
+    assert not failures, failures
+    from sdk.runtime.emu import EmuBackend
+    x = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    y = EmuBackend(target).load(program, {}).run("pad2", {"x": x})["y"]
+    want = np.pad(np.maximum(x, 0), ((1, 1), (2, 2)), constant_values=0.5)
+    np.testing.assert_allclose(y, want, rtol=2 ** -8)   # relu's rows stored as bf16 on the way
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+@pytest.mark.parametrize("shape,dtype,tile", [((6, 32, 48), "bfloat16", (32, 48)), ((1, 251, 32), "bfloat16", (251, 16)),
+                                              ((1, 64, 125), "float32", (16, 125))])
+def test_transpose_design(target, shape, dtype, tile):
     """A transpose step as layout.route_transposes emits it (here made by hand): the design builds and writes every
     element. [1, 251, 32] is the conformer's 20 s bucket: 251 rows (prime) of 32 exceed the tile, so it tiles by
-    all rows x 16 columns (16 whole output rows per tile)."""
+    all rows x 16 columns (16 whole output rows per tile). An fp32 x (a conv output of odd width, kept in words:
+    a 125-row Whisper encoder bucket) is transposed into bf16."""
     from sdk.program import Buffer, Step, Usage
     b, r, c = shape
-    buffers = {"x": Buffer("x", (b, r, c), "bfloat16", Usage.SCRATCH),
+    buffers = {"x": Buffer("x", (b, r, c), dtype, Usage.SCRATCH),
                "y": Buffer("y", (b, c, r), "bfloat16", Usage.SCRATCH)}
     step = Step("kernel", "transpose", ("x",), ("y",), {"head": {"op": "transpose", "attrs": {}}, "chain": [],
                                                         "views": [[]], "tiling": {"cores": 4}})
@@ -477,7 +496,7 @@ def test_transpose_design(target, shape):
         rec = design.build(target, step, buffers, params)
     assert standin.check(rec, TARGETS[target]) == []
     assert (standin.written(rec, 1) == 1).all()
-    assert (params["rows_per_call"], params["columns_per_call"]) == ((32, 48) if r == 32 else (251, 16))
+    assert (params["rows_per_call"], params["columns_per_call"]) == tile
 
 
 # ---- the GEMM's memtile layouts are the kernel's -------------------------------------------------------------

@@ -1085,3 +1085,7 @@ def test_transpose_matches_emu_views(lib):
     y = np.zeros((3, 16, 8), BF16)
     call(lib("transpose"), "transpose_bf16", x, y, 3, 8, 16)
     np.testing.assert_array_equal(y.astype(np.float32), ref)
+    x32 = rng(16).normal(size=(3, 8, 15)).astype(np.float32)           # fp32 rows of odd width, into bf16
+    y = np.zeros((3, 15, 8), BF16)
+    call(lib("transpose"), "transpose_f32_bf16", x32, y, 3, 8, 15)
+    np.testing.assert_array_equal(y.view(np.uint16), x32.transpose(0, 2, 1).astype(BF16).view(np.uint16))

@@ -1,6 +1,6 @@
-"""Batched transpose design (catalog kind `transpose`): x [b, r, c] -> y [b, c, r] in bf16 through the cores
-(kernels/transpose), for the access patterns the DMAs cannot do at bf16 granularity (an innermost stride other
-than 1). The compiler folds transposes into access patterns; where a row-reading kernel's bf16 operand would
+"""Batched transpose design (catalog kind `transpose`): x [b, r, c] -> y [b, c, r] in bf16 (x in bf16, or fp32:
+a conv output of odd width) through the cores (kernels/transpose), for the access patterns the DMAs cannot do
+at bf16 granularity (an innermost stride other than 1). The compiler folds transposes into access patterns; where a row-reading kernel's bf16 operand would
 need an element-granular one, sdk/compiler/layout.py (route_transposes) puts a transpose step before it: the
 step reads x through the operand's views row by row and writes y contiguous, which the reader reads through a
 reshape."""
@@ -19,16 +19,17 @@ def build(target: str, step, buffers: dict, params: dict):
     hw = TARGETS[target]
     x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
     out = df.operand(step.outputs[0], buffers[step.outputs[0]])
-    if x.dtype != df.BF16 or x.index.ndim != 3:
-        raise df.DesignError("the transpose kernel moves bf16 [b, r, c] tensors")
+    if x.dtype not in (df.BF16, np.float32) or out.dtype != df.BF16 or x.index.ndim != 3:
+        raise df.DesignError("the transpose kernel moves bf16 or fp32 [b, r, c] tensors into bf16")
     b, r, c = x.shape
     oi = out.index.reshape(b, c, r)
     # A tile of rt_ rows x all c columns writes rt_-long runs of each output row: whole 32-bit words when rt_ is
     # even (or the whole row). When no such tile fits (r odd and too long: the conformer's 20 s bucket, r = 251),
     # a tile of all r rows x cc columns writes cc whole output rows, one contiguous run of cc x r elements: whole
     # words when cc is even. Either way the tile divides the tensor and every transfer moves whole words.
-    rows = [d for d in range(1, r + 1) if r % d == 0 and d * c * 2 <= TILE_BYTES and (d % 2 == 0 or d == r)]
-    cols = [d for d in range(2, c + 1, 2) if c % d == 0 and r * d * 2 <= TILE_BYTES]
+    size = x.dtype.itemsize   # an fp32 tile holds half the elements
+    rows = [d for d in range(1, r + 1) if r % d == 0 and d * c * size <= TILE_BYTES and (d % 2 == 0 or d == r)]
+    cols = [d for d in range(2, c + 1, 2) if c % d == 0 and r * d * size <= TILE_BYTES]
     if rows:
         rt_, ct_ = max(rows), c
         items = [(i, j * rt_, 0) for i in range(b) for j in range(r // rt_)]
@@ -44,8 +45,8 @@ def build(target: str, step, buffers: dict, params: dict):
     y_core = [np.stack([oi[i, q:q + ct_, j:j + rt_] for i, j, q in items[k::cores]]) for k in range(cores)]
     io = df.iron()
     i32 = np.int32
-    t = df.tensor(rt_ * ct_)
-    kernel = io.Kernel("transpose_bf16", "transpose.o", [t, t, i32, i32, i32])
+    t, t_x = df.tensor(rt_ * ct_), df.tensor(rt_ * ct_, x.dtype)
+    kernel = io.Kernel("transpose_bf16" if size == 2 else "transpose_f32_bf16", "transpose.o", [t_x, t, i32, i32, i32])
 
     def body(x_in, y_out, k, n_items):
         for _ in io.range_(n_items):
@@ -55,7 +56,7 @@ def build(target: str, step, buffers: dict, params: dict):
             y_out.release(1)
 
     params.update({"rows_per_call": rt_, "columns_per_call": ct_, "items_per_core": len(items) // cores})
-    return df.per_core_design(target, "transpose", [df.Stream(x, t, x_core)], df.Stream(out, t, y_core), [kernel],
+    return df.per_core_design(target, "transpose", [df.Stream(x, t_x, x_core)], df.Stream(out, t, y_core), [kernel],
                               {}, body, [len(items) // cores], params, step)
 
 

@@ -30,3 +30,12 @@ NPU_KERNEL void transpose_bf16(const bf16 *x, bf16 *y, int32_t b, int32_t r, int
       for (int32_t cc = 0; cc < c; ++cc) y[(long)i * r * c + cc * r + rr] = x[(long)i * r * c + rr * c + cc];
 }
 #endif
+
+// fp32 rows in (a conv output of odd width, kept in whole words: the Whisper encoder's 125-frame bucket), bf16
+// out, rounded to nearest even as every store is.
+NPU_KERNEL void transpose_f32_bf16(const float *x, bf16 *y, int32_t b, int32_t r, int32_t c) {
+  NPU_ROUND_EVEN();
+  for (int32_t i = 0; i < b; ++i)
+    for (int32_t rr = 0; rr < r; ++rr)
+      for (int32_t cc = 0; cc < c; ++cc) y[(long)i * r * c + cc * r + rr] = to_bf16(x[(long)i * r * c + rr * c + cc]);
+}

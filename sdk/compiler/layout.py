@@ -100,7 +100,7 @@ def plan(fused: list[Fused], target: Target, constants: dict[str, np.ndarray]) -
     for f in fused:
         pads_as_concats(f, constants, target)
         wide = residual_stream(f)
-        route_transposes(f, wide, target)
+        route_transposes(f, target)
         for k in f.kernels:
             if k.kind == "gemm":
                 _pack_gemm(f, k, buffers, recipes)
@@ -121,30 +121,41 @@ def plan(fused: list[Fused], target: Target, constants: dict[str, np.ndarray]) -
 def pads_as_concats(f: Fused, constants: dict[str, np.ndarray], target: Target) -> None:
     """A DMA cannot write a constant, but it can copy one: a pad along one axis becomes a concat (kernels/dma) of
     a constant block of the pad value (a new constant of the program, in the weights arena), the operand, and
-    another block. The emulator runs it as the concat it is, which equals the pad."""
+    another block; a pad along several axes, one such concat per axis. The emulator runs them as the concats
+    they are, which equal the pad."""
+    kernels = []
     for k in f.kernels:
-        if k.kind != "pad":
-            continue
-        pads = [tuple(p) for p in k.head.attrs["pads"]]
+        pads = [tuple(p) for p in k.head.attrs["pads"]] if k.kind == "pad" else []
         axes = [a for a, p in enumerate(pads) if p != (0, 0)]
-        if len(axes) != 1:
+        if not axes:
+            kernels.append(k)
             continue
-        axis, r = axes[0], k.inputs[0]
-        shape = list(apply_views_shape(f.values[r.value].shape, r.views))
-        parts = []
-        for side, n in zip(("before", "after"), pads[axis]):
-            if n:
-                name = f"const.{f.name}.{k.outputs[0]}.{side}"
-                block = np.full(shape[:axis] + [n] + shape[axis + 1:], k.head.attrs.get("value", 0.0), np.float32)
-                constants[name] = block
-                f.values[name] = Value(name, block.shape, "float32", "const")
-                parts.append(Ref(name))
-            if side == "before":
-                parts.append(r)
-        k.kind = "concat"
-        k.head = Node("concat", tuple(p.value for p in parts), {"axis": axis}, k.head.output)
-        k.inputs = parts
-        k.attrs["tiling"] = catalog.tiling(k, lambda ref: _shape(f, ref), target)
+        r = k.inputs[0]
+        for i, axis in enumerate(axes):  # a pad along several axes: one concat per axis, through scratch values
+            shape = list(apply_views_shape(f.values[r.value].shape, r.views))
+            out = k.outputs[0] if i == len(axes) - 1 else f"{k.outputs[0]}.pad{axis}"
+            parts = []
+            for side, n in zip(("before", "after"), pads[axis]):
+                if n:
+                    name = f"const.{f.name}.{out}.{side}"
+                    block = np.full(shape[:axis] + [n] + shape[axis + 1:], k.head.attrs.get("value", 0.0),
+                                    np.float32)
+                    constants[name] = block
+                    f.values[name] = Value(name, block.shape, "float32", "const")
+                    parts.append(Ref(name))
+                if side == "before":
+                    parts.append(r)
+            if out != k.outputs[0]:
+                shape[axis] += sum(pads[axis])
+                f.values[out] = Value(out, tuple(shape), f.values[k.outputs[0]].dtype, "node")
+            step = k if out == k.outputs[0] else Kernel("concat", k.head, [], [out], k.position)
+            step.kind = "concat"
+            step.head = Node("concat", tuple(p.value for p in parts), {"axis": axis}, out)
+            step.inputs = parts
+            step.attrs["tiling"] = catalog.tiling(step, lambda ref: _shape(f, ref), target)
+            kernels.append(step)
+            r = Ref(out)
+    f.kernels = kernels
 
 
 def _shape(f: Fused, ref) -> tuple:
@@ -159,19 +170,19 @@ def _shape(f: Fused, ref) -> tuple:
 ROW_READERS = {"eltwise", "softmax", "norm", "reduce", "rope", "argmax", "concat", "pad", "copy", "conv", "pool"}
 
 
-def route_transposes(f: Fused, wide: set[str], target: Target) -> None:
+def route_transposes(f: Fused, target: Target) -> None:
     """A DMA moves 32-bit words, so it cannot read a bf16 operand with an innermost stride other than 1 (a
     transpose folded into the access pattern). Such an operand of a row-reading kernel is read instead from a
     transpose kernel's output (catalog kind `transpose`, kernels/transpose): x [b, r, c], read row by row
     through the operand's views, becomes y [b, c, r] in a new scratch value, which the consumer reads through a
-    reshape. fp32 values (`wide`) are whole words and stay in the access pattern. Each distinct (value, views)
-    is transposed once, before its first reader."""
+    reshape; an fp32 value (`wide`: a conv output of odd width) is read in fp32 and transposed into bf16.
+    Each distinct (value, views) is transposed once, before its first reader."""
     routed: dict[tuple, str] = {}
     kernels = []
     for k in f.kernels:
         if k.kind in ROW_READERS:
             for i, r in enumerate(k.inputs):
-                if r is None or r.value not in f.values or f.values[r.value].kind != "node" or r.value in wide:
+                if r is None or r.value not in f.values or f.values[r.value].kind != "node":
                     continue
                 split = _transpose_split(f.values[r.value].shape, r.views)
                 if split is None:
@@ -237,8 +248,7 @@ def word_values(f: Fused) -> set[str]:
     - what a concat or copy moves into an fp32 entry output, and a concat with an fp32 piece in the io arena
       with its other pieces."""
     words = set()
-    bf16_only = {r.value for k in f.kernels if k.kind == "transpose" for r in k.inputs if r is not None}
-    bf16_only |= {v for k in f.kernels if k.kind == "transpose" for v in k.outputs}
+    bf16_only = {v for k in f.kernels if k.kind == "transpose" for v in k.outputs}   # (it reads fp32 or bf16)
     bf16_only |= {r.value for k in f.kernels if k.kind == "mha" for r in k.inputs[:3] if r is not None}
     # a DMA copies bytes into its output's dtype: bf16, or the host's fp32 for an entry output (the TDT
     # predictor's h and c, concatenated from its layers' rows straight into the io arena)
@@ -260,7 +270,7 @@ def word_values(f: Fused) -> set[str]:
         # a depthwise conv1d (kernels/dwconv1d) writes blocks of an even number of channels' whole rows: whole
         # words in bf16 at any row length (the conformer's odd 5 s / 20 s buckets)
         writes_rows = k.kind in ROW_KINDS and not (k.head.op == "conv1d" and k.head.attrs.get("groups", 1) > 1)
-        # (an element-granular read goes through kernels/transpose, which moves bf16: route_transposes)
+        # (an element-granular read goes through kernels/transpose instead: route_transposes)
         touched = [r.value for r in rows if r is not None and not (f.values[r.value].kind == "node" and
                                                                    _transpose_split(f.values[r.value].shape, r.views))]
         touched += list(k.outputs) if writes_rows else []
