@@ -215,10 +215,12 @@ def encode(w, mel, *, state, cfg: Config):
         v = ops.linear(x, w[p + "v_proj.weight"], w[p + "v_proj.bias"])
         for name, t in ((f"cross_k.{i}", k), (f"cross_v.{i}", v)):
             t = t.reshape(1, n_audio, H, -1).transpose(0, 2, 1, 3)
-            if state[name].shape[2] == n_audio:
-                ops.assign(state[name], t)
-            else:  # a short window fills the first n_audio positions; its decoder entries read only those
-                ops.cache_write(state[name], t, x.graph.constant(np.int32(0)), axis=2)
+            full = state[name].shape[2]
+            if full != n_audio:  # a short window fills the first n_audio positions; its decoder entries read only
+                # those. A whole-state write of the zero-padded K/V, not a cache write at a constant position: the
+                # NPU designs take positions only from host-known params.
+                t = ops.pad(t, pads=((0, 0), (0, 0), (0, full - n_audio), (0, 0)))
+            ops.assign(state[name], t)
     return {"encoder": x}
 
 
