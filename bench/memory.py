@@ -1,6 +1,7 @@
 """Peak RSS of whole CLI commands on the cpu backend, measured with `/usr/bin/time -v` (one process each).
 
-    python bench/memory.py [transcribe] [long] [embed-text] [classify VIT_FOLDER]   # default: transcribe long embed-text
+    python bench/memory.py [transcribe] [long] [embed-text] [classify VIT_FOLDER]
+(default: transcribe long embed-text)
 `transcribe`: the 7.1 s Austen clip (LibriVox, Debian's pocketsphinx-testdata) with tiny.en; `long`: a 2-hour
 48 kHz stereo WAV made from it with sox (padded to 17.1 s, 420 copies: 7182 s), the #26 target (< 500 MB);
 `embed-text`: 1000 lines through all-MiniLM-L6-v2; `classify`: skimage's astronaut through a ViT folder

@@ -276,7 +276,8 @@ class EntryGraph:
     """One entry written as an ONNX model: which buffers it reads from the caller, which it writes back
     (state, bound in place) and which it returns; `model` is the serialised ModelProto, `key` its digest."""
 
-    def __init__(self, program: Program, entry: Entry, precision: str = "fp32", transposed: frozenset[str] = frozenset()):
+    def __init__(self, program: Program, entry: Entry, precision: str = "fp32",
+                 transposed: frozenset[str] = frozenset()):
         g = _Graph(program, precision == "int8", transposed)
         for step in entry.steps:
             if step.op not in LOWERINGS:
