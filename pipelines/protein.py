@@ -262,8 +262,8 @@ def plan_batches(token_lengths: list[int], buckets: tuple[int, ...], toks_per_ba
 class ProteinOptions:
     pooling: str = "mean"            # mean | cls | per-residue
     layers: tuple[int, ...] = (-1,)  # fair-esm repr_layers: 0 = embeddings, -1 = last
-    # token budget per batch, padding included (at least one sequence each). fair-esm uses 4096; on the cpu
-    # backend rows beyond ~16 a batch gain nothing per sequence, while each NPU program grows with its rows
+    # token budget per batch, padding included (at least one sequence each). fair-esm uses 4096; 1024 runs
+    # faster per sequence on the cpu backend (bench/esm_buckets.py) and keeps each NPU program small
     toks_per_batch: int = 1024
     max_len: int = 1022              # residues; ESM-2 was trained on 1022 + <cls> + <eos>
     on_long: str = "truncate"        # truncate (with a warning) | error
