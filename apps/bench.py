@@ -45,7 +45,7 @@ def _graphs(family: str, cfg, length: int, folder: Path | None):
     """The graphs of the program the pipeline serving this model loads (pipelines/*.py program_graphs, so that
     `--device npu` finds what `aie-apps build` built), and the entries a benchmark runs, in order (one shared state):
     batch 1 at the smallest bucket that holds `length`. Shape presets have no folder: one graph at `length`."""
-    from pipelines import asr, conformer_asr, text, vision
+    from pipelines import asr, conformer_asr, protein, text, vision
     from sdk.models import bert, conformer, esm, vit, whisper
     if family == "whisper":
         return (asr.program_graphs(folder) if folder else whisper.graphs(cfg)), ["encode", "decode_step"]
@@ -64,12 +64,12 @@ def _graphs(family: str, cfg, length: int, folder: Path | None):
     if family in ("vit", "dinov2", "dinov2_with_registers", "clip", "resnet"):
         graphs = vision.program_graphs(folder) if folder else [vit.graph(cfg, 1)]
         return graphs, [graphs[0].name]   # batch 1
-    if family == "esm":  # ESM-2 sessions hold the shapes met so far (pipelines/protein.py): one at `length`
-        if length > cfg.max_position_embeddings:
-            raise UsageError(f"--length {length} is longer than this model's {cfg.max_position_embeddings} "
-                             f"positions", fix=f"pass --length {cfg.max_position_embeddings} or less")
-        g = esm.graph(cfg, 1, length)
-        return [g], [g.name]
+    if family == "esm":
+        buckets = esm.length_buckets(protein.ProteinOptions().max_len + 2)
+        if length > buckets[-1]:
+            raise UsageError(f"--length {length} is longer than embed runs ({buckets[-1]} tokens)",
+                             fix=f"pass --length {buckets[-1]} or less")
+        return protein.program_graphs(cfg), [esm.entry(1, next(b for b in buckets if b >= length))]
     raise UsageError(f"bench does not know how to drive a {family!r} model",
                      fix=f"use a whisper, bert, conformer, vision or esm model, or a preset: {sorted(_presets())}")
 

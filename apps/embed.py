@@ -40,7 +40,7 @@ def embed(
     fmt: Annotated[Optional[str], typer.Option("--format", help="npz | jsonl (default: from the -o suffix)")] = None,
     pooling: Annotated[str, typer.Option("--pooling", help="mean (residues only) | cls | per-residue")] = "mean",
     layers: Annotated[str, typer.Option("--layers", help="comma-separated layers, fair-esm style: 0 = embeddings, -1 = last")] = "-1",
-    toks_per_batch: Annotated[int, typer.Option("--toks-per-batch", help="token budget per batch")] = 4096,
+    toks_per_batch: Annotated[int, typer.Option("--toks-per-batch", help="token budget per batch, padding included")] = 1024,
     max_len: Annotated[int, typer.Option("--max-len", help="longest sequence in residues")] = 1022,
     on_long: Annotated[str, typer.Option("--on-long", help="longer sequences: truncate | skip | error")] = "truncate",
     max_record: Annotated[Optional[int], typer.Option(

@@ -177,9 +177,11 @@ def model_programs(model: str) -> ModelPrograms:
             if model_type == "clip" else "ImageEmbedder"
         return ModelPrograms(model, folder, loaded_by, vision.program_graphs(folder, vision.VisionOptions()))
     if model_type == "esm":
-        raise UsageError(f"{model}: ESM-2 sessions hold the (batch, length) shapes of the proteins met so far "
-                         "(pipelines/protein.py), so no prebuilt program can match what `embed` loads yet",
-                         fix="run `aie-apps embed` with --device emu or cpu")
+        from pipelines import protein
+        from sdk.models import esm
+        from sdk.weights import read_config
+        return ModelPrograms(model, folder, "embed (ProteinEmbedder)",
+                             protein.program_graphs(esm.Config.from_dict(read_config(folder))))
     raise UsageError(f"{source.path} holds a {model_type!r} model, which no pipeline serves",
                      fix=f"build one of the architectures {', '.join(sorted(ARCHITECTURES))}, or `smoke`")
 

@@ -4,9 +4,11 @@
     with ProteinEmbedder("esm2_t6_8M_UR50D") as embedder:
         vectors = embedder.embed(["MKTAYIAKQR", "GSHMLEDPVDAFQA"])   # [2, hidden]
 
-Static shapes: sequences are sorted by length, padded to a length bucket and packed into batches of at most
-`toks_per_batch` tokens (fair-esm's batching, on fixed shapes). Padding is masked inside attention and
-excluded from pooling, so a sequence's embedding never depends on what it was batched with.
+Static shapes: sequences are sorted by length, padded to a length bucket (64, 128, ... 1024 tokens) and run in
+batches of `toks_per_batch` // bucket rows or one at a time (fair-esm's batching, on the fixed shapes of
+esm.program_graphs: the one session holds them all, and `aie-apps build` compiles exactly those). Padding is
+masked inside attention and excluded from pooling, so a sequence's embedding never depends on what it was
+batched with.
 Pooling and layers follow fair-esm's `extract.py`: `mean` averages the residues only (not <cls>, <eos> or
 padding), `cls` is the <cls> position, `per-residue` keeps one row per residue; layer 0 is the embedding
 output, negative layers count from the last.
@@ -225,17 +227,7 @@ def check_unique_ids(records: Iterable[Record]) -> None:
                              "characters become '_')")
 
 
-# ---- static shapes -------------------------------------------------------------------------------
-
-def length_buckets(max_tokens: int) -> tuple[int, ...]:
-    """Token lengths compiled for: steps of about 1.5x from 32, then the longest allowed input itself."""
-    # the steps go on past 4096 so that a raised max_len does not pad every long protein to max_len itself
-    steps, b = [32], 64
-    while b < max_tokens:
-        steps += [b, b * 3 // 2]
-        b *= 2
-    return tuple(b for b in steps if b < max_tokens) + (max_tokens,)
-
+# ---- static shapes ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Batch:
@@ -245,19 +237,22 @@ class Batch:
 
 
 def plan_batches(token_lengths: list[int], buckets: tuple[int, ...], toks_per_batch: int) -> list[Batch]:
-    """Sort by length, bucket, and pack at most toks_per_batch tokens per batch. Full batches have
-    toks_per_batch // bucket rows; a bucket's last, partial batch rounds up to a power of two."""
+    """Sort by length, bucket, and pack toks_per_batch // bucket rows per batch (esm.batch_sizes). A bucket's
+    last, partial batch runs at that full size when it is at least half full (filler rows cost under 2x),
+    otherwise one sequence per run."""
     order = sorted(range(len(token_lengths)), key=lambda i: token_lengths[i])
     by_bucket: dict[int, list[int]] = {}
     for i in order:
         by_bucket.setdefault(next(b for b in buckets if b >= token_lengths[i]), []).append(i)
     batches = []
     for length, members in by_bucket.items():
-        cap = max(1, toks_per_batch // length)
+        cap = max(esm.batch_sizes(length, toks_per_batch))
         for start in range(0, len(members), cap):
             chunk = tuple(members[start:start + cap])
-            size = cap if len(chunk) == cap else min(cap, 1 << (len(chunk) - 1).bit_length())
-            batches.append(Batch(chunk, size, length))
+            if 2 * len(chunk) >= cap:
+                batches.append(Batch(chunk, cap, length))
+            else:
+                batches += [Batch((i,), 1, length) for i in chunk]
     return batches
 
 
@@ -267,7 +262,9 @@ def plan_batches(token_lengths: list[int], buckets: tuple[int, ...], toks_per_ba
 class ProteinOptions:
     pooling: str = "mean"            # mean | cls | per-residue
     layers: tuple[int, ...] = (-1,)  # fair-esm repr_layers: 0 = embeddings, -1 = last
-    toks_per_batch: int = 4096       # token budget per batch, padding included (at least one sequence each)
+    # token budget per batch, padding included (at least one sequence each). fair-esm uses 4096; 1024 runs
+    # faster per sequence on the cpu backend (bench/esm_buckets.py) and keeps each NPU program small
+    toks_per_batch: int = 1024
     max_len: int = 1022              # residues; ESM-2 was trained on 1022 + <cls> + <eos>
     on_long: str = "truncate"        # truncate (with a warning) | error
 
@@ -285,6 +282,11 @@ class ProteinOptions:
         if self.max_len < 1 or self.toks_per_batch < 1:
             raise UsageError(f"max_len ({self.max_len}) and toks_per_batch ({self.toks_per_batch}) must be positive",
                              fix="pass positive values (a sequence longer than the budget gets a batch of its own)")
+
+
+def program_graphs(cfg: esm.Config, options: ProteinOptions = ProteinOptions()) -> list:
+    """The graphs a ProteinEmbedder with these options runs (its one session): what `aie-apps build` compiles."""
+    return esm.program_graphs(cfg, options.layers, options.max_len + 2, options.toks_per_batch)
 
 
 def resolve_model(name: str) -> hub.ModelSource:
@@ -322,14 +324,12 @@ class ProteinEmbedder:
         if len(self.layers) < len(options.layers):  # e.g. 6 and -1 of a 6-layer model: the output has fewer axes
             warnings.warn(f"layers {', '.join(map(str, options.layers))} name the same layer more than once; "
                           f"embedding layers {', '.join(map(str, self.layers))}", stacklevel=2)
-        self.buckets = length_buckets(options.max_len + 2)
+        self.buckets = esm.length_buckets(options.max_len + 2)
         self._device = device
         self.choice = choose_device(device)  # strict devices fail here, before any work
-        self.session: Session | None = None
-        self._shapes: set[tuple[int, int]] = set()
-        # one embedder may be shared by threads: a rebuild (new shapes) must not close the session another
-        # thread is running, so rebuilds and runs take turns
-        self._lock = threading.RLock()
+        self.session: Session | None = None  # opened at the first batch: a finished --resume compiles nothing
+        # one embedder may be shared by threads: the session is opened once, and runs take turns
+        self._lock = threading.Lock()
 
     @property
     def dim(self) -> int:
@@ -386,25 +386,13 @@ class ProteinEmbedder:
         plan = plan_batches([len(t) for t in tokens], self.buckets, self.options.toks_per_batch)
         if not plan:
             return
-        shapes = {(b.batch, b.length) for b in plan}
         for b in plan:
             with self._lock:  # per batch, not across the yield: other threads' batches interleave
-                self._ensure_session(shapes)
+                if self.session is None:
+                    self.session = Session(program_graphs(self.cfg, self.options), self._weights, device=self._device)
+                    self._weights = None  # the session holds its own copy
                 vectors = self._run(b, [tokens[i] for i in b.indices])
             yield b.indices, vectors
-
-    def _ensure_session(self, shapes: set[tuple[int, int]]):
-        """One session holds every static shape seen so far; new shapes rebuild it (weights stay as loaded)."""
-        if self.session is not None and shapes <= self._shapes:
-            return
-        self._shapes |= shapes
-        if self.session is not None:
-            self.session.close()
-        graphs = [esm.graph(self.cfg, batch, length, self.layers) for batch, length in sorted(self._shapes)]
-        # the first session takes the weights checked at construction; a rebuild reads them again rather than
-        # keep them beside the session's own copy (the cpu backend lays out its linear weights anew)
-        weights, self._weights = self._weights or esm.load(self.source.path)[1], None
-        self.session = Session(graphs, weights, device=self._device)
 
     def _run(self, batch: Batch, tokens: list[np.ndarray]) -> list[np.ndarray]:
         ids = np.full((batch.batch, batch.length), self.tokenizer.pad, np.int32)
@@ -414,7 +402,7 @@ class ProteinEmbedder:
         for row, t in enumerate(tokens):
             ids[row, :len(t)] = t
             mask[row, :len(t)] = 1.0
-        out = self.session.run(f"esm_b{batch.batch}_t{batch.length}", ids=ids, mask=mask)
+        out = self.session.run(esm.entry(batch.batch, batch.length), ids=ids, mask=mask)
         hidden = np.stack([out[f"layer_{k}"] for k in self.layers], axis=2)  # [B, T, n_layers, H]
         if len(self.layers) == 1:
             hidden = hidden[:, :, 0]

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from apps.main import app
-from pipelines.protein import (EsmTokenizer, ProteinEmbedder, ProteinOptions, check_unique_ids, length_buckets,
-                               plan_batches, read_fasta)
+from pipelines.protein import (EsmTokenizer, ProteinEmbedder, ProteinOptions, check_unique_ids, plan_batches,
+                               program_graphs, read_fasta)
 from sdk.errors import InputError, ModelNotFound, UsageError
 from sdk.models import esm
 from sdk.session import Session
@@ -130,28 +130,41 @@ def test_ids_are_sanitised_and_duplicates_refused_up_front():
 # ---- static shapes and batching ------------------------------------------------------------------
 
 def test_buckets_and_token_budget_batches():
-    assert length_buckets(1024) == (32, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
-    assert length_buckets(102) == (32, 64, 96, 102)
+    assert esm.length_buckets(1024) == (64, 128, 256, 512, 1024)
+    assert esm.length_buckets(102) == (64, 102)
     rng = np.random.default_rng(0)
     lengths = rng.integers(3, 1025, 300).tolist()
-    buckets = length_buckets(1024)
+    buckets = esm.length_buckets(1024)
     plan = plan_batches(lengths, buckets, 4096)
     seen = sorted(i for b in plan for i in b.indices)
     assert seen == list(range(300))  # every sequence exactly once
     for b in plan:
         assert b.length in buckets and all(lengths[i] <= b.length for i in b.indices)
-        assert len(b.indices) <= b.batch and (b.batch * b.length <= 4096 or b.batch == 1)
-        full = 4096 // b.length
-        assert b.batch == full or (b.batch & (b.batch - 1)) == 0  # partial batches round up to a power of two
+        assert b.batch in esm.batch_sizes(b.length, 4096) and len(b.indices) <= b.batch
+        assert b.batch == 1 or 2 * len(b.indices) >= b.batch  # filler rows never double a batch's work
     # a sequence over the whole budget still gets a batch of its own
     assert plan_batches([1024], buckets, 100)[0].batch == 1
+    # 5 sequences in the 64 bucket (16 rows a batch at 1024 tokens): one at a time; 10: one padded batch
+    assert [b.batch for b in plan_batches([10] * 5, buckets, 1024)] == [1] * 5
+    assert [b.batch for b in plan_batches([10] * 10, buckets, 1024)] == [16]
 
 
 def test_a_raised_max_len_keeps_bucketing_long_proteins():
-    """--max-len 20000 for a 5000-residue protein: a 6144-token shape, not 20002 (16x the attention work)."""
-    buckets = length_buckets(20002)
-    assert buckets[13:] == (4096, 6144, 8192, 12288, 16384, 20002)
-    assert [b.length for b in plan_batches([5002, 1102], buckets, 4096)] == [1536, 6144]
+    """--max-len 20000 for a 5000-residue protein: an 8192-token shape, not 20002 (6x the attention work)."""
+    buckets = esm.length_buckets(20002)
+    assert buckets[5:] == (2048, 4096, 8192, 16384, 20002)
+    assert [b.length for b in plan_batches([5002, 1102], buckets, 4096)] == [2048, 8192]
+
+
+def test_the_session_holds_every_planned_shape_up_front():
+    """The embedder's one session is esm.program_graphs for its options (what `aie-apps build` compiles): every
+    batch a plan can make is one of its entries, so no input shape compiles anything new."""
+    options = ProteinOptions(toks_per_batch=256, max_len=126)
+    names = [g.name for g in program_graphs(esm.TINY, options)]
+    assert names == ["esm_b1_t64", "esm_b4_t64", "esm_b1_t128", "esm_b2_t128"]
+    with ProteinEmbedder(str(MODEL), device="cpu", options=options) as e:
+        e.embed(["MKTAYIAKQR"] * 3 + ["G" * 100])
+        assert list(e.session.program.entries) == names
 
 
 # ---- embeddings ----------------------------------------------------------------------------------
@@ -371,7 +384,7 @@ def test_emulated_npu_one_dispatch_per_batch_and_close_to_cpu(tmp_path, embedder
     """Emulated (no NPU here): the same pipeline on the functional NPU emulator, bf16 numerics: each vector
     within the emulator's rel-L2 budget (1e-2) of the cpu's."""
     sequences = ["MKTAYIAKQRQISFVKSHFSRQLEERLGLIEVQ", "GSHMLEDPVDAFQA", "MQIFVKTLTGKTITLE"]
-    with ProteinEmbedder(str(MODEL), device="emu", options=ProteinOptions(toks_per_batch=64)) as e:
+    with ProteinEmbedder(str(MODEL), device="emu", options=ProteinOptions(toks_per_batch=128)) as e:
         vectors = e.embed(sequences)
         assert e.session.counters.dispatches == e.session.counters.runs == 2  # one dispatch per batch
         assert e.report()["npu_fraction"]["ops"] == 1.0

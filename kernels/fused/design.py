@@ -108,9 +108,8 @@ class FusedDesign:
         """The scratchpad words one sequence's DMAs read, each with its index in the control scratchpad: the
         order of the module-scope declarations (to be checked against aiecc's parameter file on the first real
         build)."""
-        order = list(self.scratchpad)
         used = {n for run in self.sequences[sequence] for n in self.parameters[run.device].get("scratchpad", {})}
-        return {n: {**self.scratchpad[n], "index": order.index(n)} for n in order if n in used}
+        return {n: {**word, "index": i} for i, (n, word) in enumerate(self.scratchpad.items()) if n in used}
 
     def manifest(self) -> dict:
         """What the runtime needs besides the artifact: sequences per entry, arena sizes, parameter buffers."""

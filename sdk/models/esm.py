@@ -184,13 +184,42 @@ def forward(w, ids, mask, *, cfg: Config, layers: tuple[int, ...]):
     return outputs
 
 
+def entry(batch: int, length: int) -> str:
+    """The entry name of the encoder at one static (batch, length)."""
+    return f"esm_b{batch}_t{length}"
+
+
 def graph(cfg: Config, batch: int, length: int, layers=(-1,)) -> Graph:
     """The encoder at one static (batch, length), returning the hidden states of `layers` (fair-esm
-    semantics, negatives allowed); the entry name encodes the shape."""
+    semantics, negatives allowed)."""
     layers = resolve_layers(layers, cfg.num_hidden_layers)
     spec = ((batch, length), "int32")
-    return trace(forward, name=f"esm_b{batch}_t{length}", weights=param_shapes(cfg), cfg=cfg, layers=layers,
+    return trace(forward, name=entry(batch, length), weights=param_shapes(cfg), cfg=cfg, layers=layers,
                  inputs={"ids": spec, "mask": ((batch, length), "float32")})
+
+
+# ---- the programs the pipeline runs (pipelines/protein.py, kernels/build.py and apps/bench.py take them here) ---
+
+def length_buckets(max_tokens: int) -> tuple[int, ...]:
+    """Token lengths (<cls> + residues + <eos>) a protein is padded to: powers of two from 64 below the longest
+    allowed input, then that input itself. The default 1022 residues give 64, 128, 256, 512, 1024."""
+    # powers of two keep the shapes tile-aligned on the NPU and the padding under 2x; they go on past 1024 so a
+    # raised max_len does not pad every long protein to max_len itself
+    steps, b = [], 64
+    while b < max_tokens:
+        steps.append(b)
+        b *= 2
+    return (*steps, max_tokens)
+
+
+def batch_sizes(length: int, toks_per_batch: int) -> tuple[int, ...]:
+    """The static batches at one length: a full batch of toks_per_batch // length rows, and a single sequence."""
+    return tuple(sorted({1, max(1, toks_per_batch // length)}))
+
+
+def program_graphs(cfg: Config, layers: tuple[int, ...], max_tokens: int, toks_per_batch: int) -> list[Graph]:
+    """Every graph of one embedding session: each length bucket at each of its batch sizes."""
+    return [graph(cfg, b, t, layers) for t in length_buckets(max_tokens) for b in batch_sizes(t, toks_per_batch)]
 
 
 _LEGACY_NORM = {"LayerNorm.gamma": "LayerNorm.weight", "LayerNorm.beta": "LayerNorm.bias"}
