@@ -97,7 +97,7 @@ class TranscribeOptions:
             raise UsageError(f"unknown precision {self.precision!r}", fix="use fp32 or int8")
         if self.shortest_window is not None and not 0 < self.shortest_window < float("inf"):
             raise UsageError(f"shortest_window must be a positive number of seconds, got {self.shortest_window!r}",
-                             fix="e.g. 15 (the default), 5 for whisper-base, or 30 for the full window only")
+                             fix="e.g. 5 (whisper-base's own floor), or 30 for the full window only; leave it unset for the model's own")
         if not self.temperatures or min(self.temperatures) < 0:
             raise UsageError(f"temperatures must be a non-empty tuple of values >= 0, got {self.temperatures!r}",
                              fix="e.g. (0.0,) for greedy only, or the default (0.0, 0.2, ..., 1.0)")
@@ -317,8 +317,15 @@ class WhisperRecognizer:
             return False
         if not result.text.strip() or (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold):
             return False
-        return not ((o.compression_ratio_threshold is not None and result.compression_ratio > o.compression_ratio_threshold)
-                    or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold))
+        return not self._looping(result) and not self._unsure(result)
+
+    def _looping(self, result: _Result) -> bool:
+        o = self.options
+        return o.compression_ratio_threshold is not None and result.compression_ratio > o.compression_ratio_threshold
+
+    def _unsure(self, result: _Result) -> bool:
+        o = self.options
+        return o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold
 
     def _fallback_decode(self, language: str, max_tokens: int, fallback: bool,
                          stop: Callable[[], bool] | None) -> _Result | None:
@@ -335,11 +342,9 @@ class WhisperRecognizer:
             result = self._decode(prompt, temperature, max_tokens, stop)
             if result is None:
                 return None
-            looping = (o.compression_ratio_threshold is not None
-                       and result.compression_ratio > o.compression_ratio_threshold)
-            retry = looping or (o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold)
-            if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
-                    and o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold):
+            looping = self._looping(result)
+            retry = looping or self._unsure(result)
+            if o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold and self._unsure(result):
                 retry = False  # silence, as OpenAI's transcribe judges it: the skip below decides
             if not retry:
                 break
