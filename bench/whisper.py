@@ -219,7 +219,7 @@ def main():
         return
     from pipelines.asr import TranscribeOptions
     ours_int8 = WhisperRecognizer("whisper-tiny.en", device="cpu", options=TranscribeOptions(precision="int8"))
-    # tiny.en's default is the full window (pipelines.asr.SHORTEST_WINDOW): this row shows what a 15 s one buys
+    # tiny.en's default is the full window (pipelines.whisper_asr.SHORTEST_WINDOW): this row shows what a 15 s one buys
     ours_15s = WhisperRecognizer("whisper-tiny.en", device="cpu", options=TranscribeOptions(shortest_window=15.0))
     cases = {"ours": ours_clips, "ours --precision int8": lambda: ours_clips(ours_int8),
              "ours, 15 s encoder window": lambda: ours_clips(ours_15s),

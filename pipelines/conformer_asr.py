@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from pipelines import audio
-from pipelines.asr import Segment
+from pipelines.transcript import Segment
 from sdk import hub
 from sdk.errors import InputError, UsageError, WeightError
 from sdk.models import conformer

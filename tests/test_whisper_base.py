@@ -160,7 +160,7 @@ def english(tmp_path_factory):
 
 
 def test_short_windows_keep_the_full_windows_accuracy(base, english, capsys):
-    """The WER gate of pipelines.asr.SHORTEST_WINDOW["whisper-base"]: file transcription in the short encoder
+    """The WER gate of pipelines.whisper_asr.SHORTEST_WINDOW["whisper-base"]: file transcription in the short encoder
     windows (every clip here is < 15 s) within 0.5 points of the full 30 s window, and no window looped."""
     from pipelines.asr import Transcriber, TranscribeOptions
     from tests.dictation_support import wer

@@ -351,7 +351,7 @@ def graphs(cfg: Config, *, timestamp_begin: int | None = None, prefill: tuple[in
 # The program the pipelines run takes its shapes from these constants, so a new bucket is a one-line change that
 # the pipelines, the build and bench all see. PREFILL: decoder prefill lengths (decode_{n}); none today.
 # ENCODER_WINDOWS: the short encoder windows, in seconds of Whisper's 30 s one; audio runs in the shortest that
-# holds it (pipelines/asr.py, where each model's WER gate sets the shortest it may use). The encoder's time is
+# holds it (pipelines/whisper_asr.py, where each model's WER gate sets the shortest it may use). The encoder's time is
 # about proportional to the window; 5 and 10 s hold single utterances, 15 and 20 s a dictation decode (6 s of
 # left context + the utterance), and whisper-base keeps its accuracy in all four.
 PREFILL: tuple[int, ...] = ()
@@ -360,7 +360,7 @@ WINDOW_SECONDS = 30.0  # the window every Whisper checkpoint was trained on (max
 
 
 def program_graphs(cfg: Config, timestamp_begin: int) -> list[Graph]:
-    """Every graph of one transcription session (pipelines/asr.py): what `aie-apps build` compiles for Whisper."""
+    """Every graph of one transcription session (pipelines/whisper_asr.py): what `aie-apps build` compiles for Whisper."""
     return graphs(cfg, timestamp_begin=timestamp_begin, prefill=PREFILL, encoder_windows=ENCODER_WINDOWS)
 
 
