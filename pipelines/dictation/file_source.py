@@ -20,15 +20,21 @@ class FileSource:
     the worker takes them), "simulated" (as fast as possible, but the Stream keeps a virtual clock that
     advances by the audio a real microphone would have delivered while each decode ran, so event times
     and latencies are those of a real-time session on this machine).
+    decode_cost: simulated pace only: seconds the virtual clock charges per decode instead of its wall time,
+    a machine of that speed whatever the load of this one (tests of the engine's timing use it).
     """
 
     def __init__(self, audio: str | Path | np.ndarray, sample_rate: int | None = None, *,
-                 pace: str = "realtime", block_seconds: float = 0.1):
+                 pace: str = "realtime", block_seconds: float = 0.1, decode_cost: float | None = None):
         if pace not in ("realtime", "fast", "simulated"):
             raise UsageError(f"pace must be realtime, fast or simulated, got {pace!r}")
         if isinstance(audio, np.ndarray) and sample_rate is None:
             raise UsageError("pass sample_rate with an array")
+        if decode_cost is not None and (pace != "simulated" or not decode_cost >= 0):
+            raise UsageError(f"decode_cost is a simulated pace's seconds per decode (>= 0), got {decode_cost!r}"
+                             f" with pace {pace!r}", fix="pass pace='simulated', or leave decode_cost out")
         self.audio, self.sample_rate, self.pace, self.block_seconds = audio, sample_rate, pace, block_seconds
+        self.decode_cost = decode_cost
         self.backpressure = pace != "realtime"
 
     def check(self) -> None:
