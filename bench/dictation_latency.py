@@ -15,6 +15,10 @@ of the clip instead, which compares VADs) and its arrival, and where they went:
 
     PYTHONPATH=. python bench/dictation_latency.py [--model whisper-base] [--paces realtime,modeled,simulated] [--runs N]
         [--partials both|on|off] [--set early_final=0.3 --set vad=energy ...] [--shortest-window 30] [--step-s 0.018] [--decodes]
+        [--variant "short:hangover=0.4,context=2" --variant "floor20:shortest_window=20" ...]
+
+Variants run in the same process, interleaved per pace, on one calibration: the way to compare settings (the
+keys are DictationOptions fields, and `shortest_window`, the recognizer's TranscribeOptions field).
 
 Paces: realtime = a FileSource at real-time pace, wall clock (what a user sees, noisy on a shared machine);
 modeled = the same cadence on a virtual clock that charges every decode a fixed cost per encoder pass (per
@@ -168,9 +172,13 @@ def main():
                         help="modeled seconds per decoder step (default: the fastest measured at start)")
     parser.add_argument("--shortest-window", type=float, default=None, metavar="SECONDS",
                         help="TranscribeOptions.shortest_window (default: the model's own; 30 = always the full window)")
+    parser.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
+                        help="TranscribeOptions.precision (cpu backend; int8 = whisper.INT8_ENTRIES with int8 weights)")
     parser.add_argument("--decodes", action="store_true", help="also list every decode (audio end, start, end)")
     parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                         help="a DictationOptions field, e.g. --set early_final=0.3 (repeatable)")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL:OPTION=VALUE,...",
+                        help="a setting to compare, on top of --set (repeatable; none: --set alone)")
     args = parser.parse_args()
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(args.threads))
@@ -182,52 +190,68 @@ def main():
     audio, reference, spans = librivox_session()
     word_ends = [start + (np.flatnonzero(np.abs(audio[int(start * RATE):int(end * RATE)]) > 0.05)[-1] + 1) / RATE
                  for start, end in spans]
-    timed = TimedTranscriber(Transcriber(args.model, options=TranscribeOptions(shortest_window=args.shortest_window)))
+    timed = TimedTranscriber(Transcriber(args.model, options=TranscribeOptions(shortest_window=args.shortest_window,
+                                                                         precision=args.precision)))
     encoder_s = None
     overrides = {k: option_value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    variants = [parse_variant(text, overrides) for text in args.variant] or [("", overrides)]
+    recognizer_options = timed.transcriber.recognizer.options
     settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.partials]
     paces = [p for p in args.paces.split(",") for _ in range(args.runs if p == "realtime" else 1)]
     from pipelines.dictation.voice_activity import open_vad, vad_name
-    chosen = DictationOptions(**overrides)
+    chosen = DictationOptions(**{k: v for k, v in overrides.items() if k != "shortest_window"})
     print(f"{load()}; options {overrides or 'defaults'}; vad {vad_name(open_vad(chosen) if chosen.vad else None)};"
-          f" shortest encoder window {args.shortest_window or 'the model default'}", flush=True)
-    for pace in sorted(paces, key=lambda p: p == "modeled"):     # calibrate on the decodes of the others too
-        for partials in settings:
-            options = DictationOptions(**{"partials": partials, **overrides})
-            if pace == "modeled":
-                if encoder_s is None:
-                    encoder_s, step = calibrate(timed, audio)
-                    args.step_s = step if args.step_s is None else args.step_s
-                step_s = args.step_s
-                events, decodes = modeled_session(timed, audio, options, encoder_s, step_s)
-                label = (f"modeled (encoder {', '.join(f'{k} {v:.2f} s' for k, v in sorted(encoder_s.items()))}"
-                         f" + {1000 * step_s:.0f} ms/step)")
-            else:
-                stream = Stream(timed, FileSource(audio, RATE, pace=pace), options)
-                timed.clock, timed.decodes = (lambda s=stream, p=pace: s._clock(p)), []
-                events = list(stream.start().events())
-                decodes, label = stream.report()["decodes"], pace
-            finals = [e for e in events if e.type == "final"]
-            latency = np.array([f.latency for f in finals])
-            after_words = np.array([f.at - words_end(f, word_ends) for f in finals])
-            n_partials = sum(e.type == "partial" for e in events)
-            print(f"{label} partials={'on ' if partials else 'off'}: finals {len(finals)}, partials {n_partials},"
-                  f" decodes {decodes}, WER {wer(reference, ' '.join(f.text for f in finals)):.3f};"
-                  f" latency s min {latency.min():.2f} median {np.median(latency):.2f} max {latency.max():.2f}"
-                  f" all {np.round(latency, 2).tolist()}; over 2.5 s: {int(np.sum(latency > 2.5))}; after the words'"
-                  f" end: median {np.median(after_words):.2f} max {after_words.max():.2f}  [{load()}]", flush=True)
-            if pace == "simulated":
-                continue   # the simulated clock does not advance during a decode: no breakdown
-            if args.decodes:
-                print("    decodes (audio end -> start..end): " + ", ".join(
-                    f"{d.audio_end:.2f}->{d.start:.2f}..{d.end:.2f}" for d in timed.decodes))
-            for i, final in enumerate(finals):
-                parts = breakdown(final, timed.decodes, options.hangover)
-                print(f"    final {i}: {final.latency:.2f} s = " + " + ".join(
-                    f"{k} {v:.2f}" for k, v in parts.items() if k not in ("behind", "steps", "window"))
-                    + f"  (behind a running decode {parts.get('behind', 0):.2f}, {parts.get('steps', 0)} decoder steps,"
-                      f" window {parts.get('window', '-')})",
-                    flush=True)
+          f" shortest encoder window {args.shortest_window or 'the model default'}; precision {args.precision}", flush=True)
+    for pace, partials, (name, setting) in [(p, on, v) for p in sorted(paces, key=lambda p: p == "modeled")
+                                           for on in settings for v in variants]:  # calibrate on the others too
+        window = setting.get("shortest_window", args.shortest_window)
+        timed.transcriber.recognizer.options = replace(recognizer_options, shortest_window=window)
+        options = DictationOptions(**{"partials": partials,
+                                      **{k: v for k, v in setting.items() if k != "shortest_window"}})
+        if pace == "modeled":
+            if encoder_s is None:
+                encoder_s, step = calibrate(timed, audio)
+                args.step_s = step if args.step_s is None else args.step_s
+            step_s = args.step_s
+            events, decodes = modeled_session(timed, audio, options, encoder_s, step_s)
+            label = (f"modeled (encoder {', '.join(f'{k} {v:.2f} s' for k, v in sorted(encoder_s.items()))}"
+                     f" + {1000 * step_s:.0f} ms/step)")
+        else:
+            stream = Stream(timed, FileSource(audio, RATE, pace=pace), options)
+            timed.clock, timed.decodes = (lambda s=stream, p=pace: s._clock(p)), []
+            events = list(stream.start().events())
+            decodes, label = stream.report()["decodes"], pace
+        finals = [e for e in events if e.type == "final"]
+        latency = np.array([f.latency for f in finals])
+        after_words = np.array([f.at - words_end(f, word_ends) for f in finals])
+        n_partials = sum(e.type == "partial" for e in events)
+        print(f"{name + ': ' if name else ''}{label} partials={'on ' if partials else 'off'}: finals {len(finals)},"
+              f" partials {n_partials},"
+              f" decodes {decodes}, WER {wer(reference, ' '.join(f.text for f in finals)):.3f};"
+              f" latency s min {latency.min():.2f} median {np.median(latency):.2f} max {latency.max():.2f}"
+              f" all {np.round(latency, 2).tolist()}; over 2.5 s: {int(np.sum(latency > 2.5))}; after the words'"
+              f" end: median {np.median(after_words):.2f} max {after_words.max():.2f}  [{load()}]", flush=True)
+        if pace == "simulated":
+            continue   # the simulated clock does not advance during a decode: no breakdown
+        if args.decodes:
+            print("    decodes (audio end -> start..end): " + ", ".join(
+                f"{d.audio_end:.2f}->{d.start:.2f}..{d.end:.2f}" for d in timed.decodes))
+        for i, final in enumerate(finals):
+            parts = breakdown(final, timed.decodes, options.hangover)
+            print(f"    final {i}: {final.latency:.2f} s = " + " + ".join(
+                f"{k} {v:.2f}" for k, v in parts.items() if k not in ("behind", "steps", "window"))
+                + f"  (behind a running decode {parts.get('behind', 0):.2f}, {parts.get('steps', 0)} decoder steps,"
+                  f" window {parts.get('window', '-')})",
+                flush=True)
+
+
+def parse_variant(text: str, base: dict) -> tuple[str, dict]:
+    """"label:key=value,key=value" -> (label, base with those overrides)."""
+    label, _, settings = text.partition(":")
+    pairs = [item.split("=", 1) for item in settings.split(",") if item.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise SystemExit(f"--variant {text!r}: expected LABEL:OPTION=VALUE,...")
+    return label, {**base, **{k.strip(): option_value(v.strip()) for k, v in pairs}}
 
 
 def calibrate(timed: TimedTranscriber, audio: np.ndarray) -> tuple[dict, float]:
