@@ -170,6 +170,9 @@ def main():
     parser.add_argument("--partials", choices=("both", "on", "off"), default="both")
     parser.add_argument("--step-s", type=float, default=None,
                         help="modeled seconds per decoder step (default: the fastest measured at start)")
+    parser.add_argument("--encoder-s", default="", metavar="ENTRY=SECONDS,...",
+                        help="modeled seconds per pass of these encoder entries (e.g. costs measured on an idle"
+                             " machine: encode=0.23,encode_t2000=0.14); the others are calibrated")
     parser.add_argument("--shortest-window", type=float, default=None, metavar="SECONDS",
                         help="TranscribeOptions.shortest_window (default: the model's own; 30 = always the full window)")
     parser.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
@@ -211,6 +214,7 @@ def main():
         if pace == "modeled":
             if encoder_s is None:
                 encoder_s, step = calibrate(timed, audio)
+                encoder_s |= {k: float(v) for k, v in (i.split("=", 1) for i in args.encoder_s.split(",") if i)}
                 args.step_s = step if args.step_s is None else args.step_s
             step_s = args.step_s
             events, decodes = modeled_session(timed, audio, options, encoder_s, step_s)
