@@ -16,14 +16,15 @@ of the clip instead, which compares VADs) and its arrival, and where they went:
     PYTHONPATH=. python bench/dictation_latency.py [--model whisper-base] [--paces realtime,modeled,simulated] [--runs N]
         [--partials both|on|off] [--set early_final=0.3 --set vad=energy ...] [--shortest-window 30] [--step-s 0.018] [--decodes]
         [--variant "short:hangover=0.4,context=2" --variant "floor20:shortest_window=20" ...]
+        [--precision int8] [--encoder-s encode=0.23,encode_t2000=0.14 ...]
 
 Variants run in the same process, interleaved per pace, on one calibration: the way to compare settings (the
 keys are DictationOptions fields, and `shortest_window`, the recognizer's TranscribeOptions field).
 
 Paces: realtime = a FileSource at real-time pace, wall clock (what a user sees, noisy on a shared machine);
 modeled = the same cadence on a virtual clock that charges every decode a fixed cost per encoder pass (per
-window) and decoder step (the fastest measured at start), so variants compare without the noise of other
-programs; simulated = the Stream's own simulated pace (each decode charged its wall time; summary only).
+window) and decoder step (the fastest measured at start, or --encoder-s / --step-s), so variants compare
+without the noise of other programs; simulated = the Stream's own simulated pace (each decode charged its wall time; summary only).
 The load average is printed with every line. Not a test: nothing is asserted.
 """
 from __future__ import annotations
