@@ -46,13 +46,12 @@ LATE_STAMP_SECONDS = 3.0       # a short window's timestamp this far past the au
                                # puts the end of speech up to 2.3 s into the silence after it with the same text as
                                # the next window (measured on the LibriVox dictation session), a loop runs on further
 # The shortest encoder window (s) in which each model keeps its accuracy in FILE transcription, by the WER gate
-# (tests/test_whisper_base.py, tests/test_transcribe.py: LibriVox and flite speech, short windows vs the full one
-# within 0.5 points, no word lost at the ends; bench/whisper_windows.py measures every floor). Live dictation uses it
-# too until it has floors of its own. whisper-base holds it at 5 s. tiny.en does not below 30 s: at every floor from
-# 5 to 20 s it hears the LibriVox clips' "ill-disposed" as "old-sposed" (clips 7.0 % vs 4.2 %, +2.8 points of 71
-# words); at 20 s it also ends a long file's last segment past the audio's end, and a rule that sends such a decode
-# to the next window makes the short windows slower than the full one (the cascade to 30 s encodes up to 4 windows).
-# Models not listed run the full window only.
+# (tests/test_whisper_base.py: LibriVox and flite speech, short windows vs the full one within 0.5 points, no word
+# lost at the ends; bench/whisper_windows.py measures every floor). whisper-base holds it at 5 s. tiny.en does not
+# below 30 s: at every floor from 5 to 20 s it hears the LibriVox clips' "ill-disposed" as "old-sposed" (clips
+# 7.0 % vs 4.2 %, +2.8 points of 71 words); at 20 s it also ends a long file's last segment past the audio's end,
+# and a rule that sends such a decode to the next window makes short windows slower than the full one (up to 4
+# encoder windows per clip). Models not listed run the full window only.
 SHORTEST_WINDOW = {"whisper-base": 5.0}
 
 
