@@ -249,14 +249,17 @@ def whisper_log_mel(samples: np.ndarray, n_mels: int = 80, *, n_samples: int = W
     """Whisper's log-mel [n_mels, n_samples // 160] of 16 kHz audio, zero-padded (or cut) to `n_samples`:
     periodic Hann STFT (400/160, centred, reflect), Slaney mel 0-8 kHz, log10 floored at 1e-10, clamped to
     (max - 8), scaled (x + 4) / 4. The same numbers as transformers' WhisperFeatureExtractor (<= 1e-4)."""
-    x = np.zeros(n_samples, np.float64)
     n = min(len(samples), n_samples)
+    # only the audio and n_fft zeros after it are transformed: every later frame sees zeros alone (power 0), so
+    # it is the log floor, -10, without an FFT (a 5 s clip in a 30 s window is a sixth of the work)
+    x = np.zeros(min(n_samples, n + WHISPER_N_FFT), np.float64)
     x[:n] = samples[:n]
     if n_mels not in _whisper_banks:
         _whisper_banks[n_mels] = mel_filters(sample_rate=SAMPLE_RATE, n_fft=WHISPER_N_FFT, n_mels=n_mels,
                                              fmax=8000.0)
     power = power_spectrum(x, n_fft=WHISPER_N_FFT, hop=WHISPER_HOP, window=hann_window(WHISPER_N_FFT))[:-1]
-    mel = np.log10(np.maximum(_whisper_banks[n_mels] @ power.T, 1e-10))
+    mel = np.full((n_mels, n_samples // WHISPER_HOP), -10.0)
+    mel[:, :len(power)] = np.log10(np.maximum(_whisper_banks[n_mels] @ power.T, 1e-10))
     mel = np.maximum(mel, mel.max() - 8.0)
     return ((mel + 4.0) / 4.0).astype(np.float32)
 

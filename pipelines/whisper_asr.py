@@ -45,11 +45,13 @@ TAIL_SECONDS = 1.0             # silence a short encoder window holds after the 
 LATE_STAMP_SECONDS = 3.0       # a short window's timestamp this far past the audio's end means a loop: whisper-base
                                # puts the end of speech up to 2.3 s into the silence after it with the same text as
                                # the next window (measured on the LibriVox dictation session), a loop runs on further
-# The shortest encoder window (s) in which each model keeps its accuracy, by the WER gate (tests/test_whisper_base.py:
-# LibriVox and flite speech, short windows vs the full one within 0.5 points, no word lost at the ends).
-# whisper-base holds it at 5 s. tiny.en does not below 30 s: at 20 s it ends a long file's last segment 5 s after
-# the speech (past the audio's end), at 15 s and below live dictation hears "ill-disposed" as "old-sposed" (+2.8
-# points of 71 words), and at 5 and 10 s file WER rises 1-1.5 points. Models not listed run the full window only.
+# The shortest encoder window (s) in which each model keeps its accuracy in FILE transcription, by the WER gate
+# (tests/test_whisper_base.py: LibriVox and flite speech, short windows vs the full one within 0.5 points, no word
+# lost at the ends; bench/whisper_windows.py measures every floor). whisper-base holds it at 5 s. tiny.en does not
+# below 30 s: at every floor from 5 to 20 s it hears the LibriVox clips' "ill-disposed" as "old-sposed" (clips
+# 7.0 % vs 4.2 %, +2.8 points of 71 words); at 20 s it also ends a long file's last segment past the audio's end,
+# and a rule that sends such a decode to the next window makes short windows slower than the full one (up to 4
+# encoder windows per clip). Models not listed run the full window only.
 SHORTEST_WINDOW = {"whisper-base": 5.0}
 # The same floor for live dictation (decode_window: 6 s of left context + one utterance), where a model's live gate
 # allows a shorter window than its file gate: tiny.en keeps its live WER at 20 s (1.41 %, as in the full window, on
@@ -94,12 +96,14 @@ class WhisperRecognizer:
         if self.english_only and options.language not in (None, "en"):
             raise UsageError(f"{self.source.name} is an English-only model; it cannot transcribe {options.language!r}",
                              fix="use a multilingual model (e.g. whisper-base, or openai/whisper-tiny when online) or --language en")
-        precision = {name: "int8" for name in whisper.INT8_ENTRIES} if options.precision == "int8" else options.precision
+        self.windows = whisper.windows(self.cfg, whisper.ENCODER_WINDOWS)  # shortest first, the full one last
+        # INT8_ENTRIES names an entry of every window: a short window runs int8 as the full one does
+        precision = ({w.entry(name): "int8" for w in self.windows for name in whisper.INT8_ENTRIES}
+                     if options.precision == "int8" else options.precision)
         self.session = Session(whisper.program_graphs(self.cfg, tok.timestamp_begin), weights, device=device,
                                precision=precision)
         self.state = self.session.new_state()
         self.session.run("set_suppress", self.state, bias=self._suppress_table(folder))
-        self.windows = whisper.windows(self.cfg, whisper.ENCODER_WINDOWS)  # shortest first, the full one last
         self._active = self.windows[-1]  # the window whose cross K/V the state holds
         self.last_window: whisper.Window | None = None  # the encoder window the last decode kept (bench reads it)
         self._lock = threading.Lock()

@@ -40,6 +40,28 @@ def librivox_session() -> tuple[np.ndarray, str, list[tuple[float, float]]]:
     return np.concatenate(parts), " ".join(ref for _, ref in librivox_clips()), spans
 
 
+# Harvard sentences (public domain), spoken by flite's slt voice: generated speech beside the LibriVox clips in
+# the WER gate of the short encoder windows (tests/test_whisper_base.py, tests/test_transcribe.py)
+HARVARD = ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background.",
+           "It is easy to tell the depth of a well.", "These days a chicken leg is a rare dish.",
+           "The juice of lemons makes fine punch.", "The box was thrown beside the parked truck.",
+           "Four hours of steady work faced us.", "A large size in stockings is hard to sell.",
+           "The boy was there when the sun rose. A rod is used to catch pink salmon. The source of the huge "
+           "river is the clear spring.",
+           "The small pup gnawed a hole in the sock. The fish twisted and turned on the bent hook. Press the pants "
+           "and sew a button on the vest. The swan dive was far short of perfect."]
+
+
+def gate_speech(folder: Path) -> list[tuple[Path, str]]:
+    """(wav, reference) for the 5 LibriVox clips and the Harvard sentences, spoken by flite into `folder`
+    (flite must be on PATH: check need("flite") first)."""
+    out = list(librivox_clips())
+    for i, text in enumerate(HARVARD):
+        subprocess.run(["flite", "-voice", "slt", "-t", text, "-o", str(folder / f"h{i}.wav")], check=True)
+        out.append((folder / f"h{i}.wav", text))
+    return out
+
+
 ABBREVIATIONS = {"mr": "mister", "mrs": "missus", "dr": "doctor", "st": "saint"}
 
 

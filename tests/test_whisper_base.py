@@ -134,29 +134,13 @@ def test_cli_dictate_with_whisper_base_in_german(home, speech, tmp_path):
     assert {"guten", "morgen", "park"} <= set(words(text)), text
 
 
-# Harvard sentences (public domain), spoken by flite's slt voice: generated speech beside the LibriVox clips
-HARVARD = ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background.",
-           "It is easy to tell the depth of a well.", "These days a chicken leg is a rare dish.",
-           "The juice of lemons makes fine punch.", "The box was thrown beside the parked truck.",
-           "Four hours of steady work faced us.", "A large size in stockings is hard to sell.",
-           "The boy was there when the sun rose. A rod is used to catch pink salmon. The source of the huge "
-           "river is the clear spring.",
-           "The small pup gnawed a hole in the sock. The fish twisted and turned on the bent hook. Press the pants "
-           "and sew a button on the vest. The swan dive was far short of perfect."]
-
-
 @pytest.fixture(scope="module")
 def english(tmp_path_factory):
     """(wav, reference) for the 5 LibriVox clips and the Harvard sentences spoken by flite."""
-    from tests.dictation_support import librivox_clips
+    from tests.dictation_support import gate_speech
     if reason := need("flite"):
         pytest.skip(reason)
-    folder = tmp_path_factory.mktemp("flite")
-    out = list(librivox_clips())
-    for i, text in enumerate(HARVARD):
-        subprocess.run(["flite", "-voice", "slt", "-t", text, "-o", str(folder / f"h{i}.wav")], check=True)
-        out.append((folder / f"h{i}.wav", text))
-    return out
+    return gate_speech(tmp_path_factory.mktemp("flite"))
 
 
 def test_short_windows_keep_the_full_windows_accuracy(base, english, capsys):

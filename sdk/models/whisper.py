@@ -294,9 +294,11 @@ def _state(cfg: Config) -> dict[str, tuple]:
     return s
 
 
-# The entries that may run with int8 weights on the cpu backend (--precision int8): the WER gate on the 5
-# LibriVox clips (tests/test_transcribe.py) holds for these.
-INT8_ENTRIES = ("encode", "decode_step", "decode_greedy")
+# The entries that may run with int8 weights on the cpu backend (--precision int8), every window's: the encoder
+# only, by the WER gate in the default mode, timestamps on (tests/test_transcribe.py; bench/whisper_windows.py int8).
+# tiny.en on the 5 LibriVox clips: encoder int8 4.2 % (= fp32), decoder int8 9.9 %, both 7.0 %. (On the clips
+# twice with pauses, encoder int8 is 5.6 % vs fp32's 2.8 %: the gate's clips pass, that file does not.)
+INT8_ENTRIES = ("encode",)
 
 
 @dataclass(frozen=True)
