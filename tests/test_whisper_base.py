@@ -143,7 +143,7 @@ def english(tmp_path_factory):
     return gate_speech(tmp_path_factory.mktemp("flite"))
 
 
-def test_short_windows_keep_the_full_windows_accuracy(base, english, capsys):
+def test_short_windows_keep_the_full_windows_accuracy(base, english, record_result):
     """The WER gate of pipelines.whisper_asr.SHORTEST_WINDOW["whisper-base"]: file transcription in the short encoder
     windows (every clip here is < 15 s) within 0.5 points of the full 30 s window, and no window looped."""
     from pipelines.asr import Transcriber, TranscribeOptions
@@ -158,13 +158,12 @@ def test_short_windows_keep_the_full_windows_accuracy(base, english, capsys):
     with Transcriber("whisper-base", options=TranscribeOptions(language="en", shortest_window=30.0)) as full:
         full_text = [full.transcribe(wav).text for wav, _ in english]
     short_wer, full_wer = wer(reference, " ".join(short)), wer(reference, " ".join(full_text))
-    with capsys.disabled():
-        print(f"\n  whisper-base WER, LibriVox + flite: short windows {short_wer:.2%}, full window {full_wer:.2%}"
-              f" (windows, s: {sorted(w.frames // 100 for w in used)})", end="")
+    record_result(f"whisper-base WER, LibriVox + flite: short windows {short_wer:.2%}, full window {full_wer:.2%}"
+                  f" (windows, s: {sorted(w.frames // 100 for w in used)})", short_wer=short_wer, full_wer=full_wer)
     assert short_wer <= full_wer + 0.005
 
 
-def test_live_dictation_in_short_windows_keeps_the_full_windows_accuracy(base, monkeypatch, capsys):
+def test_live_dictation_in_short_windows_keeps_the_full_windows_accuracy(base, monkeypatch, record_result):
     """The same gate live: the LibriVox clips as one dictation session (fast pace), every final decoded in a
     short window, WER within 0.5 points of the full window's. (The recognizer's 6 s of left context stays: cut
     to fit the 5 and 10 s windows it cost two words of these 71.)"""
@@ -183,7 +182,7 @@ def test_live_dictation_in_short_windows_keeps_the_full_windows_accuracy(base, m
     short = wer(reference, dictate(base))
     with Transcriber("whisper-base", options=TranscribeOptions(language="en", shortest_window=30.0)) as full_window:
         full = wer(reference, dictate(full_window))
-    with capsys.disabled():
-        print(f"\n  whisper-base live WER on LibriVox: short windows {short:.2%} ({encoded}), full window {full:.2%}", end="")
+    record_result(f"whisper-base live WER on LibriVox: short windows {short:.2%} ({encoded}), full window {full:.2%}",
+                  short_wer=short, full_wer=full)
     assert encoded and all(e != "encode" for e in encoded)
     assert short <= full + 0.005
