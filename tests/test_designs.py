@@ -451,13 +451,35 @@ def test_a_gemv_whose_k_is_off_the_tile_repeats_its_last_word(target):
 
 
 def test_fused_design_names_the_kernels_it_cannot_build():
-    # an entry input read through a transpose: a DMA moves contiguous words, and layout.route_transposes routes
-    # activations only
+    # an int32 entry input read through a transpose: a DMA moves contiguous words, and kernels/transpose moves
+    # floats only, so layout.route_transposes leaves it to the copy, which refuses
     def transposed(w, x):
         return {"y": ops.transpose(x, perm=(1, 0))}
-    program = compile_graphs([trace(transposed, name="t", weights={}, inputs={"x": ((4, 6), "float32")})], "npu2")
+    program = compile_graphs([trace(transposed, name="t", weights={}, inputs={"x": ((4, 6), "int32")})], "npu2")
     with standin.installed(), pytest.raises(df.DesignError, match=r"1 kernel steps have no design.*copy.*stride"):
         fused_design.build(program)
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+@pytest.mark.parametrize("shape,perm", [((4, 6), (1, 0)), ((2, 3, 8), (2, 0, 1))])
+def test_an_fp32_entry_input_read_through_a_transpose_goes_through_kernels_transpose(target, shape, perm):
+    """layout.route_transposes routes an fp32 entry input as it routes activations: a transpose step (fp32 in and
+    out, the copy into the fp32 entry output moves whole words) inside the entry's one dispatch, then a plain
+    copy. [2, 3, 8] by (2, 0, 1) is the transpose of x as [6, 8]: the trailing output axes merge into one."""
+    def transposed(w, x):
+        return {"y": ops.transpose(x, perm=perm)}
+    program = compile_graphs([trace(transposed, name="t", weights={}, inputs={"x": (shape, "float32")})], target)
+    steps = kernel_steps(program)
+    assert [k.op for k in steps] == ["transpose", "copy"]
+    assert sum(s.kind == "dispatch" for e in program.entries.values() for s in e.steps) == 1
+    failures = [p for k in steps for p in check_step(k, program, target)[0]]
+    assert not failures, failures
+    with standin.installed():
+        fused_design.build(program)
+    from sdk.runtime.emu import EmuBackend
+    x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+    y = EmuBackend(target).load(program, {}).run("t", {"x": x})["y"]
+    np.testing.assert_array_equal(y, np.transpose(x, perm))   # fp32 all the way: no rounding
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
