@@ -1,6 +1,7 @@
 """Batched transpose design (catalog kind `transpose`): x [b, r, c] -> y [b, c, r] in bf16 (x in bf16, or fp32:
-a conv output of odd width), or fp32 -> fp32 (an entry input copied into an fp32 entry output) through the cores (kernels/transpose), for the access patterns the DMAs cannot do
-at bf16 granularity (an innermost stride other than 1). The compiler folds transposes into access patterns; where a row-reading kernel's bf16 operand would
+a conv output of odd width), or fp32 -> fp32 (an fp32 entry input copied into an fp32 entry output), through the
+cores (kernels/transpose), for the access patterns the DMAs cannot do at bf16 granularity (an innermost stride
+other than 1). The compiler folds transposes into access patterns; where a row-reading kernel's operand would
 need an element-granular one, sdk/compiler/layout.py (route_transposes) puts a transpose step before it: the
 step reads x through the operand's views row by row and writes y contiguous, which the reader reads through a
 reshape."""
