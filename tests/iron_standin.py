@@ -28,6 +28,7 @@ Test-only: never imported by kernels/.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import re
 import sys
@@ -91,6 +92,7 @@ def NPU2():  # noqa: N802
 # ---- tracing state ------------------------------------------------------------------------------------------
 
 _MULT = [1]
+_SERIAL = itertools.count()   # creation order of fifos and Workers (_drop_leftovers)
 
 
 def range_(*args):
@@ -165,6 +167,7 @@ class ObjectFifo:
         self.cons_handles: list[Handle] = []
         self.link_in: Link | None = None   # the link that produces into this fifo
         self.link_out: Link | None = None  # the link that consumes it
+        self.serial = next(_SERIAL)
         RECORD.fifos.append(self)
 
     @property
@@ -358,6 +361,7 @@ class Worker:
                 a.endpoint = self
             if isinstance(a, Buffer) and a.tile is None:
                 a.tile = tile
+        self.serial = next(_SERIAL)
         RECORD.workers.append(self)
 
     @property
@@ -523,6 +527,7 @@ class Program:
         """Resolve every fifo (both ends known), trace every worker's core function once, then run the sequence
         body, as v1.4.5's Program does; returns the record."""
         global RECORD
+        _drop_leftovers(self)
         strays = [w for w in RECORD.workers if not any(w is x for x in self.workers)]
         if strays:
             raise ValueError(f"{len(strays)} Workers were made but not given to Program(workers=[...])")
@@ -548,6 +553,23 @@ class Program:
         RECORD.device, RECORD.runtime = self.device, self.rt
         done, RECORD = RECORD.snapshot(), Record()   # the next design (the fused build makes many) starts empty
         return done
+
+
+def _drop_leftovers(program: Program) -> None:
+    """Forget what an earlier design recorded and abandoned by refusing (a DesignError raised after it made fifos
+    or Workers, before or while its Program resolved): that refusal is the error its caller reports, and v1.4.5
+    resolves only what a Program reaches. Designs are built one after another, so this Program's objects begin
+    with the earliest fifo or Worker it reaches (its Workers, their fifos, its runtime's fifos); a Worker made
+    after that and not given to Program is still this design's mistake, and still refused."""
+    reached = [*program.workers, *(h.fifo for w in program.workers for h in w.handles),
+               *(h.fifo for h in program.rt.handles)]
+    if not reached:
+        return
+    start = min(o.serial for o in reached)
+    RECORD.fifos = [f for f in RECORD.fifos if f.serial >= start]
+    RECORD.workers = [w for w in RECORD.workers if w.serial >= start]
+    RECORD.links = [link for link in RECORD.links if all(f.serial >= start for f in link.src)]
+    RECORD.calls = [c for c in RECORD.calls if c[2] is None or c[2].serial >= start]
 
 
 def _check_walk_sizes(f: ObjectFifo) -> None:

@@ -241,8 +241,9 @@ def test_a_run_that_differs_from_its_sequence_is_refused():
         standin.check_runs(module)
 
 
-def _passthrough(io, *, in_fn_args=True, group=None, runtime_kwargs=None, worker_kwargs=None):
-    """A one-core copy in v1.4.5's spelling, optionally broken: the stand-in builds it as the release would."""
+def _passthrough(io, *, in_fn_args=True, group=None, runtime_kwargs=None, worker_kwargs=None, stray=False):
+    """A one-core copy in v1.4.5's spelling, optionally broken: the stand-in builds it as the release would.
+    `stray`: a second Worker is made and not given to Program."""
     t = np.ndarray[(64,), np.dtype[np.int32]]
     of_in, of_out = io.ObjectFifo(t, depth=2, name="in"), io.ObjectFifo(t, depth=2, name="out")
 
@@ -251,6 +252,8 @@ def _passthrough(io, *, in_fn_args=True, group=None, runtime_kwargs=None, worker
         a.release(1)
         b.release(1)
     worker = io.Worker(core, [of_in.cons(), of_out.prod()], **(worker_kwargs or {"tile": io.Tile(0, 2)}))
+    if stray:
+        io.Worker(lambda: None, [], tile=io.Tile(1, 2))
     into, out = of_in.prod(tile=io.Tile(0, 0)), of_out.cons(tile=io.Tile(0, 0))
 
     def sequence(a, b, *_):
@@ -451,13 +454,63 @@ def test_a_gemv_whose_k_is_off_the_tile_repeats_its_last_word(target):
 
 
 def test_fused_design_names_the_kernels_it_cannot_build():
-    # an entry input read through a transpose: a DMA moves contiguous words, and layout.route_transposes routes
-    # activations only
+    # an int32 entry input read through a transpose: a DMA moves contiguous words, and kernels/transpose moves
+    # floats only, so layout.route_transposes leaves it to the copy, which refuses
     def transposed(w, x):
         return {"y": ops.transpose(x, perm=(1, 0))}
-    program = compile_graphs([trace(transposed, name="t", weights={}, inputs={"x": ((4, 6), "float32")})], "npu2")
+    program = compile_graphs([trace(transposed, name="t", weights={}, inputs={"x": ((4, 6), "int32")})], "npu2")
     with standin.installed(), pytest.raises(df.DesignError, match=r"1 kernel steps have no design.*copy.*stride"):
         fused_design.build(program)
+
+
+def test_a_design_that_refuses_after_making_a_worker_is_what_the_user_sees(monkeypatch):
+    """A design that refuses after it made fifos and a Worker (here the eltwise design, patched to) leaves them on
+    the stand-in's record; the next design to resolve must not take them for its own and fail with "Workers were
+    made but not given", which would hide the refusal: the fused build reports the refusal's own message. A
+    Worker a design makes and does not give to its Program is still refused when it is the only problem."""
+    from kernels.eltwise import design as eltwise
+
+    def refuses_late(target, step, buffers, params):
+        io = df.iron()
+        t = np.ndarray[(64,), np.dtype[np.int32]]
+        fifo = io.ObjectFifo(t, depth=2, name="abandoned")
+        io.Worker(lambda a: None, [fifo.cons()], tile=io.Tile(0, 2))
+        raise df.DesignError("relu: this design's own refusal")
+    monkeypatch.setattr(eltwise, "build", refuses_late)
+
+    def padded(w, x):
+        return {"y": ops.pad(ops.relu(x), pads=((1, 1), (0, 0)), value=0.5)}
+    program = compile_graphs([trace(padded, name="pad", weights={}, inputs={"x": ((4, 6), "float32")})], "npu2")
+    assert [k.op for k in kernel_steps(program)] == ["eltwise", "concat"]   # the concat resolves after the refusal
+    with standin.installed():
+        with pytest.raises(df.DesignError, match="relu: this design's own refusal") as refused:
+            fused_design.build(program)
+        assert "not given" not in str(refused.value)
+        standin.fresh()
+        with pytest.raises(ValueError, match="1 Workers were made but not given to Program"):
+            _passthrough(df.iron(), stray=True)
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+@pytest.mark.parametrize("shape,perm", [((4, 6), (1, 0)), ((2, 3, 8), (2, 0, 1))])
+def test_an_fp32_entry_input_read_through_a_transpose_goes_through_kernels_transpose(target, shape, perm):
+    """layout.route_transposes routes an fp32 entry input as it routes activations: a transpose step (fp32 in and
+    out, the copy into the fp32 entry output moves whole words) inside the entry's one dispatch, then a plain
+    copy. [2, 3, 8] by (2, 0, 1) is the transpose of x as [6, 8]: the trailing output axes merge into one."""
+    def transposed(w, x):
+        return {"y": ops.transpose(x, perm=perm)}
+    program = compile_graphs([trace(transposed, name="t", weights={}, inputs={"x": (shape, "float32")})], target)
+    steps = kernel_steps(program)
+    assert [k.op for k in steps] == ["transpose", "copy"]
+    assert sum(s.kind == "dispatch" for e in program.entries.values() for s in e.steps) == 1
+    failures = [p for k in steps for p in check_step(k, program, target)[0]]
+    assert not failures, failures
+    with standin.installed():
+        fused_design.build(program)
+    from sdk.runtime.emu import EmuBackend
+    x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+    y = EmuBackend(target).load(program, {}).run("t", {"x": x})["y"]
+    np.testing.assert_array_equal(y, np.transpose(x, perm))   # fp32 all the way: no rounding
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)

@@ -1089,3 +1089,6 @@ def test_transpose_matches_emu_views(lib):
     y = np.zeros((3, 15, 8), BF16)
     call(lib("transpose"), "transpose_f32_bf16", x32, y, 3, 8, 15)
     np.testing.assert_array_equal(y.view(np.uint16), x32.transpose(0, 2, 1).astype(BF16).view(np.uint16))
+    y32 = np.zeros((3, 15, 8), np.float32)                              # fp32 into fp32: an entry input's
+    call(lib("transpose"), "transpose_f32", x32, y32, 3, 8, 15)          # transpose into an fp32 output, exact
+    np.testing.assert_array_equal(y32, x32.transpose(0, 2, 1))

@@ -1,6 +1,7 @@
 """Batched transpose design (catalog kind `transpose`): x [b, r, c] -> y [b, c, r] in bf16 (x in bf16, or fp32:
-a conv output of odd width) through the cores (kernels/transpose), for the access patterns the DMAs cannot do
-at bf16 granularity (an innermost stride other than 1). The compiler folds transposes into access patterns; where a row-reading kernel's bf16 operand would
+a conv output of odd width), or fp32 -> fp32 (an fp32 entry input copied into an fp32 entry output), through the
+cores (kernels/transpose), for the access patterns the DMAs cannot do at bf16 granularity (an innermost stride
+other than 1). The compiler folds transposes into access patterns; where a row-reading kernel's operand would
 need an element-granular one, sdk/compiler/layout.py (route_transposes) puts a transpose step before it: the
 step reads x through the operand's views row by row and writes y contiguous, which the reader reads through a
 reshape."""
@@ -19,8 +20,8 @@ def build(target: str, step, buffers: dict, params: dict):
     hw = TARGETS[target]
     x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
     out = df.operand(step.outputs[0], buffers[step.outputs[0]])
-    if x.dtype not in (df.BF16, np.float32) or out.dtype != df.BF16 or x.index.ndim != 3:
-        raise df.DesignError("the transpose kernel moves bf16 or fp32 [b, r, c] tensors into bf16")
+    if x.dtype not in (df.BF16, np.float32) or out.dtype not in (df.BF16, x.dtype) or x.index.ndim != 3:
+        raise df.DesignError("the transpose kernel moves bf16 or fp32 [b, r, c] tensors into bf16, or fp32 into fp32")
     b, r, c = x.shape
     oi = out.index.reshape(b, c, r)
     # A tile of rt_ rows x all c columns writes rt_-long runs of each output row: whole 32-bit words when rt_ is
@@ -45,8 +46,9 @@ def build(target: str, step, buffers: dict, params: dict):
     y_core = [np.stack([oi[i, q:q + ct_, j:j + rt_] for i, j, q in items[k::cores]]) for k in range(cores)]
     io = df.iron()
     i32 = np.int32
-    t, t_x = df.tensor(rt_ * ct_), df.tensor(rt_ * ct_, x.dtype)
-    kernel = io.Kernel("transpose_bf16" if size == 2 else "transpose_f32_bf16", "transpose.o", [t_x, t, i32, i32, i32])
+    t, t_x = df.tensor(rt_ * ct_, out.dtype), df.tensor(rt_ * ct_, x.dtype)
+    symbol = {(2, 2): "transpose_bf16", (4, 2): "transpose_f32_bf16", (4, 4): "transpose_f32"}[size, out.dtype.itemsize]
+    kernel = io.Kernel(symbol, "transpose.o", [t_x, t, i32, i32, i32])
 
     def body(x_in, y_out, k, n_items):
         for _ in io.range_(n_items):

@@ -39,3 +39,10 @@ NPU_KERNEL void transpose_f32_bf16(const float *x, bf16 *y, int32_t b, int32_t r
     for (int32_t rr = 0; rr < r; ++rr)
       for (int32_t cc = 0; cc < c; ++cc) y[(long)i * r * c + cc * r + rr] = to_bf16(x[(long)i * r * c + rr * c + cc]);
 }
+
+// fp32 in and out (an fp32 entry input read through a transpose into an fp32 entry output): no rounding.
+NPU_KERNEL void transpose_f32(const float *x, float *y, int32_t b, int32_t r, int32_t c) {
+  for (int32_t i = 0; i < b; ++i)
+    for (int32_t rr = 0; rr < r; ++rr)
+      for (int32_t cc = 0; cc < c; ++cc) y[(long)i * r * c + cc * r + rr] = x[(long)i * r * c + rr * c + cc];
+}

@@ -175,14 +175,17 @@ def route_transposes(f: Fused, target: Target) -> None:
     transpose folded into the access pattern). Such an operand of a row-reading kernel is read instead from a
     transpose kernel's output (catalog kind `transpose`, kernels/transpose): x [b, r, c], read row by row
     through the operand's views, becomes y [b, c, r] in a new scratch value, which the consumer reads through a
-    reshape; an fp32 value (`wide`: a conv output of odd width) is read in fp32 and transposed into bf16.
+    reshape; an fp32 value (`wide`: a conv output of odd width) is read in fp32 and transposed into bf16, or into
+    fp32 where the reader needs whole words (a copy into an fp32 entry output). An fp32 entry input read through
+    such a view is routed the same way: a transpose step inside the entry's one dispatch, where a host-side
+    permutation would give the io arena a second layout that every backend and reader would have to know.
     Each distinct (value, views) is transposed once, before its first reader."""
     routed: dict[tuple, str] = {}
     kernels = []
     for k in f.kernels:
         if k.kind in ROW_READERS:
             for i, r in enumerate(k.inputs):
-                if r is None or r.value not in f.values or f.values[r.value].kind != "node":
+                if r is None or r.value not in f.values or not _routable(f.values[r.value]):
                     continue
                 split = _transpose_split(f.values[r.value].shape, r.views)
                 if split is None:
@@ -195,6 +198,11 @@ def route_transposes(f: Fused, target: Target) -> None:
     f.kernels = kernels
 
 
+def _routable(value: Value) -> bool:
+    """An activation, or an fp32 entry input (the transpose kernel reads bf16 or fp32, not int32)."""
+    return value.kind == "node" or value.kind == "input" and value.dtype == "float32"
+
+
 def _transpose_split(shape: tuple, views) -> tuple | None:
     """(b, c, r) such that the operand, viewed as [b, c, r], is the transpose of an [b, r, c] read whose
     innermost stride is 1; None when the operand's innermost stride is already 1 (or nothing fits)."""
@@ -204,15 +212,16 @@ def _transpose_split(shape: tuple, views) -> tuple | None:
     F = index.shape
     if len(F) == 0 or F[-1] < 2 or (np.diff(index, axis=-1) == 1).all():
         return None
-    r = F[-1]
-    for j in range(len(F) - 2, -1, -1):
-        c = int(np.prod(F[j:-1]))
-        b = int(np.prod(F)) // (c * r)
-        if c < 2:
-            continue
-        x = index.reshape(b, c, r).transpose(0, 2, 1)
-        if (np.diff(x, axis=-1) == 1).all():
-            return b, c, r
+    for m in range(len(F) - 1, 0, -1):   # r: the trailing axes from m (a permutation may merge several: y [8, 2, 3]
+        r = int(np.prod(F[m:]))           # = x [2, 3, 8] by (2, 0, 1) is the transpose of x as [6, 8])
+        for j in range(m - 1, -1, -1):
+            c = int(np.prod(F[j:m]))
+            b = int(np.prod(F)) // (c * r)
+            if c < 2:
+                continue
+            x = index.reshape(b, c, r).transpose(0, 2, 1)
+            if (np.diff(x, axis=-1) == 1).all():
+                return b, c, r
     return None
 
 
