@@ -15,13 +15,10 @@ WINDOW_SECONDS = 30.0         # Whisper's encoder window; other models say their
 
 @dataclass(frozen=True)
 class DictationOptions:
-    vad: str | None = "energy"        # energy; silero (strict); auto: silero when installed, else energy (with one
-                                      # note); None: every sample is speech, text is committed by agreement only.
-                                      # Not yet silero by default: test_dictation_joins.py's short-pause case is
-                                      # really 0.75 s without speech (0.3 s + the clips' room tone), which silero
-                                      # cuts and the energy VAD bridges by counting room tone at its -55 dBFS
-                                      # floor as speech; tiny.en then reads "ill-disposed" alone only from every
-                                      # other 30 ms context start, and silero's cut gives a wrong one
+    vad: str | None = "auto"          # auto: silero-vad when installed (it misses fewer words in noise and does
+                                      # not start on music: bench/vad.py), else energy with one note; silero
+                                      # (strict); energy; None: every sample is speech, text is committed by
+                                      # agreement only
     silero_threshold: float = 0.5     # silero: speech probability that starts speech (it ends 0.15 below) ...
     pause_threshold_db: float = 3.0   # ... where frames quieter than this above the noise floor are pauses
     vad_threshold_db: float = 10.0    # a frame is loud this far above the adaptive noise floor ...
