@@ -97,7 +97,7 @@ def dictate(
     file: Annotated[Optional[Path], typer.Option("--file", help="play this audio file as the microphone")] = None,
     fast: Annotated[bool, typer.Option("--fast", help="with --file: as fast as possible, not real time")] = False,
     vad: Annotated[Optional[VadChoice], typer.Option(
-        "--vad", help="voice activity: energy (default) | silero | auto (silero-vad when installed, else energy) | off")] = None,
+        "--vad", help="voice activity: auto (default: silero-vad when installed, else energy) | silero | energy | off")] = None,
     no_vad: Annotated[bool, typer.Option("--no-vad", help="no voice activity detection (= --vad off)")] = False,
     silence_timeout: Annotated[Optional[float], typer.Option("--silence-timeout", help="stop after this many seconds without speech")] = None,
     max_duration: Annotated[Optional[float], typer.Option("--max-duration", help="stop after this many seconds of audio")] = None,
@@ -132,7 +132,7 @@ def dictate(
     decoding = TranscribeOptions(language=language, task=task)
     _run_session(settings, output=mode, transcript=transcript, partials=partials, typer_tool=typer_tool, paste_chord=paste_chord,
                  model=model, decoding=decoding, input_device=input_device, file=file, fast=fast,
-                 vad="off" if no_vad else (vad or VadChoice.energy).value, silence_timeout=silence_timeout,
+                 vad="off" if no_vad else (vad or VadChoice.auto).value, silence_timeout=silence_timeout,
                  max_duration=max_duration, save_audio=save_audio, device=device)
 
 

@@ -72,14 +72,36 @@ def words(text: str) -> list[str]:
     return [ABBREVIATIONS.get(t, t) for t in tokens]
 
 
+def _edit_table(ref: list[str], hyp: list[str]) -> np.ndarray:
+    """Levenshtein distances between every prefix of ref (rows) and of hyp (columns)."""
+    d = np.zeros((len(ref) + 1, len(hyp) + 1), int)
+    d[:, 0], d[0, :] = np.arange(len(ref) + 1), np.arange(len(hyp) + 1)
+    for i, r in enumerate(ref, 1):
+        for j, h in enumerate(hyp, 1):
+            d[i, j] = min(d[i - 1, j] + 1, d[i, j - 1] + 1, d[i - 1, j - 1] + (r != h))
+    return d
+
+
 def wer(reference: str, hypothesis: str) -> float:
     ref, hyp = words(reference), words(hypothesis)
-    d = np.arange(len(hyp) + 1)
-    for i, r in enumerate(ref, 1):
-        prev, d[0] = d.copy(), i
-        for j, h in enumerate(hyp, 1):
-            d[j] = min(prev[j] + 1, d[j - 1] + 1, prev[j - 1] + (r != h))
-    return float(d[len(hyp)]) / max(1, len(ref))
+    return float(_edit_table(ref, hyp)[-1, -1]) / max(1, len(ref))
+
+
+def deleted_words(reference: str, hypothesis: str) -> list[tuple[int, str]]:
+    """Reference words a minimal word alignment deletes (not those it substitutes): [(index, word)]. Where
+    an edit could be a deletion or a substitution, it is taken as a substitution: a misreading, not a loss."""
+    ref, hyp = words(reference), words(hypothesis)
+    d = _edit_table(ref, hyp)
+    deleted, i, j = [], len(ref), len(hyp)
+    while i > 0:
+        if j > 0 and d[i, j] == d[i - 1, j - 1] + (ref[i - 1] != hyp[j - 1]):
+            i, j = i - 1, j - 1
+        elif j > 0 and d[i, j] == d[i, j - 1] + 1:
+            j -= 1
+        else:
+            deleted.append((i - 1, ref[i - 1]))
+            i -= 1
+    return deleted[::-1]
 
 
 # The Debian package that ships each binary the device tests run, where its name differs from the binary's.

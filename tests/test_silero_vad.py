@@ -130,7 +130,7 @@ def test_the_recognizer_with_silero_finalises_real_speech_once_per_clip():
 
 
 def test_vad_options_are_checked_and_the_old_bool_still_means_on_or_off():
-    assert DictationOptions().vad == "energy"
+    assert DictationOptions().vad == "auto"
     assert DictationOptions(vad=True).vad == "energy" and DictationOptions(vad=False).vad is None
     assert DictationOptions(vad="off").vad is None and DictationOptions(vad="energy").vad == "energy"
     with pytest.raises(UsageError, match="vad must be one of"):
@@ -176,7 +176,7 @@ def test_cli_vad_choice(monkeypatch, tmp_path):
     monkeypatch.setattr("pipelines.asr.Transcriber", Silent)
     monkeypatch.setattr(Stream, "report", lambda self: ran.append(self.options.vad) or {
         "captured_s": 1.0, "finals": 0, "dropped_blocks": 0})
-    for flags, expected in ((["--vad", "silero"], "silero"), ([], "energy"), (["--no-vad"], None)):
+    for flags, expected in ((["--vad", "silero"], "silero"), ([], "auto"), (["--vad", "energy"], "energy"), (["--no-vad"], None)):
         result = CliRunner().invoke(app, ["dictate", "--file", str(silence), "--fast", *flags], env=env)
         assert result.exit_code == 0 and ran[-1] == expected, (flags, result.output)
     for flags in (["--vad", "webrtc"], ["--vad", "energy", "--no-vad"]):

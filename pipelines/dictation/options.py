@@ -15,10 +15,10 @@ WINDOW_SECONDS = 30.0         # Whisper's encoder window; other models say their
 
 @dataclass(frozen=True)
 class DictationOptions:
-    vad: str | None = "energy"        # energy; silero (strict); auto: silero when installed, else energy (with one
-                                      # note); None: every sample is speech, text is committed by agreement only.
-                                      # Not yet silero by default: with its utterance cuts tiny.en misreads
-                                      # "ill-disposed" in the short-pause join test (test_dictation_joins.py)
+    vad: str | None = "auto"          # auto: silero-vad when installed (it misses fewer words in noise and does
+                                      # not start on music: bench/vad.py), else energy with one note; silero
+                                      # (strict); energy; None: every sample is speech, text is committed by
+                                      # agreement only
     silero_threshold: float = 0.5     # silero: speech probability that starts speech (it ends 0.15 below) ...
     pause_threshold_db: float = 3.0   # ... where frames quieter than this above the noise floor are pauses
     vad_threshold_db: float = 10.0    # a frame is loud this far above the adaptive noise floor ...
