@@ -1,17 +1,11 @@
 """The cpu backend: every entry of a program runs as one ONNX Runtime session built from the entry's steps.
 
-Each step is written as a few ONNX nodes with the `onnx` package's helpers (one lowering per op, below). The
-weights are not copied into the model, and the large ones not by ONNX Runtime either: all entries of a program
-read one array per weight (see `EntryGraph.bound`). A linear's weight is kept transposed ([in, out], what
-MatMul reads), made once at load; where every reader can take that form (a tied embedding table too) the
-[out, in] original is not kept. Runtime parameters (a decoder's position) are 0-d int32 inputs; masks and
-positions made from them are computed in the graph.
-
-State (KV caches, cross-attention K/V) is the caller's numpy arrays, bound with IO binding: a step that
-writes state (cache_write as an in-place ScatterND, assign) makes a graph output bound to the very memory the
-state buffer lives in, which the graph also reads as an input. A decoder step therefore copies no cache: it
-writes this token's K/V at `pos` and reads the rest where it is. Outputs are written by ORT straight into
-fresh arrays the caller then owns.
+Each step is a few ONNX nodes written with the `onnx` helpers (one lowering per op, below). All entries of a
+program read one array per weight (see `EntryGraph.bound`); a linear's weight is kept as [in, out], made once
+at load, and where every reader takes that form (a tied embedding table too) the original is not kept.
+Runtime parameters (a decoder's position) are 0-d int32 inputs. State (KV caches, cross K/V) is the caller's
+arrays, bound with IO binding: a step that writes state has a graph output bound to the state's own memory,
+so a decoder step writes this token's K/V at `pos` and copies no cache. Results are fresh arrays ORT writes.
 """
 from __future__ import annotations
 
@@ -69,17 +63,13 @@ class _Graph:
         self.constants.append(self.numpy_helper.from_array(np.asarray(array), name))
         return name
 
+    def f32(self, value) -> str:
+        return self.const(np.float32(value))
+
     def derived(self, buffer: str, suffix: str, make, dtype: str, shape) -> str:
-        """An initializer computed from a weight once, when the session is built (a linear's transposed
-        weight): make(weights) -> array of `dtype` and `shape`."""
-        name = f"{buffer}{suffix}"
-        if name not in self.weights:
-            self.weights[name] = (make, dtype, tuple(shape))
-        return name
-
-
-def _f32(value) -> np.ndarray:
-    return np.float32(value)
+        """An initializer made from a weight once, at load: make(weights) -> array of `dtype` and `shape`."""
+        self.weights.setdefault(f"{buffer}{suffix}", (make, dtype, tuple(shape)))
+        return f"{buffer}{suffix}"
 
 
 def _i64(values) -> np.ndarray:
@@ -107,29 +97,30 @@ def _transposed(g, w) -> str:
 
 
 def _linear(g, out, x, w, b=None, **_):
-    if g.int8 and g.program.buffers[w].usage is Usage.WEIGHTS:
+    weight = g.program.buffers[w].usage is Usage.WEIGHTS
+    if weight and g.int8:
         return _linear_int8(g, out, x, w, b)
-    if g.program.buffers[w].usage is Usage.WEIGHTS:
-        wt = _transposed(g, w)
-    else:
-        wt = g.node("Transpose", [g.value(w)], perm=[1, 0])
+    wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
     y = g.node("MatMul", [g.value(x), wt], None if b else out)
     return g.node("Add", [y, g.value(b)], out) if b else y
 
 
-def _int8_columns(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A weight [out, in] as int8 [in, out] and a float32 scale per output column (symmetric: zero point 0)."""
-    wt = np.ascontiguousarray(weight.T, np.float32)  # C order: ORT reads a C-ordered array in place
-    scale = np.maximum(np.abs(wt).max(axis=0), np.float32(1e-30)) / np.float32(127)
-    return np.clip(np.rint(wt / scale), -127, 127).astype(np.int8), scale.astype(np.float32)
+def _int8_scale(weight: np.ndarray) -> np.ndarray:
+    """A weight [out, in]'s symmetric int8 scale per output (zero point 0)."""
+    return (np.maximum(np.abs(weight).max(axis=1), np.float32(1e-30)) / np.float32(127)).astype(np.float32)
+
+
+def _int8_columns(weight: np.ndarray) -> np.ndarray:
+    """A weight [out, in] as int8 [in, out], C-ordered (ORT reads a C-ordered array in place)."""
+    return np.ascontiguousarray(np.clip(np.rint(weight.T / _int8_scale(weight)), -127, 127).astype(np.int8))
 
 
 def _linear_int8(g, out, x, w, b=None):
     """x quantized per tensor at run time (uint8), the weight per output column at load (int8), an integer
     GEMM: the pattern ORT's quantize_dynamic writes, which its optimizer fuses into one DynamicQuantizeMatMul."""
     shape = g.program.buffers[w].shape
-    wq = g.derived(w, ".int8", lambda weights: _int8_columns(weights[w])[0], "int8", shape[::-1])
-    ws = g.derived(w, ".scale", lambda weights: _int8_columns(weights[w])[1], "float32", shape[:1])
+    wq = g.derived(w, ".int8", lambda weights: _int8_columns(weights[w]), "int8", shape[::-1])
+    ws = g.derived(w, ".scale", lambda weights: _int8_scale(weights[w]), "float32", shape[:1])
     quantized = [f"{out}.q", f"{out}.q_scale", f"{out}.q_zero"]
     g.nodes.append(g.helper.make_node("DynamicQuantizeLinear", [g.value(x)], quantized))
     product = g.node("MatMulInteger", [quantized[0], wq, quantized[2]])
@@ -138,10 +129,13 @@ def _linear_int8(g, out, x, w, b=None):
     return g.node("Add", [y, g.value(b)], out) if b else y
 
 
+def _swap_last(g, x, rank) -> str:
+    return g.node("Transpose", [g.value(x)], perm=[*range(rank - 2), rank - 1, rank - 2])
+
+
 def _attention(g, out, q, k, v, mask=None, *, scale, shapes):
-    rank = len(shapes[1])
-    k_t = g.node("Transpose", [g.value(k)], perm=list(range(rank - 2)) + [rank - 1, rank - 2])
-    scores = g.node("MatMul", [g.node("Mul", [g.value(q), g.const(_f32(scale))]), k_t])
+    k_t = _swap_last(g, k, len(shapes[1]))
+    scores = g.node("MatMul", [g.node("Mul", [g.value(q), g.f32(scale)]), k_t])
     if mask:
         scores = g.node("Add", [scores, g.value(mask)])
     return g.node("MatMul", [g.node("Softmax", [scores], axis=-1), g.value(v)], out)
@@ -152,7 +146,7 @@ def _cache_write(g, out, cache, value, pos, *, axis, shapes):
     its output is bound to the cache's own memory, and ORT's ScatterND does not copy onto itself."""
     lead = shapes[1][:axis + 1]
     grid = np.stack(np.meshgrid(*[np.arange(n) for n in lead], indexing="ij"), axis=-1)
-    at = g.node("Mul", [g.node("Cast", [g.value(pos)], to=g.tensor.INT64), g.const(np.eye(axis + 1, dtype=np.int64)[axis])])
+    at = g.node("Mul", [g.node("Cast", [g.value(pos)], to=g.tensor.INT64), g.const(_i64(np.arange(axis + 1) == axis))])
     indices = g.node("Add", [g.const(grid.astype(np.int64)), at])
     return g.node("ScatterND", [g.value(cache), indices, g.value(value)], out)
 
@@ -166,7 +160,7 @@ def _embedding(g, out, table, ids, *, shapes):
 
 
 def _where_less(g, out, a, b, *, then, otherwise):
-    return g.node("Where", [g.node("Less", [a, b]), g.const(_f32(then)), g.const(_f32(otherwise))], out)
+    return g.node("Where", [g.node("Less", [a, b]), g.f32(then), g.f32(otherwise)], out)
 
 
 def _causal_cache_mask(g, out, pos, *, n_new, size, **_):
@@ -180,22 +174,21 @@ def _length_mask(g, out, length, *, size, **_):
 
 
 def _gelu(g, out, x, **_):  # the erf form exporters write; ORT fuses it into one Gelu
-    erf = g.node("Erf", [g.node("Div", [g.value(x), g.const(_f32(math.sqrt(2)))])])
-    return g.node("Mul", [g.node("Mul", [g.value(x), g.node("Add", [erf, g.const(_f32(1))])]), g.const(_f32(0.5))],
-                  out)
+    erf = g.node("Erf", [g.node("Div", [g.value(x), g.f32(math.sqrt(2))])])
+    return g.node("Mul", [g.node("Mul", [g.value(x), g.node("Add", [erf, g.f32(1)])]), g.f32(0.5)], out)
 
 
 def _gelu_tanh(g, out, x, **_):
     x = g.value(x)
-    inner = g.node("Add", [x, g.node("Mul", [g.const(_f32(0.044715)), g.node("Pow", [x, g.const(_f32(3))])])])
-    t = g.node("Tanh", [g.node("Mul", [g.const(_f32(math.sqrt(2 / math.pi))), inner])])
-    return g.node("Mul", [g.node("Mul", [g.const(_f32(0.5)), x]), g.node("Add", [g.const(_f32(1)), t])], out)
+    inner = g.node("Add", [x, g.node("Mul", [g.f32(0.044715), g.node("Pow", [x, g.f32(3)])])])
+    t = g.node("Tanh", [g.node("Mul", [g.f32(math.sqrt(2 / math.pi)), inner])])
+    return g.node("Mul", [g.node("Mul", [g.f32(0.5), x]), g.node("Add", [g.f32(1), t])], out)
 
 
 def _rms_norm(g, out, x, w, *, eps, **_):
     x = g.value(x)
     mean_square = g.node("ReduceMean", [g.node("Mul", [x, x])], axes=[-1], keepdims=1)
-    root = g.node("Sqrt", [g.node("Add", [mean_square, g.const(_f32(eps))])])
+    root = g.node("Sqrt", [g.node("Add", [mean_square, g.f32(eps)])])
     return g.node("Mul", [g.node("Div", [x, root]), g.value(w)], out)
 
 
@@ -219,22 +212,22 @@ def _conv(g, out, x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1, sh
                   pads=each(padding) * 2, group=int(groups), dilations=each(dilation))
 
 
-def _same(op_type):
-    return lambda g, out, *xs, shapes: g.node(op_type, [g.value(x) for x in xs], out)
+def _same(op_type):  # the ONNX op of the same meaning, attributes and all
+    return lambda g, out, *xs, shapes, **attrs: g.node(op_type, [g.value(x) for x in xs], out, **attrs)
 
 
 LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes..., output shape], **attrs)
     **{op: _same(t) for op, t in [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"),
-                                  ("sigmoid", "Sigmoid"), ("relu", "Relu"), ("tanh", "Tanh"), ("exp", "Exp")]},
+                                  ("sigmoid", "Sigmoid"), ("relu", "Relu"), ("tanh", "Tanh"), ("exp", "Exp"),
+                                  ("softmax", "Softmax"), ("log_softmax", "LogSoftmax"), ("concat", "Concat"),
+                                  ("transpose", "Transpose")]},
     "embedding": _embedding,
     "assign": lambda g, out, dst, value, *, shapes: g.node("Identity", [g.value(value)], out),
-    "scale": lambda g, out, x, *, factor, shapes: g.node("Mul", [g.value(x), g.const(_f32(factor))], out),
+    "scale": lambda g, out, x, *, factor, shapes: g.node("Mul", [g.value(x), g.f32(factor)], out),
     "gelu": _gelu,
     "gelu_tanh": _gelu_tanh,
     "silu": lambda g, out, x, *, shapes: g.node("Mul", [g.value(x), g.node("Sigmoid", [g.value(x)])], out),
     "glu": _glu,
-    "softmax": lambda g, out, x, *, axis=-1, shapes: g.node("Softmax", [g.value(x)], out, axis=axis),
-    "log_softmax": lambda g, out, x, *, axis=-1, shapes: g.node("LogSoftmax", [g.value(x)], out, axis=axis),
     "layer_norm": lambda g, out, x, w, b=None, *, eps, shapes: g.node(
         "LayerNormalization", [g.value(x), g.value(w)] + ([g.value(b)] if b else []), out, axis=-1,
         epsilon=float(eps)),
@@ -243,18 +236,15 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
         "ReduceMean", [g.value(x)], out, axes=[int(a) for a in np.atleast_1d(axis)], keepdims=int(keepdims)),
     "argmax": lambda g, out, x, *, axis=-1, keepdims=False, shapes: g.node(
         "Cast", [g.node("ArgMax", [g.value(x)], axis=axis, keepdims=int(keepdims))], out, to=g.tensor.INT32),
-    "linear": lambda g, out, x, w, b=None, *, shapes: _linear(g, out, x, w, b),
-    "matmul": lambda g, out, a, b, *, transpose_b=False, shapes: g.node("MatMul", [g.value(a), g.node(
-        "Transpose", [g.value(b)], perm=[*range(len(shapes[1]) - 2), len(shapes[1]) - 1, len(shapes[1]) - 2])
-        if transpose_b else g.value(b)], out),
+    "linear": _linear,
+    "matmul": lambda g, out, a, b, *, transpose_b=False, shapes: g.node(
+        "MatMul", [g.value(a), _swap_last(g, b, len(shapes[1])) if transpose_b else g.value(b)], out),
     "attention": _attention,
     "reshape": lambda g, out, x, *, shape, shapes: g.node("Reshape", [g.value(x), g.const(_i64(shapes[-1]))], out),
-    "transpose": lambda g, out, x, *, perm, shapes: g.node("Transpose", [g.value(x)], out, perm=list(perm)),
     "slice_axis": lambda g, out, x, *, axis, start, stop, step=1, shapes: _slice(
         g, out, g.value(x), [axis], *zip(_bounds(start, stop, step, shapes[0][axis]))),
-    "concat": lambda g, out, *xs, axis, shapes: g.node("Concat", [g.value(x) for x in xs], out, axis=axis),
     "pad": lambda g, out, x, *, pads, value=0.0, shapes: g.node(
-        "Pad", [g.value(x), g.const(_i64([a for a, _ in pads] + [b for _, b in pads])), g.const(_f32(value))], out),
+        "Pad", [g.value(x), g.const(_i64([a for a, _ in pads] + [b for _, b in pads])), g.f32(value)], out),
     "rotary": _rotary,
     "conv1d": _conv,
     "conv2d": _conv,
@@ -298,13 +288,11 @@ class EntryGraph:
         for node in g.nodes:
             for i, name in enumerate(node.input):
                 readers.setdefault(name, set()).add((node.op_type, i))
-        # How each weight reaches the session. Read only by MatMul or Gather (the linears and tables, nearly all
-        # the bytes): a graph input bound where it lies at each run, which ORT can neither copy nor rewrite (as
-        # an initializer it is read through a transient copy while the session is built). Read by ops that ORT
-        # rewrites with constant weights for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer
-        # shared with add_initializer. The rest (biases, rotary tables read by elementwise ops, small): copied
-        # into each session, since ORT's transpose pass may reshape such an initializer, and ran a shared one
-        # at its old shape.
+        # How each weight reaches the session. Read only by MatMul or Gather (nearly all the bytes): a graph input
+        # bound where it lies, which ORT can neither copy nor rewrite. Read by ops ORT rewrites with constant
+        # weights for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer shared with add_initializer.
+        # The rest (biases, rotary tables: small) is copied per session: ORT's transpose pass may reshape such an
+        # initializer, and ran a shared one at its old shape.
         kinds = {n: readers.get(n, {None}) for n in g.weights}
         self.bound = [n for n, r in kinds.items() if r <= BOUND_READERS]
         self.shared = [n for n, r in kinds.items() if r <= SHARED_READERS]
@@ -314,23 +302,17 @@ class EntryGraph:
             if v in self.reads or v in g.weights or list(self.outputs.values()).count(v) > 1:
                 self.outputs[b] = g.node("Identity", [v], f"{b}:out")  # an output ORT writes, not one it reads
 
-        def info(name, buffer):
-            return g.helper.make_tensor_value_info(name, _DTYPES[buffers[buffer].dtype], buffers[buffer].shape)
-        externals = []
-        for name, (_, dtype, shape) in g.weights.items():
-            if name in self.bound:
-                continue
-            t = g.tensor()
-            t.name, t.data_type = name, _DTYPES[dtype]
-            t.dims.extend(shape)
-            t.data_location = g.tensor.EXTERNAL
-            where = t.external_data.add()
-            where.key, where.value = "location", _location(name)  # an in-memory file: the array itself
-            externals.append(t)
-        weight_inputs = [g.helper.make_tensor_value_info(n, _DTYPES[g.weights[n][1]], g.weights[n][2])
-                         for n in self.bound]
-        graph = g.helper.make_graph(g.nodes, entry.name, [info(b, b) for b in self.reads] + weight_inputs,
-                                    [info(v, b) for b, v in self.outputs.items()], externals + g.constants)
+        from onnx import StringStringEntryProto
+
+        def info(name, dtype, shape):
+            return g.helper.make_tensor_value_info(name, _DTYPES[dtype], shape)
+        externals = [g.tensor(name=n, data_type=_DTYPES[dtype], dims=shape, data_location=g.tensor.EXTERNAL,
+                              external_data=[StringStringEntryProto(key="location", value=_location(n))])
+                     for n, (_, dtype, shape) in g.weights.items() if n not in self.bound]  # data: see _session
+        inputs = [info(b, buffers[b].dtype, buffers[b].shape) for b in self.reads] + \
+            [info(n, *g.weights[n][1:]) for n in self.bound]
+        outputs = [info(v, buffers[b].dtype, buffers[b].shape) for b, v in self.outputs.items()]
+        graph = g.helper.make_graph(g.nodes, entry.name, inputs, outputs, externals + g.constants)
         model = g.helper.make_model(graph, opset_imports=[g.helper.make_opsetid("", OPSET)], producer_name="aie-apps")
         self.model = model.SerializeToString()
         self.key = hashlib.sha256(self.model).hexdigest()
@@ -362,15 +344,13 @@ PRECISIONS = ("fp32", "int8")
 
 def entry_precisions(program: Program, precision: str | Mapping[str, str]) -> dict[str, str]:
     """Each entry's precision: one for all, or entry name -> precision (entries not named stay fp32)."""
-    chosen = {name: precision for name in program.entries} if isinstance(precision, str) else \
-        {name: precision.get(name, "fp32") for name in program.entries}
-    bad = sorted({p for p in chosen.values() if p not in PRECISIONS} |
-                 ({f"entry {n!r}" for n in precision if n not in program.entries} if not isinstance(precision, str)
-                  else set()))
+    named = dict.fromkeys(program.entries, precision) if isinstance(precision, str) else dict(precision)
+    bad = sorted({str(p) for p in named.values() if p not in PRECISIONS} |
+                 {f"entry {n!r}" for n in named if n not in program.entries})
     if bad:
         raise UsageError(f"unknown cpu precision {', '.join(bad)}", fix=f"use one of {', '.join(PRECISIONS)} "
                          f"(per entry: a mapping from this program's entries {sorted(program.entries)})")
-    return chosen
+    return {name: named.get(name, "fp32") for name in program.entries}
 
 
 class CpuExecutable:
@@ -402,30 +382,31 @@ class CpuExecutable:
         self.counters = Counters()
         self.closed = False
 
+    def _options(self):
+        """What every session is built with (bench/cpu_options.py varies it)."""
+        options = self.ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
+        options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
+        # a prepacked weight is a copy per session (and every entry of a program has one)
+        options.add_session_config_entry("session.disable_prepacking", "1")
+        # the memory pattern is one block per session for all of a run's activations, taken from the arena
+        # beside the chunks the first run left there: twice an encoder's activations, kept
+        options.enable_mem_pattern = False
+        return options
+
     def _session(self, graph: EntryGraph):
         with self.lock:
             if graph.key not in self.sessions:
-                ort = self.ort
-                options = ort.SessionOptions()
-                options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
-                options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-                options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-                options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
-                options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
-                # a prepacked weight is a copy per session (and every entry of a program has one)
-                options.add_session_config_entry("session.disable_prepacking", "1")
-                # the memory pattern is one block per session for all of a run's activations, taken from the
-                # arena beside the chunks the first run left there: twice an encoder's activations, kept
-                options.enable_mem_pattern = False
+                options = self._options()
                 names = [n for n in graph.weights if n not in graph.bound]
-                arrays = [self.arrays[n][0] for n in names]
-                # the initializers' external data: our arrays, which add_initializer shares
+                arrays = [self.arrays[n][0] for n in names]  # the external data: our arrays, read in place
                 options.add_external_initializers_from_files_in_memory([_location(n) for n in names], arrays,
                                                                        [a.nbytes for a in arrays])
                 for name in graph.shared:
                     options.add_initializer(name, self.arrays[name][1])
-                self.sessions[graph.key] = ort.InferenceSession(graph.model, options,
-                                                                providers=["CPUExecutionProvider"])
+                self.sessions[graph.key] = self.ort.InferenceSession(graph.model, options,
+                                                                     providers=["CPUExecutionProvider"])
             return self.sessions[graph.key]
 
     def _binding(self, graph: EntryGraph):
