@@ -233,8 +233,6 @@ class Stream:
                 self._set_state("listening")
             simulated, fast = pace == "simulated", pace == "fast"
             cost = getattr(self.source, "decode_cost", None) if simulated else None
-            if cost is not None:
-                rec.decode_seconds = cost      # the modeled machine's decode time paces partials too
             step = FRAME * 4
             while True:
                 if self._cancel:
@@ -253,12 +251,12 @@ class Stream:
                 if self._recording is not None:
                     self._recording.write(chunk)
                 self.processed += len(chunk)
+                if cost is not None:
+                    rec.decode_seconds = cost  # the modeled machine's decode time paces partials, not the wall time
                 started, decodes = time.perf_counter(), rec.decodes
                 events = rec.accept(chunk)
                 if simulated:
                     spent = time.perf_counter() - started if cost is None else (rec.decodes - decodes) * cost
-                    if cost is not None:
-                        rec.decode_seconds = cost
                     self.sim_clock = max(self.sim_clock, self.processed / SAMPLE_RATE) + spent
                 self._emit(events, self._clock(pace))
                 if self._limits_reached(rec):   # what waits in the ring (a fast file has plenty) is past the limit
