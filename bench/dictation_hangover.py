@@ -1,0 +1,120 @@
+"""End-of-utterance settings against the dictation WER gates: for each variant, the long file (the 5 LibriVox
+clips repeated five times, joined as recorded) and the short-pause file (one pause cut to 0.3 s) go through a
+Stream at fast and/or simulated pace (partials off, as the CLI off a TTY), and per file and pace it prints
+
+    lost       reference words the finals drop (the deletions of a word alignment, as the joins test counts them)
+    live       the finals' WER; file: the Transcriber's WER on the same audio (decoded once); live - file in points
+    differ     each final whose words differ from what the file transcript has for the same reference words,
+               with the final's raw text (where Whisper put a period at a cut shows there)
+
+    PYTHONPATH=. python bench/dictation_hangover.py [--model whisper-tiny.en] [--paces fast,simulated]
+        [--decode-cost 0.7] [--set vad=energy] [--variant "now:" --variant "short:hangover=0.4" ...] [--finals]
+
+The variants are DictationOptions fields, parsed as bench/dictation_latency.py parses them. The load average is
+printed with every line. Not a test: nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.dictation_latency import load, option_value, parse_variant  # noqa: E402
+
+
+def file_words_over(reference: str, text: str):
+    """A function (first, last reference index) -> the words of `text` aligned to that reference span
+    (insertions go with the reference word before them)."""
+    from tests.dictation_support import alignment, words
+    pairs, said = alignment(reference, text), words(text)
+
+    def over(first: int, last: int) -> list[str]:
+        out, inside = [], False
+        for i, j in pairs:
+            if i is not None:
+                inside = first <= i <= last
+            if inside and j is not None:
+                out.append(said[j])
+        return out
+    return over
+
+
+def differing_finals(reference: str, finals: list, file_text: str) -> list[str]:
+    """One line per final whose words differ from the file transcript's words over the same reference span."""
+    from tests.dictation_support import alignment, words
+    live = " ".join(f.text for f in finals)
+    ref_of = {j: i for i, j in alignment(reference, live) if j is not None and i is not None}
+    file_over, lines, first_word = file_words_over(reference, file_text), [], 0
+    for final in finals:
+        own = words(final.text)
+        span = [ref_of[j] for j in range(first_word, first_word + len(own)) if j in ref_of]
+        first_word += len(own)
+        if not span:
+            lines.append(f"{final.start:7.2f}-{final.end:6.2f} live {final.text!r} | file (no reference words)")
+            continue
+        theirs = file_over(min(span), max(span))
+        if theirs != own:
+            lines.append(f"{final.start:7.2f}-{final.end:6.2f} live {final.text!r} | file {' '.join(theirs)!r}")
+    return lines
+
+
+def dictate(transcriber, audio, options, pace: str, decode_cost: float | None) -> list:
+    from pipelines.dictation import FileSource, Final, Stream
+    from tests.dictation_support import RATE
+    source = FileSource(audio, RATE, pace=pace, decode_cost=decode_cost if pace == "simulated" else None)
+    stream = Stream(transcriber, source, options)
+    finals = [e for e in stream.start().events() if isinstance(e, Final)]
+    if stream.dropped_blocks:
+        print(f"    (the stream dropped {stream.dropped_blocks} blocks)")
+    return finals
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default="whisper-tiny.en", help="ASR model name or folder")
+    parser.add_argument("--paces", default="fast,simulated", help="comma-separated: fast, simulated")
+    parser.add_argument("--decode-cost", type=float, default=None,
+                        help="simulated pace: seconds charged per decode (default: its wall time)")
+    parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                        help="a DictationOptions field for every variant, e.g. --set vad=energy (repeatable)")
+    parser.add_argument("--variant", action="append", default=[], metavar="LABEL:OPTION=VALUE,...",
+                        help="a setting to compare, on top of --set (repeatable; none: --set alone)")
+    parser.add_argument("--finals", action="store_true", help="also print every final's text")
+    args = parser.parse_args()
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, str(args.threads))
+
+    from pipelines.asr import Transcriber
+    from pipelines.dictation import DictationOptions
+    from tests.dictation_support import deleted_words, long_session, short_pause_session, wer
+
+    transcriber = Transcriber(args.model)
+    overrides = {k: option_value(v) for k, v in (item.split("=", 1) for item in args.set)}
+    variants = [parse_variant(text, overrides) for text in args.variant] or [("", overrides)]
+    sessions = []
+    for name, (audio, reference) in (("long", long_session()), ("short-pause", short_pause_session())):
+        file_text = transcriber.transcribe(audio).text
+        sessions.append((name, audio, reference, file_text, wer(reference, file_text)))
+        print(f"{name}: {len(audio) / 16000:.1f} s, file WER {100 * sessions[-1][4]:.2f}  [{load()}]", flush=True)
+    for label, setting in variants:
+        options = DictationOptions(**{"partials": False, **setting})
+        for pace in args.paces.split(","):
+            for name, audio, reference, file_text, file_wer in sessions:
+                finals = dictate(transcriber, audio, options, pace, args.decode_cost)
+                live = " ".join(f.text for f in finals)
+                lost, live_wer = deleted_words(reference, live), wer(reference, live)
+                print(f"{label or 'defaults'} {pace} {name}: finals {len(finals)}, lost {len(lost)}"
+                      f"{' ' + str(lost) if lost else ''}, live WER {100 * live_wer:.2f}, file {100 * file_wer:.2f},"
+                      f" live - file {100 * (live_wer - file_wer):+.2f}  [{load()}]", flush=True)
+                for line in (f"{f.start:7.2f}-{f.end:6.2f} {f.text!r}" for f in finals) if args.finals else ():
+                    print("    final " + line)
+                for line in differing_finals(reference, finals, file_text):
+                    print("    differ " + line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
