@@ -7,8 +7,14 @@ Stream at fast and/or simulated pace (partials off, as the CLI off a TTY), and p
     differ     each final whose words differ from what the file transcript has for the same reference words,
                with the final's raw text (where Whisper put a period at a cut shows there)
 
+With --periods, it lists instead, for every decode of a default session (fast pace) whose text ends a sentence
+(. ? !): its audio end, the quiet that really followed there (30 ms frames under -40 dBFS), the log-prob of
+that last token (greedy decode steps) and the text's end: whether the period tells a sentence end from a cut at
+a comma (a sentence-aware shorter hangover would need it to).
+
     PYTHONPATH=. python bench/dictation_hangover.py [--model whisper-tiny.en] [--paces fast,simulated]
         [--decode-cost 0.7] [--set vad=energy] [--variant "now:" --variant "short:hangover=0.4" ...] [--finals]
+    PYTHONPATH=. python bench/dictation_hangover.py --periods
 
 The variants are DictationOptions fields, parsed as bench/dictation_latency.py parses them. The load average is
 printed with every line. Not a test: nothing is asserted.
@@ -19,6 +25,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -72,6 +80,53 @@ def dictate(transcriber, audio, options, pace: str, decode_cost: float | None) -
     return finals
 
 
+QUIET_DB = -40.0   # dBFS per 30 ms frame: under it, the LibriVox clips' room tone (-51..-57), not their speech
+
+
+def period_logprobs(transcriber, name: str, audio, options) -> None:
+    """Print each decode of a fast-paced Recognizer over `audio` whose text ends a sentence: audio end, quiet
+    that followed, the log-prob of its last text token (read from the decoder steps' outputs)."""
+    from pipelines.dictation import FRAME, Recognizer
+    whisper = transcriber.recognizer
+    run, steps = whisper.session.run, []
+
+    def recording_run(entry, state, **inputs):
+        out = run(entry, state, **inputs)
+        if "token" in out and "logprob" in out:      # a fused greedy step: the argmax text token and its log-prob
+            steps.append((int(out["token"][0]), float(out["logprob"][0]), float(out.get("ts_total", [-np.inf])[0])))
+        return out
+
+    class Recording:
+        window_seconds = transcriber.window_seconds
+
+        def decode_window(self, samples, *, offset=0.0, fallback=True, stop=None):
+            steps.clear()
+            segments = transcriber.decode_window(samples, offset=offset, fallback=fallback, stop=stop)
+            text = " ".join(s.text.strip() for s in segments or [])
+            # the step chose the text token where timestamps did not outweigh it (as the decoder rules)
+            chosen = [lp for token, lp, ts in steps if token < whisper.tokenizer.timestamp_begin and ts <= lp]
+            if text.rstrip().endswith((".", "?", "!")) and chosen:
+                end = offset + len(samples) / 16000
+                frame = int(end / 0.03)
+                after = np.flatnonzero(loud[frame:])
+                before = np.flatnonzero(loud[:frame])
+                quiet = ((frame + after[0]) if len(after) else len(loud)) * 0.03 - (before[-1] + 1) * 0.03
+                print(f"    {name} decode to {end:6.2f} s: quiet there {quiet:.2f} s, last token log-prob"
+                      f" {chosen[-1]:6.3f}: ...{text[-40:]!r}")
+            return segments
+
+    frames = audio[:len(audio) // 480 * 480].reshape(-1, 480)
+    loud = 10 * np.log10(np.mean(frames ** 2, axis=1) + 1e-12) > QUIET_DB
+    whisper.session.run = recording_run
+    try:
+        rec = Recognizer(Recording(), options)
+        for i in range(0, len(audio), 4 * FRAME):      # the fast pace's cadence
+            rec.accept(audio[i:i + 4 * FRAME])
+        rec.finish()
+    finally:
+        whisper.session.run = run
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
@@ -84,6 +139,8 @@ def main():
     parser.add_argument("--variant", action="append", default=[], metavar="LABEL:OPTION=VALUE,...",
                         help="a setting to compare, on top of --set (repeatable; none: --set alone)")
     parser.add_argument("--finals", action="store_true", help="also print every final's text")
+    parser.add_argument("--periods", action="store_true",
+                        help="instead: the log-prob of each sentence-ending decode's last token, with the quiet after it")
     args = parser.parse_args()
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, str(args.threads))
@@ -95,6 +152,11 @@ def main():
     transcriber = Transcriber(args.model)
     overrides = {k: option_value(v) for k, v in (item.split("=", 1) for item in args.set)}
     variants = [parse_variant(text, overrides) for text in args.variant] or [("", overrides)]
+    if args.periods:
+        for name, (audio, _) in (("long", long_session()), ("short-pause", short_pause_session())):
+            period_logprobs(transcriber, name, audio, DictationOptions(**{"partials": False, **overrides}))
+            print(f"  [{load()}]", flush=True)
+        return
     sessions = []
     for name, (audio, reference) in (("long", long_session()), ("short-pause", short_pause_session())):
         file_text = transcriber.transcribe(audio).text
