@@ -94,6 +94,15 @@ class RuntimeEnds:
         return [h for _, h in self.ends.values()]
 
 
+def fits_shim_bds(shim_cols: list[int], target: Target) -> bool:
+    """Whether transfers live at once on these shim columns (one buffer descriptor each, until their task group
+    ends) fit each shim's descriptors (aiecc refuses a 17th: AIE2TargetModel::getNumBDs)."""
+    per_shim: dict[int, int] = {}
+    for c in shim_cols:
+        per_shim[c] = per_shim.get(c, 0) + 1
+    return max(per_shim.values(), default=0) <= target.shim_bds
+
+
 def program(io: SimpleNamespace, target_name: str, operands: list, ends: RuntimeEnds, workers: list, body):
     """The IRON program of a design: a runtime sequence over one 1-D tensor per operand (the order the fused
     design passes them), whose body `body(*tensors)` issues the transfers through `ends`."""

@@ -177,48 +177,69 @@ def build(target: str, step, buffers: dict, params: dict):
     b_ends = [ends.fill(b_l3[c], shim[("b", c)]) for c in range(cols)]
     c_ends = [ends.drain(c_l3[c], c) for c in range(cols)]
 
+    a_streams = [a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt, batch) for r in range(rows)]
+    b_streams = []
+    for c in range(cols):
+        per_j = np.moveaxis(b_idx[:, :, c::cols], 2, 0)          # [jt, slices, Kt, object]
+        b_streams.append(np.broadcast_to(per_j, (jt, it) + per_j.shape[2:]) if batch == 1 else per_j[:, b_slice])
+
+    def part_transfers(jls, ils) -> list:
+        """A part's transfers in stream order, (slot, tap, output) with slot "a" r, "b" c, "bias" c or "c" c:
+        for each core row its A row tiles, for each core column its bias (first part only), B and C tiles."""
+        found = []
+        for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
+            found += [(("a", r), tap, None)
+                      for tap in _a_taps(io, a, a_streams[r][jls.start:jls.stop, ils.start:ils.stop], Mb)]
+        for c in range(cols):
+            if has_bias and jls.start == ils.start == 0:  # first the column's bias tiles, to whole B objects
+                bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
+                found += [(("bias", c), tap, None) for tap in df.taps(io, bias, bi)]
+            found += [(("b", c), tap, None)
+                      for tap in df.taps(io, b, b_streams[c][jls.start:jls.stop, ils.start:ils.stop])]
+            for jl in jls:  # the column's C objects, column tile by column tile, into their output
+                j = jl * cols + c
+                o = _owner(splits, j * n)
+                lo = sum(splits[:o])
+                oi = outs[o].index.reshape(-1, outs[o].shape[-1])
+                tiles = np.stack([oi[tile_rows(i, m, M, rows, batch), _col0(j) - lo:_col0(j) + n - lo]
+                                  for il in ils for i in [il * rows + r for r in range(rows)]])
+                found += [(("c", c), tap, o) for tap in df.taps(io, outs[o], tiles)]
+        return found
+
+    def fits(part) -> bool:
+        return df.fits_shim_bds([c if kind == "c" else shim[("a", c) if kind == "a" else ("b", c)]
+                                 for (kind, c), _, _ in part], hw)
+
+    # one part (everything in stream order, the default group) when its descriptors fit the shims; else task
+    # groups of as many column tiles (then of as few row-tile groups of one column tile) as fit, so that shim
+    # buffer descriptors are reused. A group's transfers feed only its own outputs: a core computes one column
+    # tile over all its row tiles before the next.
+    parts = [(range(jt), range(it))]
+    transfers = [part_transfers(*parts[0])]
+    grouped = not fits(transfers[0])
+    for jn, il_n in [(j, it) for j in _group_sizes(jt)] + [(1, i) for i in _group_sizes(it)]:
+        if not grouped or all(fits(part) for part in transfers):
+            break
+        parts = [(range(j0, min(jt, j0 + jn)), range(i0, min(it, i0 + il_n)))
+                 for j0 in range(0, jt, jn) for i0 in range(0, it, il_n)]
+        transfers = [part_transfers(jls, ils) for jls, ils in parts]
+    ends_of = {**{("a", r): a_ends[r] for r in range(rows)}, **{("b", c): b_ends[c] for c in range(cols)},
+               **{("bias", c): b_ends[c] for c in range(cols)}, **{("c", c): c_ends[c] for c in range(cols)}}
+
     def sequence(*args):
-        a_arg, b_arg = args[at[0]], args[at[1]]
-        bias_arg = args[at[2]] if has_bias else None
         out_args = args[len(args) - len(outs):]
+        data = {"a": args[at[0]], "b": args[at[1]], "bias": args[at[2]] if has_bias else None}
         if any(shift):
             io.sync_parameters()
-        # one part: everything in stream order; a batched bmm goes in task groups of a few row-tile groups per
-        # column tile, so that shim buffer descriptors are reused (each slice's tiles are their own transfers)
-        # (also a GEMM over several column tiles whose last row-tile group is shifted: its A is two transfers per
-        # column tile, too many descriptors at once for Whisper's 1500 rows on npu1)
-        group = max(1, (hw.shim_bds - 4) // 4) if batch > 1 else it
-        parts = [(range(jt), range(it), False)] if batch == 1 and (jt == 1 or M % (rows * m) == 0) else \
-            [(range(jl, jl + 1), range(i0, min(it, i0 + group)), True)
-             for jl in range(jt) for i0 in range(0, it, group)]
-        a_streams = [a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt, batch) for r in range(rows)]
-        b_streams = []
-        for c in range(cols):
-            per_j = np.moveaxis(b_idx[:, :, c::cols], 2, 0)          # [jt, slices, Kt, object]
-            b_streams.append(np.broadcast_to(per_j, (jt, it) + per_j.shape[2:]) if batch == 1 else per_j[:, b_slice])
-        for jls, ils, grouped in parts:
+        for part in transfers:
             # grouped or not, every transfer of a part shares its group: v1.4.5 refuses a sequence that mixes
             # the default group with explicit ones (strict_task_groups), so the bias goes in the first group
             tg = io.TaskGroup() if grouped else None
-            for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
-                for tap in _a_taps(io, a, a_streams[r][jls.start:jls.stop, ils.start:ils.stop], Mb):
-                    a_ends[r].fill(a_arg, tap=tap, group=tg)
-            for c in range(cols):
-                if has_bias and jls.start == ils.start == 0:  # first the column's bias tiles, to whole B objects
-                    bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
-                    for tap in df.taps(io, bias, bi):
-                        b_ends[c].fill(bias_arg, tap=tap, group=tg)
-                for tap in df.taps(io, b, b_streams[c][jls.start:jls.stop, ils.start:ils.stop]):
-                    b_ends[c].fill(b_arg, tap=tap, group=tg)
-                for jl in jls:  # the column's C objects, column tile by column tile, into their output
-                    j = jl * cols + c
-                    o = _owner(splits, j * n)
-                    lo = sum(splits[:o])
-                    oi = outs[o].index.reshape(-1, outs[o].shape[-1])
-                    tiles = np.stack([oi[tile_rows(i, m, M, rows, batch), _col0(j) - lo:_col0(j) + n - lo]
-                                      for il in ils for i in [il * rows + r for r in range(rows)]])
-                    for tap in df.taps(io, outs[o], tiles):
-                        c_ends[c].drain(out_args[o], tap=tap, group=tg, wait=True, offset_parameter=shift[o])
+            for slot, tap, o in part:
+                if slot[0] == "c":
+                    ends_of[slot].drain(out_args[o], tap=tap, group=tg, wait=True, offset_parameter=shift[o])
+                else:
+                    ends_of[slot].fill(data[slot[0]], tap=tap, group=tg)
             if grouped:
                 tg.finish()
     params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
@@ -568,6 +589,11 @@ def _a_rows(a, buffer, K: int, Kp: int, k: int) -> np.ndarray:
         raise df.DesignError(f"K = {K} is not a multiple of the tile k = {k}, and A's rows are not padded to "
                              f"{Kp}: needs a padded activation buffer")
     return wide
+
+
+def _group_sizes(total: int) -> list[int]:
+    """The sizes of 2, 3, ... total near-equal groups of `total` things, largest first."""
+    return sorted({-(-total // g) for g in range(2, total + 1)}, reverse=True)
 
 
 def _owner(splits, col: int) -> int:
