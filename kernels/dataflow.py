@@ -635,8 +635,7 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
             if tg is not None:
                 tg.finish()
     params.update({"cores": cores, "columns": cols, "rows_per_core": rows_per_core, "rows_per_group": rows_per_group,
-                   "piece": s.piece,
-                   "passes": s.passes, "sequence": sequence_of(step, operands)})
+                   "piece": s.piece, "passes": s.passes, "sequence": sequence_of(step, operands)})
     return program(io, target_name, operands, ends, workers, sequence)
 
 
