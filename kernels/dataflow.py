@@ -94,6 +94,15 @@ class RuntimeEnds:
         return [h for _, h in self.ends.values()]
 
 
+def fits_shim_bds(shim_cols: list[int], target: Target) -> bool:
+    """Whether transfers live at once on these shim columns (one buffer descriptor each, until their task group
+    ends) fit each shim's descriptors (aiecc refuses a 17th: AIE2TargetModel::getNumBDs)."""
+    per_shim: dict[int, int] = {}
+    for c in shim_cols:
+        per_shim[c] = per_shim.get(c, 0) + 1
+    return max(per_shim.values(), default=0) <= target.shim_bds
+
+
 def program(io: SimpleNamespace, target_name: str, operands: list, ends: RuntimeEnds, workers: list, body):
     """The IRON program of a design: a runtime sequence over one 1-D tensor per operand (the order the fused
     design passes them), whose body `body(*tensors)` issues the transfers through `ends`."""
@@ -594,15 +603,39 @@ def streaming(target_name: str, name: str, s: Streaming, kernel_fns: dict, body,
     for joined, _, c in drains:
         ends.drain(joined, c)
 
-    def sequence(*args):
-        for f, i, idx, shim_col in fills:
-            for tap in taps(io, operands[i], idx):
-                ends.fill(f, shim_col).fill(args[i], tap=tap)
+    def rows_transfers(lo: int, hi: int) -> list:
+        """Rows lo..hi of every core, in stream order: (fifo, operand, tap, shim column, is a drain)."""
+        found = []
+        for f, i, idx, shim_col in fills:  # a shared operand's index repeats per row and pass
+            part = idx[lo * s.passes:hi * s.passes] if i >= P else idx[lo:hi]
+            found += [(f, i, tap, shim_col, False) for tap in taps(io, operands[i], part)]
         for joined, idx, c in drains:
-            for tap in taps(io, s.out, idx):
-                ends.drain(joined, c).drain(args[-1], tap=tap, wait=True)
-    params.update({"cores": cores, "columns": cols, "rows_per_core": rows_per_core, "piece": s.piece,
-                   "passes": s.passes, "sequence": sequence_of(step, operands)})
+            per_row_objects = idx.shape[0] // rows_per_core
+            found += [(joined, len(operands) - 1, tap, c, True)
+                      for tap in taps(io, s.out, idx[lo * per_row_objects:hi * per_row_objects])]
+        return found
+
+    # every row's transfers at once when their descriptors fit the shims; else rows in task groups, each
+    # group's drains awaited and its descriptors freed before the next (a core's rows are independent)
+    rows_per_group = rows_per_core
+    plan = [rows_transfers(0, rows_per_core)]
+    while rows_per_group > 1 and not all(fits_shim_bds([t[3] for t in p], target) for p in plan):
+        rows_per_group = (rows_per_group + 1) // 2
+        plan = [rows_transfers(lo, min(rows_per_core, lo + rows_per_group))
+                for lo in range(0, rows_per_core, rows_per_group)]
+
+    def sequence(*args):
+        for part in plan:
+            tg = io.TaskGroup() if len(plan) > 1 else None
+            for f, i, tap, shim_col, is_drain in part:
+                if is_drain:
+                    ends.drain(f, shim_col).drain(args[i], tap=tap, group=tg, wait=True)
+                else:
+                    ends.fill(f, shim_col).fill(args[i], tap=tap, group=tg)
+            if tg is not None:
+                tg.finish()
+    params.update({"cores": cores, "columns": cols, "rows_per_core": rows_per_core, "rows_per_group": rows_per_group,
+                   "piece": s.piece, "passes": s.passes, "sequence": sequence_of(step, operands)})
     return program(io, target_name, operands, ends, workers, sequence)
 
 

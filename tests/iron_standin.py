@@ -77,6 +77,8 @@ AnyShimTile, AnyMemTile, AnyComputeTile = Tile(-1, 0), Tile(-1, 1), Tile(-1, 2)
 
 
 class Device:
+    shim_bds = 16   # AIE2TargetModel::getNumBDs of a shim tile, npu1 and npu2 alike (kernels/README.md)
+
     def __init__(self, name, cols):
         self.name, self.cols = name, cols
 
@@ -418,6 +420,11 @@ class IronRuntimeError(Exception):
     """runtime.py IronRuntimeError: an unrecoverable state at the end of the sequence body."""
 
 
+class TooManyBufferDescriptors(ValueError):
+    """What aiecc's runtime-sequence BD allocator (AIEAssignRuntimeSequenceBDIDs.cpp) refuses: a 17th buffer
+    descriptor live on one shim tile. Raised while the sequence body runs, at the transfer that would take it."""
+
+
 _ACTIVE: list = [None]   # the sequence body being run (runtime/_context.py)
 
 
@@ -474,8 +481,8 @@ class Runtime:
 class _Sequence:
     """The body of a Runtime while it runs (runtime.py ActiveSequence): its task groups and transfers."""
 
-    def __init__(self, rt: Runtime):
-        self.rt, self.ids, self.open = rt, iter(range(1, 1 << 30)), []
+    def __init__(self, rt: Runtime, device: Device):
+        self.rt, self.device, self.ids, self.open = rt, device, iter(range(1, 1 << 30)), []
         self.default = TaskGroup(0)
         self.used_default = self.used_explicit = False
 
@@ -500,6 +507,8 @@ class _Sequence:
         rt.transfers.append(Transfer(kind, handle, data, tap, placement, group, offset_parameter))
         rt.live[placement] = rt.live.get(placement, 0) + 1  # one descriptor per transfer until its group ends
         rt.peak[placement] = max(rt.peak.get(placement, 0), rt.live[placement])
+        if rt.live[placement] > self.device.shim_bds:
+            _refuse_too_many_live_bds(rt.transfers[-1], rt.live[placement], self.device.shim_bds)
 
     def finish(self, group):
         """Frees the group's buffer descriptors (its drains awaited)."""
@@ -517,6 +526,14 @@ class _Sequence:
             raise IronRuntimeError("Mixing explicit task groups and the default task group is prohibited. Please "
                                    "assign all tasks to a task group.")
         self.finish(self.default)
+
+
+def _refuse_too_many_live_bds(t: Transfer, live: int, limit: int):
+    tile = t.placement
+    raise TooManyBufferDescriptors(
+        f"Too many simultaneously active buffer descriptors on tile ({tile.col},{tile.row}), which supports up to "
+        f"{limit}: the {t.kind} of {t.handle.fifo.name} (sizes {t.tap.sizes}, strides {t.tap.strides}) would be "
+        f"live descriptor {live}; put transfers in task groups that finish (their drains awaited) to free them")
 
 
 class Program:
@@ -543,7 +560,7 @@ class Program:
                 h.count = h.held = 0
             w.core_fn(*w.fn_args)
             RECORD.current_worker = None
-        seq = _Sequence(self.rt)
+        seq = _Sequence(self.rt, self.device)
         _ACTIVE[0] = seq
         try:
             self.rt.seq_fn(*self.rt.body_args)

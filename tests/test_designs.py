@@ -314,6 +314,43 @@ def test_the_standin_refuses_what_mlir_aie_v1_4_5_refuses():
             k(None)                                               # a call with the wrong number of arguments
 
 
+def _fills_on_one_shim(io, n: int):
+    """A one-core copy of n objects, each its own fill on shim (0, 0), all in the default group (so all live at
+    once); the one drain goes through shim (1, 0)."""
+    obj, whole = np.ndarray[(64,), np.dtype[np.int32]], np.ndarray[(64 * n,), np.dtype[np.int32]]
+    of_in, of_out = io.ObjectFifo(obj, depth=2, name="in"), io.ObjectFifo(obj, depth=2, name="out")
+
+    def core(a, b):
+        for _ in io.range_(n):
+            a.acquire(1)
+            b.acquire(1)
+            a.release(1)
+            b.release(1)
+    worker = io.Worker(core, [of_in.cons(), of_out.prod()], tile=io.Tile(0, 2))
+    into, out = of_in.prod(tile=io.Tile(0, 0)), of_out.cons(tile=io.Tile(1, 0))
+
+    def sequence(a, b, *_):
+        for i in range(n):
+            into.fill(a, tap=io.TensorAccessPattern((64 * n,), 64 * i, [1, 1, 1, 64], [0, 0, 0, 1]))
+        out.drain(b, wait=True)
+    rt = io.Runtime(sequence, [whole, whole, into, out])
+    return io.Program(io.NPU2(), rt, workers=[worker]).resolve_program()
+
+
+def test_the_standin_refuses_a_17th_live_shim_buffer_descriptor():
+    """aiecc refuses a runtime sequence with a 17th buffer descriptor live on one shim tile
+    (AIEAssignRuntimeSequenceBDIDs.cpp); the stand-in refuses it as the sequence body runs, naming the tile, the
+    count and the transfer, and builds 16."""
+    with standin.installed():
+        io = df.iron()
+        rec = _fills_on_one_shim(io, 16)
+        assert rec.runtime.peak[io.Tile(0, 0)] == 16 and standin.check(rec, TARGETS["npu2"]) == []
+        standin.fresh()
+        with pytest.raises(standin.TooManyBufferDescriptors, match=r"tile \(0,0\), which supports up to 16: the "
+                                                                   r"fill of in .* live descriptor 17"):
+            _fills_on_one_shim(io, 17)
+
+
 # ---- one graph that exercises every design, fused into one program ----------------------------------------------
 
 SYNTH_WEIGHTS = {"ln_w": (64,), "ln_b": (64,), "w1": (128, 64), "b1": (128,), "w2": (64, 128), "b2": (64,),

@@ -42,6 +42,10 @@ VIT_BASE = vit.Config("vit", num_hidden_layers=1, num_labels=1000)
 RESNET_18 = resnet.Config(hidden_sizes=(64, 128, 256, 512), depths=(1, 1, 1, 1), layer_type="basic", num_labels=1000)
 RESNET_50 = resnet.Config(depths=(1, 1, 1, 1), num_labels=1000)
 ESM2_8M = dataclasses.replace(esm.PRESETS["esm2_t6_8M_UR50D"], num_hidden_layers=1)
+GIGAAM_V2 = conformer.Config.from_dict({  # GigaAM v2 CTC's encoder and head (its hydra config), one layer
+    "model_type": "gigaam", "head": {"num_classes": 34},
+    "encoder": {"feat_in": 64, "n_layers": 1, "d_model": 768, "subsampling_factor": 4, "ff_expansion_factor": 4,
+                "self_attention_model": "rotary", "n_heads": 16, "pos_emb_max_len": 5000, "conv_kernel_size": 31}})
 PARAKEET_110M = conformer.Config(hidden_size=512, num_hidden_layers=1, num_attention_heads=8, intermediate_size=2048,
                                  subsampling_conv_channels=256, vocab_size=1025, blank_id=1024)
 
@@ -190,3 +194,31 @@ def test_real_size_steps_build_or_are_documented_refusals(model, target):
           f"{failing_steps} failing documented checks {failing}"
           + (f"; no longer seen: {fixed}" if fixed else ""), end="")
     assert not failures, "\n".join(failures[:12])
+
+
+# Attention steps of the buckets the pipelines compile beyond REAL's one shape each, whose transfers, all at once,
+# would hold more buffer descriptors than a shim has (kernels/README.md, "Real sizes"): rope's rows and mha's key
+# blocks go in task groups, and the stand-in refuses a 17th descriptor live on one shim while a design builds.
+ATTENTION_BUCKETS = {
+    "esm2-8m b16_t64": lambda: esm.graph(ESM2_8M, 16, 64),       # rope: 66 live at once in one group
+    "esm2-8m b2_t512": lambda: esm.graph(ESM2_8M, 2, 512),       # mha: 26 in one work item
+    "gigaam-v2 t126": lambda: conformer.encoder_graph(GIGAAM_V2, conformer.frames_for(5.0)),  # rope: 34 (npu1 65)
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ("npu2", "npu1"))
+@pytest.mark.parametrize("bucket", sorted(ATTENTION_BUCKETS))
+def test_real_size_attention_buckets_build_within_the_shim_descriptors(bucket, target):
+    program = compile_graphs([ATTENTION_BUCKETS[bucket]()], target)
+    hw, built, failures = TARGETS[target], [], []
+    for step in distinct_steps(program):
+        if name_of(step) not in ("rope", "mha"):
+            continue
+        rec, params = build_step(step, program, target)
+        problems = standin.check(rec, hw) + agrees_with_catalog(step, params) + written_once(step, rec, params)
+        problems += beyond_footprint(step, rec, hw)
+        failures += [f"{name_of(step)} {step.attrs.get('name')}: {p}" for p in problems]
+        built.append(f"{name_of(step)} {max(rec.runtime.peak.values())}")
+    print(f"\n  {bucket} {target}: peak live shim descriptors {built}", end="")
+    assert {b.split()[0] for b in built} == {"rope", "mha"} and not failures, "\n".join(failures[:12])

@@ -177,48 +177,69 @@ def build(target: str, step, buffers: dict, params: dict):
     b_ends = [ends.fill(b_l3[c], shim[("b", c)]) for c in range(cols)]
     c_ends = [ends.drain(c_l3[c], c) for c in range(cols)]
 
+    a_streams = [a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt, batch) for r in range(rows)]
+    b_streams = []
+    for c in range(cols):
+        per_j = np.moveaxis(b_idx[:, :, c::cols], 2, 0)          # [jt, slices, Kt, object]
+        b_streams.append(np.broadcast_to(per_j, (jt, it) + per_j.shape[2:]) if batch == 1 else per_j[:, b_slice])
+
+    def part_transfers(jls, ils) -> list:
+        """A part's transfers in stream order, (slot, tap, output) with slot "a" r, "b" c, "bias" c or "c" c:
+        for each core row its A row tiles, for each core column its bias (first part only), B and C tiles."""
+        found = []
+        for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
+            found += [(("a", r), tap, None)
+                      for tap in _a_taps(io, a, a_streams[r][jls.start:jls.stop, ils.start:ils.stop], Mb)]
+        for c in range(cols):
+            if has_bias and jls.start == ils.start == 0:  # first the column's bias tiles, to whole B objects
+                bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
+                found += [(("bias", c), tap, None) for tap in df.taps(io, bias, bi)]
+            found += [(("b", c), tap, None)
+                      for tap in df.taps(io, b, b_streams[c][jls.start:jls.stop, ils.start:ils.stop])]
+            for jl in jls:  # the column's C objects, column tile by column tile, into their output
+                j = jl * cols + c
+                o = _owner(splits, j * n)
+                lo = sum(splits[:o])
+                oi = outs[o].index.reshape(-1, outs[o].shape[-1])
+                tiles = np.stack([oi[tile_rows(i, m, M, rows, batch), _col0(j) - lo:_col0(j) + n - lo]
+                                  for il in ils for i in [il * rows + r for r in range(rows)]])
+                found += [(("c", c), tap, o) for tap in df.taps(io, outs[o], tiles)]
+        return found
+
+    def fits(part) -> bool:
+        return df.fits_shim_bds([c if kind == "c" else shim[("a", c) if kind == "a" else ("b", c)]
+                                 for (kind, c), _, _ in part], hw)
+
+    # one part (everything in stream order, the default group) when its descriptors fit the shims; else task
+    # groups of as many column tiles (then of as few row-tile groups of one column tile) as fit, so that shim
+    # buffer descriptors are reused. A group's transfers feed only its own outputs: a core computes one column
+    # tile over all its row tiles before the next.
+    parts = [(range(jt), range(it))]
+    transfers = [part_transfers(*parts[0])]
+    grouped = not fits(transfers[0])
+    for jn, il_n in [(j, it) for j in _group_sizes(jt)] + [(1, i) for i in _group_sizes(it)]:
+        if not grouped or all(fits(part) for part in transfers):
+            break
+        parts = [(range(j0, min(jt, j0 + jn)), range(i0, min(it, i0 + il_n)))
+                 for j0 in range(0, jt, jn) for i0 in range(0, it, il_n)]
+        transfers = [part_transfers(jls, ils) for jls, ils in parts]
+    ends_of = {**{("a", r): a_ends[r] for r in range(rows)}, **{("b", c): b_ends[c] for c in range(cols)},
+               **{("bias", c): b_ends[c] for c in range(cols)}, **{("c", c): c_ends[c] for c in range(cols)}}
+
     def sequence(*args):
-        a_arg, b_arg = args[at[0]], args[at[1]]
-        bias_arg = args[at[2]] if has_bias else None
         out_args = args[len(args) - len(outs):]
+        data = {"a": args[at[0]], "b": args[at[1]], "bias": args[at[2]] if has_bias else None}
         if any(shift):
             io.sync_parameters()
-        # one part: everything in stream order; a batched bmm goes in task groups of a few row-tile groups per
-        # column tile, so that shim buffer descriptors are reused (each slice's tiles are their own transfers)
-        # (also a GEMM over several column tiles whose last row-tile group is shifted: its A is two transfers per
-        # column tile, too many descriptors at once for Whisper's 1500 rows on npu1)
-        group = max(1, (hw.shim_bds - 4) // 4) if batch > 1 else it
-        parts = [(range(jt), range(it), False)] if batch == 1 and (jt == 1 or M % (rows * m) == 0) else \
-            [(range(jl, jl + 1), range(i0, min(it, i0 + group)), True)
-             for jl in range(jt) for i0 in range(0, it, group)]
-        a_streams = [a_idx_tiles(a_idx, m, k, Kt, rows, r, it, jt, batch) for r in range(rows)]
-        b_streams = []
-        for c in range(cols):
-            per_j = np.moveaxis(b_idx[:, :, c::cols], 2, 0)          # [jt, slices, Kt, object]
-            b_streams.append(np.broadcast_to(per_j, (jt, it) + per_j.shape[2:]) if batch == 1 else per_j[:, b_slice])
-        for jls, ils, grouped in parts:
+        for part in transfers:
             # grouped or not, every transfer of a part shares its group: v1.4.5 refuses a sequence that mixes
             # the default group with explicit ones (strict_task_groups), so the bias goes in the first group
             tg = io.TaskGroup() if grouped else None
-            for r in range(rows):  # A row tiles i = r mod rows, for each of the core's column tiles
-                for tap in _a_taps(io, a, a_streams[r][jls.start:jls.stop, ils.start:ils.stop], Mb):
-                    a_ends[r].fill(a_arg, tap=tap, group=tg)
-            for c in range(cols):
-                if has_bias and jls.start == ils.start == 0:  # first the column's bias tiles, to whole B objects
-                    bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
-                    for tap in df.taps(io, bias, bi):
-                        b_ends[c].fill(bias_arg, tap=tap, group=tg)
-                for tap in df.taps(io, b, b_streams[c][jls.start:jls.stop, ils.start:ils.stop]):
-                    b_ends[c].fill(b_arg, tap=tap, group=tg)
-                for jl in jls:  # the column's C objects, column tile by column tile, into their output
-                    j = jl * cols + c
-                    o = _owner(splits, j * n)
-                    lo = sum(splits[:o])
-                    oi = outs[o].index.reshape(-1, outs[o].shape[-1])
-                    tiles = np.stack([oi[tile_rows(i, m, M, rows, batch), _col0(j) - lo:_col0(j) + n - lo]
-                                      for il in ils for i in [il * rows + r for r in range(rows)]])
-                    for tap in df.taps(io, outs[o], tiles):
-                        c_ends[c].drain(out_args[o], tap=tap, group=tg, wait=True, offset_parameter=shift[o])
+            for slot, tap, o in part:
+                if slot[0] == "c":
+                    ends_of[slot].drain(out_args[o], tap=tap, group=tg, wait=True, offset_parameter=shift[o])
+                else:
+                    ends_of[slot].fill(data[slot[0]], tap=tap, group=tg)
             if grouped:
                 tg.finish()
     params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
@@ -437,7 +458,6 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
                                             *kernels, it * jt, Kt], tile=io.Tile(c, 2 + q),
                                      stack_size=df.STACK_BYTES))
     shims = {c: (take(c), take(c)) for c in range(cols)}           # (A + residual, B + bias) per column
-    group_il = max(1, (hw.shim_bds - 6) // 2)
     read = {0: a, 1: b, 2: bias, **({slot: r} if r is not None else {}),
             **(dict(zip(pro["operands"], gb)) if pro else {})}
     operands, at = df.sequence_args(step, buffers, read, outs)
@@ -447,62 +467,92 @@ def _build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buff
     b_ends = [ends.fill(b_l3[c], shims[c][1]) for c in range(cols)]
     c_ends = [ends.drain(c_l3[c], c) for c in range(cols)]
 
-    def sequence(*args):
-        a_arg, b_arg = args[at[0]], args[at[1]]
-        r_arg = args[at[slot]] if r is not None else None
-        bias_arg = args[at[2]] if has_bias else None
-        gb_args = [args[at[i]] for i in pro["operands"]] if pro else []
-        out_args = args[len(args) - len(outs):]
-        if any(shift):
-            io.sync_parameters()
-        resident = io.TaskGroup()
+    ends_of = {**{("a", c): (a_ends[c], shims[c][0]) for c in range(cols)},
+               **{("b", c): (b_ends[c], shims[c][1]) for c in range(cols)},
+               **{("c", c): (c_ends[c], c) for c in range(cols)}}
+
+    def resident_transfers() -> list:
+        """Each column's bias, gamma and beta, on its B stream, live for the whole sequence: (slot, data, tap)."""
+        found = []
         for c in range(cols):
             if has_bias:
                 bi = np.broadcast_to(bias.index.reshape(Nt, n)[c::cols][None], (bias_repeat, jt, n))
-                for tap in df.taps(io, bias, bi):
-                    b_ends[c].fill(bias_arg, tap=tap, group=resident)
-            for vec, arg, count in zip(gb, gb_args, vec_objects):  # gamma, beta: K floats, whole objects
-                for tap in [t for piece in df.wrapped(vec.index, count * floats_per_object)
-                            for t in df.taps(io, vec, piece)]:
-                    b_ends[c].fill(arg, tap=tap, group=resident)
-        # K steps per task group: all of them, or with M < R rows repeating through each tile (one A transfer per
-        # K step, see _a_taps) as many as the shim's buffer descriptors hold; the residual and drains go last
-        k_group = Kt if M >= m or pro else max(1, (hw.shim_bds - 4) // (-(-m // M) if m % M else 1))
-        for jl in range(jt):
-            for il0 in range(0, it, group_il):
-                ils = range(il0, min(it, il0 + group_il))
-                for q0 in range(0, Kt, k_group):
-                    qs, last = slice(q0, min(Kt, q0 + k_group)), q0 + k_group >= Kt
-                    tg = io.TaskGroup()
-                    for c in range(cols):
-                        j = jl * cols + c
-                        bt = np.broadcast_to(b_idx[qs, j][None], (len(ils), len(range(Kt)[qs]), kb * n))
-                        for tap in df.taps(io, b, bt):
-                            b_ends[c].fill(b_arg, tap=tap, group=tg)
-                        for il in ils:
-                            row_sets = [tile_rows(il * rows + q, m, M, rows) for q in range(rows)]
-                            a_t = np.stack([a_idx[rs].reshape(m, Kt, k).transpose(1, 0, 2) for rs in row_sets], axis=1)
-                            a_t = np.broadcast_to(a_t[None], (a_passes,) + a_t.shape)[:, qs]  # [pass, Kt, core, m, k]
-                            for tap in _a_taps(io, a, a_t, M):
-                                a_ends[c].fill(a_arg, tap=tap, group=tg)
-                            if not res_objs or not last:
-                                continue
-                            tiles = np.stack([r_idx[rs, j * n:(j + 1) * n] for rs in row_sets])  # [core, m, n]
-                            fill = np.resize(np.arange(m), res_objs * per_obj // n)            # rows, wrapping
-                            ri = tiles[:, fill].reshape(rows, res_objs, per_obj // n, n).transpose(1, 0, 2, 3)
-                            for tap in df.taps(io, r, ri):
-                                a_ends[c].fill(r_arg, tap=tap, group=tg)
-                        if not last:
-                            continue
-                        o = _owner(splits, j * n)
-                        lo = sum(splits[:o])
-                        oi = outs[o].index.reshape(-1, outs[o].shape[-1])
-                        tiles = np.stack([oi[tile_rows(il * rows + q, m, M, rows), j * n - lo:(j + 1) * n - lo]
-                                          for il in ils for q in range(rows)])
-                        for tap in df.taps(io, outs[o], tiles):
-                            c_ends[c].drain(out_args[o], tap=tap, group=tg, wait=True, offset_parameter=shift[o])
-                    tg.finish()
-        resident.finish()
+                found += [(("b", c), "bias", tap) for tap in df.taps(io, bias, bi)]
+            for v, (vec, count) in enumerate(zip(gb, vec_objects)):  # gamma, beta: K floats, whole objects
+                found += [(("b", c), ("gb", v), t) for piece in df.wrapped(vec.index, count * floats_per_object)
+                          for t in df.taps(io, vec, piece)]
+        return found
+
+    def group_transfers(jl: int, ils: range, qs: slice, last: bool) -> list:
+        """The B, A (and residual) tiles of column tile jl, row tiles ils and K steps qs; the drains with the
+        last K steps: (slot, data, tap)."""
+        found = []
+        for c in range(cols):
+            j = jl * cols + c
+            bt = np.broadcast_to(b_idx[qs, j][None], (len(ils), len(range(Kt)[qs]), kb * n))
+            found += [(("b", c), "b", tap) for tap in df.taps(io, b, bt)]
+            for il in ils:
+                row_sets = [tile_rows(il * rows + q, m, M, rows) for q in range(rows)]
+                a_t = np.stack([a_idx[rs].reshape(m, Kt, k).transpose(1, 0, 2) for rs in row_sets], axis=1)
+                a_t = np.broadcast_to(a_t[None], (a_passes,) + a_t.shape)[:, qs]  # [pass, Kt, core, m, k]
+                found += [(("a", c), "a", tap) for tap in _a_taps(io, a, a_t, M)]
+                if not res_objs or not last:
+                    continue
+                tiles = np.stack([r_idx[rs, j * n:(j + 1) * n] for rs in row_sets])  # [core, m, n]
+                fill = np.resize(np.arange(m), res_objs * per_obj // n)            # rows, wrapping
+                ri = tiles[:, fill].reshape(rows, res_objs, per_obj // n, n).transpose(1, 0, 2, 3)
+                found += [(("a", c), "r", tap) for tap in df.taps(io, r, ri)]
+            if not last:
+                continue
+            o = _owner(splits, j * n)
+            lo = sum(splits[:o])
+            oi = outs[o].index.reshape(-1, outs[o].shape[-1])
+            tiles = np.stack([oi[tile_rows(il * rows + q, m, M, rows), j * n - lo:(j + 1) * n - lo]
+                              for il in ils for q in range(rows)])
+            found += [(("c", c), ("out", o), tap) for tap in df.taps(io, outs[o], tiles)]
+        return found
+
+    def plan(group_il: int, k_group: int) -> list:
+        return [group_transfers(jl, range(il0, min(it, il0 + group_il)), slice(q0, min(Kt, q0 + k_group)),
+                                q0 + k_group >= Kt)
+                for jl in range(jt) for il0 in range(0, it, group_il) for q0 in range(0, Kt, k_group)]
+
+    def fits(groups) -> bool:  # the resident group's descriptors stay live beside each group's, on the same shims
+        return all(df.fits_shim_bds([ends_of[where][1] for where, _, _ in resident + g], hw) for g in groups)
+
+    # row tiles, then K steps, per task group: as many as fit beside the resident transfers (several fifos may
+    # share a shim: A, B and C of a column when the channels allow); the residual and drains go with the last
+    # K steps. K steps split only with M < R rows repeating through each tile, where each is its own A transfer
+    # (_a_taps); a prologue's statistics passes need every K step of a tile before its MACs.
+    resident = resident_transfers()
+    group_il, k_group = it, Kt
+    groups = plan(group_il, k_group)
+    while not fits(groups) and (group_il > 1 or (k_group > 1 and M < m and not pro)):
+        if group_il > 1:
+            group_il = (group_il + 1) // 2
+        else:
+            k_group = (k_group + 1) // 2
+        groups = plan(group_il, k_group)
+
+    def sequence(*args):
+        data = {"a": args[at[0]], "b": args[at[1]], "r": args[at[slot]] if r is not None else None,
+                "bias": args[at[2]] if has_bias else None,
+                **{("gb", v): args[at[i]] for v, i in enumerate(pro["operands"] if pro else [])},
+                **{("out", o): args[len(args) - len(outs) + o] for o in range(len(outs))}}
+        if any(shift):
+            io.sync_parameters()
+        resident_group = io.TaskGroup()
+        for (kind, c), key, tap in resident:
+            ends_of[(kind, c)][0].fill(data[key], tap=tap, group=resident_group)
+        for g in groups:
+            tg = io.TaskGroup()
+            for (kind, c), key, tap in g:
+                if kind == "c":
+                    ends_of[(kind, c)][0].drain(data[key], tap=tap, group=tg, wait=True, offset_parameter=shift[key[1]])
+                else:
+                    ends_of[(kind, c)][0].fill(data[key], tap=tap, group=tg)
+            tg.finish()
+        resident_group.finish()
     params.update({"sequence": list(range(len(operands))),  # the run's operands, in order
                    "m": m, "k": k, "n": n, "mac": [R, S, T], "cores": cols * rows, "columns": cols, "rows": rows,
                    "tiles_per_core": it * jt, "k_steps": Kt, "residual_objects": res_objs,
@@ -568,6 +618,11 @@ def _a_rows(a, buffer, K: int, Kp: int, k: int) -> np.ndarray:
         raise df.DesignError(f"K = {K} is not a multiple of the tile k = {k}, and A's rows are not padded to "
                              f"{Kp}: needs a padded activation buffer")
     return wide
+
+
+def _group_sizes(total: int) -> list[int]:
+    """The sizes of 2, 3, ... total near-equal groups of `total` things, largest first."""
+    return sorted({-(-total // g) for g in range(2, total + 1)}, reverse=True)
 
 
 def _owner(splits, col: int) -> int:

@@ -15,6 +15,9 @@ from kernels import dataflow as df
 from sdk.compiler.hardware import TARGETS
 
 KINDS = ("mha",)
+# transfers one sequence may issue: a practical bound, not the array's: each is a descriptor write and a queue
+# push in the instruction stream (tens of bytes), so this is several MB of instructions per run
+MAX_TRANSFERS = 1 << 17
 
 
 def build(target: str, step, buffers: dict, params: dict):
@@ -98,6 +101,7 @@ def build(target: str, step, buffers: dict, params: dict):
 
     take = df.shim_allotter(hw)
     workers, fills, drains = [], [], []
+    passes = 3
     for c in range(cores):
         mem, lo = io.Tile(c, 1), c * per_core
         my = [(it // q_tiles, starts[it % q_tiles]) for it in range(lo, lo + per_core)]   # (head, first row)
@@ -114,7 +118,6 @@ def build(target: str, step, buffers: dict, params: dict):
                 io.Buffer(vec_f, initial_value=imms, name=f"mha_imm{c}")]
         workers.append(io.Worker(body, [q_l2.cons(), kvm.cons(), y_l2.prod(), *bufs, *kernels, per_core, blocks],
                                  tile=io.Tile(c, 2), stack_size=df.STACK_BYTES))
-        passes = 3
         key_rows = lambda a, h: np.broadcast_to(a[h].reshape(blocks, tk, d)[None], (passes, blocks, tk, d))  # noqa: E731
         fills.append((q_l3, 0, np.stack([qi[h, s:s + tq] for h, s in my]), take(c)))
         fills.append((parts[0], 1, np.stack([key_rows(ki, h) for h, _ in my]), take(c)))
@@ -127,23 +130,57 @@ def build(target: str, step, buffers: dict, params: dict):
 
     operands = [q, k, v] + ([mask] if has_mask else []) + [out]
     ends = df.RuntimeEnds(io)
-    fills = [(ends.fill(fifo, shim), i, idx) for fifo, i, idx, shim in fills]
-    drains = [(ends.drain(fifo, c), idx) for fifo, idx, c in drains]
+    fills = [(ends.fill(fifo, shim), shim, i, idx) for fifo, i, idx, shim in fills]
+    drains = [(ends.drain(fifo, c), c, idx) for fifo, idx, c in drains]
+    units = passes * blocks  # an item's key blocks, pass after pass
+
+    def item_group(item: int, lo: int, hi: int) -> list:
+        """Key blocks lo..hi of one work item on every core: (end, shim, operand, tap, awaited), its q tile with
+        the first blocks and its output with the last. A group that ends before the output awaits every fifo's
+        last fill, so that freeing its descriptors frees none still moving data."""
+        found = []
+        for end, shim, i, idx in fills:
+            if i == 0 and lo > 0:
+                continue
+            part = idx[item] if i == 0 else idx[item].reshape((units,) + idx.shape[3:])[lo:hi]
+            taps = df.taps(io, operands[i], part)
+            found += [(end, shim, i, tap, n == len(taps) - 1 and hi < units) for n, tap in enumerate(taps)]
+        if hi == units:
+            for end, c, idx in drains:
+                found += [(end, c, len(operands) - 1, tap, True) for tap in df.taps(io, out, idx[item])]
+        return found
+
+    # one task group per work item (on every core at once), or per few of its key blocks when an item's
+    # transfers exceed a shim's descriptors: a mask broadcast along the query rows repeats inside each block's
+    # pattern, so each (pass, block) of it is its own transfer
+    def fits(groups) -> bool:
+        return all(df.fits_shim_bds([shim for _, shim, _, _, _ in g], hw) for g in groups)
+
+    def plan_of(items, size: int) -> list:
+        return [item_group(item, lo, min(units, lo + size)) for item in items for lo in range(0, units, size)]
+
+    # the first and last items (the last one's query tile shifted back) settle the size
+    blocks_per_group = units
+    while blocks_per_group > 1 and not fits(plan_of({0, per_core - 1}, blocks_per_group)):
+        blocks_per_group = (blocks_per_group + 1) // 2
+    transfers = per_core * sum(len(g) for g in plan_of({0}, blocks_per_group))
+    if transfers > MAX_TRANSFERS:
+        raise df.DesignError(f"attention over {Tk} keys in blocks of {tk}: about {transfers} transfers (more than "
+                             f"{MAX_TRANSFERS}) to fit the shims' {hw.shim_bds} buffer descriptors",
+                             fix="pad the keys to a length with a larger divisor and mask the tail")
+    plan = plan_of(range(per_core), blocks_per_group)
 
     def sequence(*args):
-        # one task group per work item (on every core at once): an item's key rows repeat per pass, a repeat
-        # that a shim descriptor makes only in its outermost dimension, so each item is its own transfer, and
-        # the group frees its descriptors once the item's output is drained
-        for item in range(per_core):
+        for group in plan:
             tg = io.TaskGroup()
-            for end, i, idx in fills:
-                for tap in df.taps(io, operands[i], idx[item]):
-                    end.fill(args[i], tap=tap, group=tg)
-            for end, idx in drains:
-                for tap in df.taps(io, out, idx[item]):
-                    end.drain(args[-1], tap=tap, group=tg, wait=True)
+            for end, _, i, tap, awaited in group:
+                if i == len(operands) - 1:
+                    end.drain(args[i], tap=tap, group=tg, wait=True)
+                else:
+                    end.fill(args[i], tap=tap, group=tg, wait=awaited)
             tg.finish()
     params.update({"tq": tq, "tk": tk, "d": d, "heads": heads, "cores": cores, "items_per_core": per_core,
+                   "blocks_per_group": blocks_per_group,
                    "sequence": df.sequence_of(step, operands)})
     return df.program(io, target, operands, ends, workers, sequence)
 
