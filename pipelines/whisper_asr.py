@@ -282,7 +282,7 @@ class WhisperRecognizer:
         return result
 
     def _draft_passes(self) -> list[int]:
-        """The draft pass lengths the active window has (cpu backend, short windows), when drafts are on."""
+        """The draft pass lengths the active window has (cpu backend), when drafts are on."""
         entries = self.session.program.entries
         return [n for n in whisper.DRAFT_PASSES if self.options.verify_drafts
                 and self._active.entry(f"decode_{n}") in entries]

@@ -356,8 +356,9 @@ def graphs(cfg: Config, *, timestamp_begin: int | None = None, prefill: tuple[in
 # The program the pipelines run takes its shapes from these constants, so a new bucket is a one-line change that
 # the pipelines, the build and bench all see. PREFILL: decoder prefill lengths (decode_{n}) of every window; none
 # today. DRAFT_PASSES: the decode_{n} lengths that verify a live decode's draft in one pass (a longer draft is cut
-# to the longest), in the short windows only, where live decodes run (the full window decodes files, which have no
-# drafts): cpu-only entries, since the NPU compiler cannot tile a multi-row output head over a 51864 vocabulary.
+# to the longest), in every window (a long utterance's live decode runs in the full one): cpu-only entries, since the
+# NPU compiler cannot tile a multi-row output head over a 51864 vocabulary. The cpu backend builds an entry at its
+# first run, so entries that files never run cost nothing at startup.
 # ENCODER_WINDOWS: the short encoder windows, in seconds of Whisper's 30 s one; audio runs in the shortest that
 # holds it (pipelines/whisper_asr.py, where each model's WER gate sets the shortest it may use). The encoder's time is
 # about proportional to the window; 5 and 10 s hold single utterances, 15 and 20 s a dictation decode (6 s of
@@ -374,11 +375,11 @@ def program_graphs(cfg: Config, timestamp_begin: int) -> list[Graph]:
 
 
 def draft_graphs(cfg: Config) -> list[Graph]:
-    """The draft passes (`decode_{n}` for n in DRAFT_PASSES) of each short window: what the cpu backend adds to
+    """The draft passes (`decode_{n}` for n in DRAFT_PASSES) of each window: what the cpu backend adds to
     program_graphs. Lengths past the KV cache are left out."""
     shapes, state = param_shapes(cfg), _state(cfg)
     return [_decode_graph(window, n, shapes, replace(cfg, max_source_positions=window.n_audio), state)
-            for window in windows(cfg, ENCODER_WINDOWS) if not window.full
+            for window in windows(cfg, ENCODER_WINDOWS)
             for n in DRAFT_PASSES if n <= cfg.max_target_positions]
 
 
