@@ -286,7 +286,7 @@ def parse_variant(text: str, base: dict) -> tuple[str, dict]:
 
 
 def calibrate(timed: TimedTranscriber, audio: np.ndarray) -> tuple[dict, float]:
-    """The fastest of three passes of each encoder window and draft pass entry, and the fastest decoder step (per
+    """The fastest of three passes of each encoder window and of ten of each draft pass entry, and the fastest decoder step (per
     decode) of five more decodes and all so far: the idle machine, as near as a shared one can tell (other programs
     only ever make them slower)."""
     from pipelines.audio import whisper_log_mel
@@ -301,7 +301,7 @@ def calibrate(timed: TimedTranscriber, audio: np.ndarray) -> tuple[dict, float]:
             encoder[window.entry("encode")] = min(encoder.get(window.entry("encode"), took), took)
     for entry in filter(is_draft_pass, recognizer.session.program.entries):
         n = int(entry.split("_")[1])
-        for _ in range(3):
+        for _ in range(10):  # a pass is short: the fastest of more runs is nearer the idle machine
             started = time.perf_counter()
             recognizer.session.run(entry, recognizer.state, tokens=np.zeros((1, n), np.int32), pos=0)
             took = time.perf_counter() - started
