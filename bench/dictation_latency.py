@@ -286,9 +286,9 @@ def parse_variant(text: str, base: dict) -> tuple[str, dict]:
 
 
 def calibrate(timed: TimedTranscriber, audio: np.ndarray) -> tuple[dict, float]:
-    """The fastest of three passes of each encoder window and of ten of each draft pass entry, and the fastest decoder step (per
-    decode) of five more decodes and all so far: the idle machine, as near as a shared one can tell (other programs
-    only ever make them slower)."""
+    """The fastest of three passes of each encoder window and of ten of each draft pass entry, and the fastest
+    decoder step (per decode) of five more decodes and all so far: the idle machine, as near as a shared one can
+    tell (other programs only ever make them slower)."""
     from pipelines.audio import whisper_log_mel
     recognizer = timed.transcriber.recognizer
     timed.clock, timed.decodes, encoder = (lambda: 0.0), [], {}
