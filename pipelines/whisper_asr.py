@@ -296,8 +296,8 @@ class WhisperRecognizer:
     def _decode(self, prompt: list[int], temperature: float, max_tokens: int,
                 stop: Callable[[], bool] | None = None, draft: Sequence[int] = ()) -> _Result | None:
         """Sample at most `max_tokens` of one window's tokens at `temperature` (0 = greedy) after `prompt`;
-        cross K/V are in state. None once `stop()` is True. A greedy decode verifies `draft` (the tokens an
-        earlier decode of nearly this audio gave) in one pass where this window has the passes (pipelines/whisper_drafts.py)."""
+        cross K/V are in state. None once `stop()` is True. A greedy decode verifies `draft` (the tokens an earlier
+        decode of nearly this audio gave) in one pass where this window has one (pipelines/whisper_drafts.py)."""
         tok, rng = self.tokenizer, np.random.default_rng(self.options.seed)
         no_speech_prob = 0.0
 
