@@ -9,7 +9,8 @@ sampling) when the compression ratio or average log-prob says a window went wron
 independently (no previous-text prompt), as transformers does by default.
 
 Greedy steps run `decode_greedy` (filters and argmax on the device, a few scalars back); the first step of
-each window and sampled steps read full logits from `decode_step` (see sdk/models/whisper.py).
+each window and sampled steps read full logits from `decode_step` (see sdk/models/whisper.py). A live decode
+given its previous decode's tokens verifies them in one `decode_{n}` pass first (pipelines/whisper_drafts.py).
 
 Audio shorter than 30 s (a short file, the last window of a long one, a dictation utterance) may run in a short
 encoder window (whisper.ENCODER_WINDOWS, the shortest that holds it with 1 s to spare), where the model's WER
