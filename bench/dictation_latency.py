@@ -8,7 +8,9 @@ of the clip instead, which compares VADs) and its arrival, and where they went:
     queue    from that audio's arrival to the decode's start
     behind   (not a term of the sum) how long after the words ended an earlier decode (a partial that
              missed the end) kept the worker busy: it delays the final's decode and is part of quiet + queue
-    encoder  the encoder pass(es); decoder: the decoder steps (and their count); other: mel, guards, host work
+    encoder  the encoder pass(es); decoder: the decoder steps and draft passes (and their counts: a live decode
+             verifies the previous decode's tokens in one pass, TranscribeOptions.verify_drafts); other: mel,
+             guards, host work
     window   the encoder window(s) the final's decode ran (whisper.ENCODER_WINDOWS: e.g. encode_t1000 = 10 s;
              more than one when a short window's decode looked like a repeat loop and fell back)
     confirm  from the decode's end to the final's emission (an early decode waits for the hangover)
@@ -16,10 +18,12 @@ of the clip instead, which compares VADs) and its arrival, and where they went:
     PYTHONPATH=. python bench/dictation_latency.py [--model whisper-base] [--paces realtime,modeled,simulated] [--runs N]
         [--partials both|on|off] [--set early_final=0.3 --set vad=energy ...] [--shortest-window 30] [--step-s 0.018] [--decodes]
         [--variant "short:hangover=0.4,context=2" --variant "floor20:shortest_window=20" ...]
+        [--variant "drafts:" --variant "steps:verify_drafts=false"]
         [--precision int8] [--encoder-s encode=0.23,encode_t2000=0.14 ...]
 
 Variants run in the same process, interleaved per pace, on one calibration: the way to compare settings (the
-keys are DictationOptions fields, and `shortest_window`, the recognizer's TranscribeOptions field).
+keys are DictationOptions fields, and `shortest_window` and `verify_drafts`, the recognizer's TranscribeOptions
+fields).
 
 Paces: realtime = a FileSource at real-time pace, wall clock (what a user sees, noisy on a shared machine);
 modeled = the same cadence on a virtual clock that charges every decode a fixed cost per encoder pass (per
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -48,7 +53,9 @@ class Decode:
     end: float = 0.0       # ... and ended
     encoder: float = 0.0   # wall seconds
     decoder: float = 0.0
-    steps: int = 0
+    steps: int = 0         # decoder steps (decode_step, decode_greedy) ...
+    passes: list = field(default_factory=list)   # ... and the draft passes run (decode_{n} entries)
+    passes_s: float = 0.0  # wall seconds of the draft passes (part of decoder)
     encodes: int = 0
     windows: list = field(default_factory=list)  # the encode entries run, in order
     wall: float = 0.0
@@ -77,6 +84,10 @@ class TimedTranscriber:
                     d.encoder += took
                     d.encodes += 1
                     d.windows.append(entry)
+                elif is_draft_pass(entry):
+                    d.decoder += took
+                    d.passes_s += took
+                    d.passes.append(entry)
                 elif entry.startswith("decode"):
                     d.decoder += took
                     d.steps += 1
@@ -88,15 +99,27 @@ class TimedTranscriber:
     def window_seconds(self) -> float:
         return self.transcriber.window_seconds
 
-    def decode_window(self, samples, *, offset=0.0, fallback=True, stop=None):
+    @property
+    def last_tokens(self):
+        return self.transcriber.last_tokens
+
+    def decode_window(self, samples, *, offset=0.0, fallback=True, stop=None, draft=()):
         d = Decode(audio_end=offset + len(samples) / 16000, start=self.clock())
         self.decodes.append(d)
         self.history.append(d)
         started = time.perf_counter()
         try:
-            return self.transcriber.decode_window(samples, offset=offset, fallback=fallback, stop=stop)
+            return self.transcriber.decode_window(samples, offset=offset, fallback=fallback, stop=stop, draft=draft)
         finally:
             d.wall, d.end = time.perf_counter() - started, self.clock()
+
+
+TRANSCRIBE_FIELDS = ("shortest_window", "verify_drafts")  # variant keys that are TranscribeOptions fields
+
+
+def is_draft_pass(entry: str) -> bool:
+    """decode_32, decode_64_t2000, ...: a draft verification pass (sdk/models/whisper.py DRAFT_PASSES)."""
+    return re.fullmatch(r"decode_\d+(_t\d+)?", entry) is not None
 
 
 def breakdown(final, decodes: list[Decode], hangover: float) -> dict:
@@ -110,13 +133,14 @@ def breakdown(final, decodes: list[Decode], hangover: float) -> dict:
     before = [p for p in decodes if p.start < d.start]
     behind = max(0.0, min(d.start, before[-1].end) - max(final.end, before[-1].start)) if before else 0.0
     return {"quiet": d.audio_end - final.end, "queue": d.start - d.audio_end, "behind": behind,
-            "encoder": d.encoder, "decoder": d.decoder, "steps": d.steps,
+            "encoder": d.encoder, "decoder": d.decoder, "steps": d.steps, "passes": len(d.passes),
             "other": d.wall - d.encoder - d.decoder, "confirm": final.at - d.end, "window": "+".join(d.windows)}
 
 
 def modeled_session(timed: TimedTranscriber, audio: np.ndarray, options, encoder_s: dict, step_s: float):
-    """The session on a virtual clock that charges each decode `encoder_s[entry]` per encoder pass plus `step_s`
-    per decoder step, whatever it really took: this machine idle, independent of the load from other programs.
+    """The session on a virtual clock that charges each decode `encoder_s[entry]` per encoder pass (and per draft
+    pass) plus `step_s` per decoder step, whatever it really took: this machine idle, independent of the load from
+    other programs.
     The audio cadence is the Stream's "simulated" pace (each chunk = what a microphone delivered meanwhile)."""
     from pipelines.dictation import FRAME, SAMPLE_RATE, Recognizer
     clock = [0.0]
@@ -130,7 +154,8 @@ def modeled_session(timed: TimedTranscriber, audio: np.ndarray, options, encoder
         fed = due
         clock[0] = max(clock[0], fed / SAMPLE_RATE)
         for d in timed.decodes[before:]:          # decodes of one accept() run back to back
-            d.start, d.encoder, d.decoder = clock[0], sum(encoder_s[w] for w in d.windows), step_s * d.steps
+            d.start, d.encoder = clock[0], sum(encoder_s[w] for w in d.windows)
+            d.decoder = step_s * d.steps + sum(encoder_s[p] for p in d.passes)
             d.wall = d.encoder + d.decoder
             clock[0] = d.end = d.start + d.wall
             modeled = d.wall if modeled is None else 0.8 * modeled + 0.2 * d.wall
@@ -203,15 +228,15 @@ def main():
     settings = {"both": (True, False), "on": (True,), "off": (False,)}[args.partials]
     paces = [p for p in args.paces.split(",") for _ in range(args.runs if p == "realtime" else 1)]
     from pipelines.dictation.voice_activity import open_vad, vad_name
-    chosen = DictationOptions(**{k: v for k, v in overrides.items() if k != "shortest_window"})
+    chosen = DictationOptions(**{k: v for k, v in overrides.items() if k not in TRANSCRIBE_FIELDS})
     print(f"{load()}; options {overrides or 'defaults'}; vad {vad_name(open_vad(chosen) if chosen.vad else None)};"
           f" shortest encoder window {args.shortest_window or 'the model default'}; precision {args.precision}", flush=True)
     for pace, partials, (name, setting) in [(p, on, v) for p in sorted(paces, key=lambda p: p == "modeled")
                                            for on in settings for v in variants]:  # calibrate on the others too
-        window = setting.get("shortest_window", args.shortest_window)
-        timed.transcriber.recognizer.options = replace(recognizer_options, shortest_window=window)
+        timed.transcriber.recognizer.options = replace(recognizer_options, **{
+            "shortest_window": args.shortest_window, **{k: v for k, v in setting.items() if k in TRANSCRIBE_FIELDS}})
         options = DictationOptions(**{"partials": partials,
-                                      **{k: v for k, v in setting.items() if k != "shortest_window"}})
+                                      **{k: v for k, v in setting.items() if k not in TRANSCRIBE_FIELDS}})
         if pace == "modeled":
             if encoder_s is None:
                 encoder_s, step = calibrate(timed, audio)
@@ -219,7 +244,7 @@ def main():
                 args.step_s = step if args.step_s is None else args.step_s
             step_s = args.step_s
             events, decodes = modeled_session(timed, audio, options, encoder_s, step_s)
-            label = (f"modeled (encoder {', '.join(f'{k} {v:.2f} s' for k, v in sorted(encoder_s.items()))}"
+            label = (f"modeled (passes {', '.join(f'{k} {v:.2f} s' for k, v in sorted(encoder_s.items()))}"
                      f" + {1000 * step_s:.0f} ms/step)")
         else:
             stream = Stream(timed, FileSource(audio, RATE, pace=pace), options)
@@ -244,8 +269,9 @@ def main():
         for i, final in enumerate(finals):
             parts = breakdown(final, timed.decodes, options.hangover)
             print(f"    final {i}: {final.latency:.2f} s = " + " + ".join(
-                f"{k} {v:.2f}" for k, v in parts.items() if k not in ("behind", "steps", "window"))
-                + f"  (behind a running decode {parts.get('behind', 0):.2f}, {parts.get('steps', 0)} decoder steps,"
+                f"{k} {v:.2f}" for k, v in parts.items() if k not in ("behind", "steps", "passes", "window"))
+                + f"  (behind a running decode {parts.get('behind', 0):.2f}, {parts.get('steps', 0)} decoder steps"
+                  f" + {parts.get('passes', 0)} draft passes,"
                   f" window {parts.get('window', '-')})",
                 flush=True)
 
@@ -260,9 +286,9 @@ def parse_variant(text: str, base: dict) -> tuple[str, dict]:
 
 
 def calibrate(timed: TimedTranscriber, audio: np.ndarray) -> tuple[dict, float]:
-    """The fastest of three passes of each encoder window, and the fastest decoder step (per decode) of five
-    more decodes and all so far: the idle machine, as near as a shared one can tell (other programs only ever
-    make them slower)."""
+    """The fastest of three passes of each encoder window and of ten of each draft pass entry, and the fastest
+    decoder step (per decode) of five more decodes and all so far: the idle machine, as near as a shared one can
+    tell (other programs only ever make them slower)."""
     from pipelines.audio import whisper_log_mel
     recognizer = timed.transcriber.recognizer
     timed.clock, timed.decodes, encoder = (lambda: 0.0), [], {}
@@ -273,9 +299,16 @@ def calibrate(timed: TimedTranscriber, audio: np.ndarray) -> tuple[dict, float]:
             recognizer.session.run(window.entry("encode"), recognizer.state, mel=mel)
             took = time.perf_counter() - started
             encoder[window.entry("encode")] = min(encoder.get(window.entry("encode"), took), took)
+    for entry in filter(is_draft_pass, recognizer.session.program.entries):
+        n = int(entry.split("_")[1])
+        for _ in range(10):  # a pass is short: the fastest of more runs is nearer the idle machine
+            started = time.perf_counter()
+            recognizer.session.run(entry, recognizer.state, tokens=np.zeros((1, n), np.int32), pos=0)
+            took = time.perf_counter() - started
+            encoder[entry] = min(encoder.get(entry, took), took)
     for _ in range(5):
         timed.decode_window(audio[:8 * 16000])
-    return encoder, min(d.decoder / d.steps for d in timed.history if d.steps)
+    return encoder, min((d.decoder - d.passes_s) / d.steps for d in timed.history if d.steps)
 
 
 if __name__ == "__main__":

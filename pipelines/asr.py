@@ -11,7 +11,7 @@ pipelines/conformer_asr.py), chosen from the checkpoint's config.json.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -75,9 +75,17 @@ class Transcriber:
                           str(source) if isinstance(source, (str, Path)) else "", report)
 
     def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True,
-                      stop: Callable[[], bool] | None = None) -> list[Segment] | None:
-        """Segments of one window of at most `window_seconds` of mono 16 kHz audio (see WhisperRecognizer)."""
+                      stop: Callable[[], bool] | None = None, draft: Sequence[int] = ()) -> list[Segment] | None:
+        """Segments of one window of at most `window_seconds` of mono 16 kHz audio (see WhisperRecognizer;
+        `draft`, Whisper's only: the `last_tokens` of the previous decode of the same audio start)."""
+        if draft:
+            return self.recognizer.decode_window(samples_16k, offset=offset, fallback=fallback, stop=stop, draft=draft)
         return self.recognizer.decode_window(samples_16k, offset=offset, fallback=fallback, stop=stop)
+
+    @property
+    def last_tokens(self) -> list[int] | None:
+        """The token ids of the last decode_window() (a draft for the next one), None for models without drafts."""
+        return getattr(self.recognizer, "last_tokens", None)
 
     def report(self) -> dict:
         return self.recognizer.report()

@@ -35,6 +35,8 @@ class TranscribeOptions:
     shortest_window: float | None = None  # s: audio shorter than 30 s runs in the shortest encoder window of at
                                       # least this length that holds it (whisper.ENCODER_WINDOWS); 30: always the
                                       # full window; None: the model's own (SHORTEST_WINDOW)
+    verify_drafts: bool = True        # live decodes check the previous decode's tokens in one decoder pass (cpu
+                                      # backend): the same tokens as step by step, in fewer steps
 
     def __post_init__(self):
         if self.task not in ("transcribe", "translate"):

@@ -9,7 +9,8 @@ sampling) when the compression ratio or average log-prob says a window went wron
 independently (no previous-text prompt), as transformers does by default.
 
 Greedy steps run `decode_greedy` (filters and argmax on the device, a few scalars back); the first step of
-each window and sampled steps read full logits from `decode_step` (see sdk/models/whisper.py).
+each window and sampled steps read full logits from `decode_step` (see sdk/models/whisper.py). A live decode
+given its previous decode's tokens verifies them in one `decode_{n}` pass first (pipelines/whisper_drafts.py).
 
 Audio shorter than 30 s (a short file, the last window of a long one, a dictation utterance) may run in a short
 encoder window (whisper.ENCODER_WINDOWS, the shortest that holds it with 1 s to spare), where the model's WER
@@ -24,11 +25,11 @@ import threading
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
-from pipelines import audio
+from pipelines import audio, whisper_drafts
 from pipelines.transcript import Segment, TranscribeOptions, Transcript
 from pipelines.whisper_tokenizer import WhisperTokenizer
 from sdk import hub
@@ -101,11 +102,13 @@ class WhisperRecognizer:
         precision = ({w.entry(name): "int8" for w in self.windows for name in whisper.INT8_ENTRIES}
                      if options.precision == "int8" else options.precision)
         self.session = Session(whisper.program_graphs(self.cfg, tok.timestamp_begin), weights, device=device,
-                               precision=precision)
+                               precision=precision,
+                               cpu_graphs=whisper.draft_graphs(self.cfg) if options.verify_drafts else ())
         self.state = self.session.new_state()
         self.session.run("set_suppress", self.state, bias=self._suppress_table(folder))
         self._active = self.windows[-1]  # the window whose cross K/V the state holds
         self.last_window: whisper.Window | None = None  # the encoder window the last decode kept (bench reads it)
+        self.last_tokens: list[int] = []  # ... and its tokens: the draft for the next decode of the same audio
         self._lock = threading.Lock()
 
     # -- public API
@@ -147,12 +150,14 @@ class WhisperRecognizer:
                           report)
 
     def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True,
-                      stop: Callable[[], bool] | None = None) -> list[Segment] | None:
+                      stop: Callable[[], bool] | None = None, draft: Sequence[int] = ()) -> list[Segment] | None:
         """Segments of ONE window of at most 30 s of mono 16 kHz float audio, with times in seconds from
         `offset` (no seek loop: text after the last timestamp is kept as a segment ending at the window's
         end). Silence gives []. Stable API for live dictation, which calls it on a growing buffer: it passes
         fallback=False for partial hypotheses (one greedy pass, no temperature retries) and `stop`, polled
-        before the encoder and every decoder step: once it says True, the decode is given up (None)."""
+        before the encoder and every decoder step: once it says True, the decode is given up (None). `draft`: the
+        `last_tokens` of its previous decode of the same audio start, which the greedy pass verifies in one decoder
+        pass (options.verify_drafts): the same tokens as without it, in fewer steps."""
         samples = audio.float_samples(samples_16k)
         if samples.ndim != 1 or len(samples) > audio.WHISPER_CHUNK:
             raise UsageError(f"decode_window takes mono audio of at most 30 s, got shape {samples.shape}",
@@ -161,7 +166,8 @@ class WhisperRecognizer:
             return []
         size = len(samples) // audio.WHISPER_HOP
         with self._lock:
-            found = self._window(samples, size, offset, None, keep_tail=True, fallback=fallback, stop=stop, live=True)
+            found = self._window(samples, size, offset, None, keep_tail=True, fallback=fallback, stop=stop, live=True,
+                                 draft=draft)
         return None if found is None else found[0]
 
     def report(self) -> dict:
@@ -181,12 +187,14 @@ class WhisperRecognizer:
 
     def _window(self, samples: np.ndarray, size: int, offset: float, language: str | None, keep_tail: bool = False,
                 fallback: bool = True, stop: Callable[[], bool] | None = None,
-                zero_mel_past_audio: bool = False, live: bool = False) -> tuple[list[Segment], int, str] | None:
+                zero_mel_past_audio: bool = False, live: bool = False,
+                draft: Sequence[int] = ()) -> tuple[list[Segment], int, str] | None:
         """Decode one window: (segments, mel frames to advance, language), or None once `stop()` is True.
         live: a dictation window (decode_window), which may run shorter encoder windows (LIVE_SHORTEST_WINDOW).
         zero_mel_past_audio: the mel after the window's audio is zeros, not silence, as OpenAI's transcribe
         (and faster-whisper) pad a file's last window; live windows (decode_window) keep the silence."""
         o = self.options
+        self.last_tokens = []
         if float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) < o.silence_rms:
             return [], size, language or o.language or "en"
         max_tokens = int(o.tokens_per_second * len(samples) / audio.SAMPLE_RATE) + 16
@@ -201,12 +209,12 @@ class WhisperRecognizer:
             language = language or o.language or ("en" if self.english_only else self._detect_language())
             # A short window gets one greedy pass; one that went wrong moves to the next window (a short audio
             # context is what makes Whisper repeat itself), and only the full window retries hotter.
-            result = self._fallback_decode(language, max_tokens, fallback and window.full, stop)
+            result = self._fallback_decode(language, max_tokens, fallback and window.full, stop, draft)
             if result is None:
                 return None
             if window.full or self._plausible(result, size * FRAME_SECONDS, max_tokens):
                 break
-        self.last_window = window
+        self.last_window, self.last_tokens = window, result.tokens
         if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
                 and not (o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold)):
             return [], size, language
@@ -247,7 +255,7 @@ class WhisperRecognizer:
         return o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold
 
     def _fallback_decode(self, language: str, max_tokens: int, fallback: bool,
-                         stop: Callable[[], bool] | None) -> _Result | None:
+                         stop: Callable[[], bool] | None, draft: Sequence[int] = ()) -> _Result | None:
         """Decode the encoded window, greedy first, hotter while the checks fail (fallback=True)."""
         o = self.options
         prompt = [self.tokenizer.sot]
@@ -258,7 +266,7 @@ class WhisperRecognizer:
             prompt.append(self.tokenizer.no_timestamps)
         result, tried = None, []
         for temperature in o.temperatures if fallback else o.temperatures[:1]:
-            result = self._decode(prompt, temperature, max_tokens, stop)
+            result = self._decode(prompt, temperature, max_tokens, stop, draft)
             if result is None:
                 return None
             looping = self._looping(result)
@@ -274,6 +282,12 @@ class WhisperRecognizer:
             result = min(tried)[-1] if tried else result
         return result
 
+    def _draft_passes(self) -> list[int]:
+        """The draft pass lengths the active window has (cpu backend), when drafts are on."""
+        entries = self.session.program.entries
+        return [n for n in whisper.DRAFT_PASSES if self.options.verify_drafts
+                and self._active.entry(f"decode_{n}") in entries]
+
     def _detect_language(self) -> str:
         logits = self.session.run(self._active.entry("decode_step"), self.state,
                                   tokens=np.array([[self.tokenizer.sot]], np.int32), pos=0)["logits"][0, 0]
@@ -281,9 +295,10 @@ class WhisperRecognizer:
         return list(self.tokenizer.languages)[int(np.argmax(logits[ids]))]
 
     def _decode(self, prompt: list[int], temperature: float, max_tokens: int,
-                stop: Callable[[], bool] | None = None) -> _Result | None:
+                stop: Callable[[], bool] | None = None, draft: Sequence[int] = ()) -> _Result | None:
         """Sample at most `max_tokens` of one window's tokens at `temperature` (0 = greedy) after `prompt`;
-        cross K/V are in state. None once `stop()` is True."""
+        cross K/V are in state. None once `stop()` is True. A greedy decode verifies `draft` (the tokens an earlier
+        decode of nearly this audio gave) in one pass where this window has one (pipelines/whisper_drafts.py)."""
         tok, rng = self.tokenizer, np.random.default_rng(self.options.seed)
         no_speech_prob = 0.0
 
@@ -292,14 +307,26 @@ class WhisperRecognizer:
             logits = self.session.run(self._active.entry("decode_step"), self.state,
                                       tokens=np.array([[token]], np.int32), pos=pos)["logits"][0, 0]
             if pos == 0:  # Whisper reads the no-speech probability at <|startoftranscript|>
-                p = np.exp(logits - logits.max())
-                no_speech_prob = float(p[tok.no_speech] / p.sum())
+                no_speech_prob = _probability(logits, tok.no_speech)
             return logits
 
-        for pos, t in enumerate(prompt[:-1]):
-            logits_at(t, pos)
         tokens, sum_logprob = list(prompt), 0.0
         limit = min(self.cfg.max_target_positions // 2, self.cfg.max_target_positions - len(prompt), max_tokens)
+        passes = self._draft_passes() if temperature == 0 and draft else ()
+        if passes:  # the first steps verified in one pass; greedy goes on after them
+            verified = whisper_drafts.verify(
+                lambda inputs: self.session.run(self._active.entry(f"decode_{inputs.shape[1]}"), self.state,
+                                                tokens=inputs, pos=0)["logits"][0],
+                passes, prompt, draft, limit, tok.eot,
+                lambda logits, sampled: self._choose(logits, int(not sampled), self._ranges(sampled), 0.0, rng))
+            no_speech_prob = _probability(verified.no_speech_logits, tok.no_speech)
+            sum_logprob, limit = sum(verified.logprobs), limit - len(verified.choices)
+            tokens += [t for t in verified.choices if t != tok.eot]
+            if verified.choices[-1] == tok.eot:
+                limit = 0
+        else:
+            for pos, t in enumerate(prompt[:-1]):
+                logits_at(t, pos)
         for _ in range(limit):
             if stop is not None and stop():
                 return None
@@ -408,6 +435,11 @@ class WhisperRecognizer:
             segments.append(Segment(round(offset, 3), round(offset + end, 3), tok.decode(tokens)))
             advance = size
         return _nonempty(segments), advance
+
+
+def _probability(logits: np.ndarray, token: int) -> float:
+    p = np.exp(logits - logits.max())
+    return float(p[token] / p.sum())
 
 
 def _nonempty(segments: list[Segment]) -> list[Segment]:

@@ -21,10 +21,13 @@ from .runtime.backend import Counters, State
 
 class Session:
     def __init__(self, graphs: Sequence[Graph], weights: Mapping[str, np.ndarray], *, device: str | None = None,
-                 target: str | None = None, precision: str | Mapping[str, str] = "fp32"):
+                 target: str | None = None, precision: str | Mapping[str, str] = "fp32",
+                 cpu_graphs: Sequence[Graph] = ()):
         """precision: the cpu backend's "fp32" (default) or "int8" (int8 weights, ONNX Runtime's quantized
-        matmuls), for every entry or per entry name; the NPU backends run their own compiled precisions."""
-        self.precision = precision
+        matmuls), for every entry or per entry name; the NPU backends run their own compiled precisions.
+        cpu_graphs: entries only the cpu backend gets (ones the NPU compiler cannot tile); the program the other
+        backends compile stays what `aie-apps build` lists. Callers look for them in `program.entries`."""
+        self.precision, self._cpu_graphs = precision, list(cpu_graphs)
         self.choice: DeviceChoice = choose_device(device)
         try:
             self._open(graphs, weights, target)
@@ -41,7 +44,8 @@ class Session:
                              fix="use --device cpu with --precision int8, or drop --precision")
         options = {"precision": self.precision} if self.choice.effective == "cpu" else {}
         self.backend = open_backend(self.choice.effective, **options)
-        self.program = compiler.compile(list(graphs), target or self.backend.target)
+        cpu_only = self._cpu_graphs if self.choice.effective == "cpu" else []
+        self.program = compiler.compile([*graphs, *cpu_only], target or self.backend.target)
         self._exe = self.backend.load(self.program, weights)
 
     @property

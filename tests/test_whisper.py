@@ -299,3 +299,13 @@ def test_temperature_fallback_samples_reproducibly(tiny_folder):
         sampled_steps = [c for c in calls if c[0] == "decode_step" and c[2] > 0]
         assert greedy and sampled_steps  # temperature 0 ran on the device, the fallbacks sampled full logits
     assert texts[0] == texts[1]
+
+
+def test_cpu_graphs_join_the_cpu_backends_program_only():
+    """Session(cpu_graphs=...) (Whisper's draft passes): the cpu backend runs them; emu (as the npu backend) compiles
+    the program without them, the one `aie-apps build` lists."""
+    cfg, weights = W.load(FIX / "hf")
+    extra = [g for g in W.graphs(cfg, prefill=(3,)) if g.name == "decode_3"]
+    for device, joined in (("cpu", True), ("emu", False)):
+        with Session(W.graphs(cfg, timestamp_begin=TS_BEGIN), weights, device=device, cpu_graphs=extra) as s:
+            assert ("decode_3" in s.program.entries) == joined, device

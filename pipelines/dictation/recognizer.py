@@ -85,6 +85,7 @@ class Recognizer:
         self._context_frames = round(options.context / FRAME_SECONDS)
         self._past = deque(maxlen=max(1, self._preroll_frames + self._context_frames))  # audio before the utterance
         self._last_final: list[str] = []      # words of the last final, to drop them if the context repeats them
+        self._draft: tuple[float | None, list[int]] = (None, [])  # the last decode's audio start and tokens
         self._onset_run: list[np.ndarray] = []
         self._onset_voiced = 0
         self._reset_utterance()
@@ -232,7 +233,12 @@ class Recognizer:
         self._since_decode = 0.0
         started = time.perf_counter()
         stop = self._talker_stopped if stoppable and self.unheard is not None and self.options.vad else None
-        segments = self.transcriber.decode_window(audio, offset=offset, fallback=fallback, stop=stop)
+        # the previous decode from the same audio start is a draft the transcriber verifies in one pass
+        drafts = getattr(self.transcriber, "last_tokens", None) is not None
+        draft = {"draft": self._draft[1]} if drafts and self._draft[0] == offset else {}
+        segments = self.transcriber.decode_window(audio, offset=offset, fallback=fallback, stop=stop, **draft)
+        if drafts and segments is not None:
+            self._draft = (offset, list(self.transcriber.last_tokens))
         if segments is None:
             self.stopped_decodes += 1
             return None

@@ -323,6 +323,12 @@ def windows(cfg: Config, seconds: tuple[float, ...] = ()) -> list[Window]:
     return [Window(k, False) for k in short if k < n] + [Window(n, True)]
 
 
+def _decode_graph(window: Window, n: int, shapes: dict, wcfg: Config, state: dict) -> Graph:
+    """`decode_step` (n = 1) or `decode_{n}` of one window: logits of n tokens at `pos`."""
+    return trace(decode_logits, name=window.entry("decode_step" if n == 1 else f"decode_{n}"), weights=shapes,
+                 cfg=wcfg, state=state, inputs={"tokens": ((1, n), "int32")}, params={"pos": ((), "int32")})
+
+
 def graphs(cfg: Config, *, timestamp_begin: int | None = None, prefill: tuple[int, ...] = (),
            encoder_windows: tuple[float, ...] = ()) -> list[Graph]:
     """Per window (`windows(cfg, encoder_windows)`): `encode`, `decode_step`, `decode_{n}` per prefill length,
@@ -335,10 +341,7 @@ def graphs(cfg: Config, *, timestamp_begin: int | None = None, prefill: tuple[in
         wcfg = replace(cfg, max_source_positions=window.n_audio)  # this window's audio context
         out.append(trace(encode, name=window.entry("encode"), weights=shapes, cfg=wcfg, state=state,
                          inputs={"mel": ((1, cfg.num_mel_bins, window.frames), "float32")}))
-        for n in (1, *prefill):
-            out.append(trace(decode_logits, name=window.entry("decode_step" if n == 1 else f"decode_{n}"),
-                             weights=shapes, cfg=wcfg, state=state, inputs={"tokens": ((1, n), "int32")},
-                             params={"pos": ((), "int32")}))
+        out += [_decode_graph(window, n, shapes, wcfg, state) for n in (1, *prefill)]
         if timestamp_begin is not None:
             if window.full:
                 out.append(trace(set_suppress, name="set_suppress", weights=shapes, state=table,
@@ -351,12 +354,17 @@ def graphs(cfg: Config, *, timestamp_begin: int | None = None, prefill: tuple[in
 
 
 # The program the pipelines run takes its shapes from these constants, so a new bucket is a one-line change that
-# the pipelines, the build and bench all see. PREFILL: decoder prefill lengths (decode_{n}); none today.
+# the pipelines, the build and bench all see. PREFILL: decoder prefill lengths (decode_{n}) of every window; none
+# today. DRAFT_PASSES: the decode_{n} lengths that verify a live decode's draft in one pass (a longer draft is cut
+# to the longest), in every window (a long utterance's live decode runs in the full one): cpu-only entries, since the
+# NPU compiler cannot tile a multi-row output head over a 51864 vocabulary. The cpu backend builds an entry at its
+# first run, so entries that files never run cost nothing at startup.
 # ENCODER_WINDOWS: the short encoder windows, in seconds of Whisper's 30 s one; audio runs in the shortest that
 # holds it (pipelines/whisper_asr.py, where each model's WER gate sets the shortest it may use). The encoder's time is
 # about proportional to the window; 5 and 10 s hold single utterances, 15 and 20 s a dictation decode (6 s of
 # left context + the utterance), and whisper-base keeps its accuracy in all four.
 PREFILL: tuple[int, ...] = ()
+DRAFT_PASSES: tuple[int, ...] = (32, 64)
 ENCODER_WINDOWS: tuple[float, ...] = (5.0, 10.0, 15.0, 20.0)
 WINDOW_SECONDS = 30.0  # the window every Whisper checkpoint was trained on (max_source_positions = 1500)
 
@@ -364,6 +372,15 @@ WINDOW_SECONDS = 30.0  # the window every Whisper checkpoint was trained on (max
 def program_graphs(cfg: Config, timestamp_begin: int) -> list[Graph]:
     """Every graph of one transcription session (pipelines/whisper_asr.py): what `aie-apps build` compiles for Whisper."""
     return graphs(cfg, timestamp_begin=timestamp_begin, prefill=PREFILL, encoder_windows=ENCODER_WINDOWS)
+
+
+def draft_graphs(cfg: Config) -> list[Graph]:
+    """The draft passes (`decode_{n}` for n in DRAFT_PASSES) of each window: what the cpu backend adds to
+    program_graphs. Lengths past the KV cache are left out."""
+    shapes, state = param_shapes(cfg), _state(cfg)
+    return [_decode_graph(window, n, shapes, replace(cfg, max_source_positions=window.n_audio), state)
+            for window in windows(cfg, ENCODER_WINDOWS)
+            for n in DRAFT_PASSES if n <= cfg.max_target_positions]
 
 
 def load(folder: str | Path) -> tuple[Config, dict[str, np.ndarray]]:

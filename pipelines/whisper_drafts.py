@@ -1,0 +1,48 @@
+"""Draft verification for Whisper's greedy decoding: the tokens of an earlier decode of nearly the same audio (a
+live utterance's last partial) checked in ONE decoder pass instead of one step each.
+
+The pass (`decode_{n}`, sdk/models/whisper.py DRAFT_PASSES) feeds prompt + draft from position 0 and returns the
+logits after every input. Greedy's choice after each prefix is made on the host with decode_greedy's own filters
+(the recognizer's `choose`); while it equals the draft's next token the draft token is accepted. The first choice
+that differs (or the one after the whole draft) is greedy's own next token, so the decode continues from there with
+ordinary steps, and the result is the plain greedy decode's token for token. The pass also wrote the KV cache rows
+of every accepted token; rows past them are overwritten by the steps that follow.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Verified:
+    choices: list[int]            # greedy's first choices: the accepted draft, then one token of its own
+    logprobs: list[float]         # the log-prob of each choice
+    no_speech_logits: np.ndarray  # the logits after <|startoftranscript|> (position 0), for the no-speech prob
+
+
+def pass_length(passes: Sequence[int], inputs: int) -> int:
+    """The shortest pass that holds `inputs` tokens, else the longest (the draft is cut to fit)."""
+    return min((n for n in passes if n >= inputs), default=max(passes))
+
+
+def verify(run_pass: Callable[[np.ndarray], np.ndarray], passes: Sequence[int], prompt: list[int],
+           draft: Sequence[int], limit: int, pad: int,
+           choose: Callable[[np.ndarray, list[int]], tuple[int, float]]) -> Verified:
+    """One pass over prompt + draft (cut to the longest pass); `run_pass(tokens [1, n])` -> logits [n, vocab];
+    `choose(logits, sampled so far)` is greedy's filtered pick. At most `limit` choices (the decode's token limit)."""
+    n = pass_length(passes, len(prompt) + len(draft))
+    draft = list(draft[:n - len(prompt)])
+    inputs = np.full((1, n), pad, np.int32)  # the pad's rows are never read: the mask is causal
+    inputs[0, :len(prompt) + len(draft)] = prompt + draft
+    logits = run_pass(inputs)
+    choices, logprobs = [], []
+    for j in range(min(len(draft) + 1, limit)):
+        token, logprob = choose(logits[len(prompt) - 1 + j], choices)
+        choices.append(token)
+        logprobs.append(logprob)
+        if j == len(draft) or token != draft[j]:
+            break
+    return Verified(choices, logprobs, logits[0])

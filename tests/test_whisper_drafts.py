@@ -1,0 +1,124 @@
+"""Draft verification (pipelines/whisper_drafts.py) on the real whisper-tiny.en: a decode given a draft gives plain
+greedy's tokens, token for token, whatever the draft; and a dictation session's finals are the same with it."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from pipelines.dictation import DictationOptions, FileSource, Final, Partial, Stream
+from tests.dictation_support import LIBRIVOX, RATE, librivox_clips, librivox_session
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (LIBRIVOX / "fileids").is_file(),
+                                 reason="needs Debian's pocketsphinx-testdata (LibriVox clips)")]
+
+
+@pytest.fixture(scope="module")
+def transcriber():
+    from pipelines.asr import Transcriber
+    from sdk.errors import ModelNotFound
+    try:
+        return Transcriber("whisper-tiny.en", device="cpu")
+    except ModelNotFound as e:
+        pytest.skip(f"whisper-tiny.en weights are not installed: {e}")
+
+
+@pytest.fixture()
+def entries(transcriber):
+    """The session entries each decode runs, in order (the list is emptied before every decode)."""
+    session = transcriber.recognizer.session
+    run, ran = session.run, []
+
+    def counted(entry, state, **inputs):
+        ran.append(entry)
+        return run(entry, state, **inputs)
+    session.run = counted
+    yield ran
+    session.run = run
+
+
+def _clips(*indices: int) -> np.ndarray:
+    import soundfile
+    clips = librivox_clips()
+    return np.concatenate([soundfile.read(str(clips[i][0]), dtype="float32")[0] for i in indices])
+
+
+def _decode(transcriber, entries, audio, draft=()):
+    entries.clear()
+    segments = transcriber.decode_window(audio, draft=draft)
+    return list(transcriber.last_tokens), [s.text for s in segments], list(entries)
+
+
+def _passes(ran):
+    return [e for e in ran if e.startswith("decode_") and not e.startswith(("decode_step", "decode_greedy"))]
+
+
+def test_the_exact_tokens_as_draft_need_no_step_after_the_pass(transcriber, entries):
+    audio = _clips(0)
+    tokens, texts, _ = _decode(transcriber, entries, audio)
+    drafted, drafted_texts, ran = _decode(transcriber, entries, audio, draft=tokens)
+    assert (drafted, drafted_texts) == (tokens, texts)
+    assert len(tokens) >= 20 and ran[0].startswith("encode") and _passes(ran) == ran[1:], ran  # EOT in the pass
+
+
+@pytest.mark.parametrize("case", ["wrong token in the middle", "truncated", "empty", "another clip's"])
+def test_any_draft_gives_the_plain_greedy_tokens(transcriber, entries, case):
+    audio = _clips(2)
+    tokens, texts, plain = _decode(transcriber, entries, audio)
+    other, _, _ = _decode(transcriber, entries, _clips(3))
+    wrong = list(tokens)
+    wrong[len(wrong) // 2] = transcriber.recognizer.tokenizer.tok.encode(" banana", add_special_tokens=False).ids[0]
+    draft = {"wrong token in the middle": wrong, "truncated": tokens[:len(tokens) // 2], "empty": [],
+             "another clip's": other}[case]
+    drafted, drafted_texts, ran = _decode(transcriber, entries, audio, draft=draft)
+    assert (drafted, drafted_texts) == (tokens, texts)
+    if case == "empty":
+        assert ran == plain
+    else:
+        assert len(_passes(ran)) == 1 and len(ran) < len(plain) + 1, (ran, plain)
+    if case in ("wrong token in the middle", "truncated"):  # the steps resume after the accepted half
+        assert len(ran) <= len(plain) - len(tokens) // 2 + 3, (ran, plain)
+
+
+def test_a_draft_longer_than_the_longest_pass_is_cut_to_it(transcriber, entries):
+    audio = _clips(0, 2, 3)  # 18.5 s: still the 20 s window, where the passes are
+    tokens, texts, plain = _decode(transcriber, entries, audio)
+    drafted, drafted_texts, ran = _decode(transcriber, entries, audio, draft=tokens)
+    assert len(tokens) > 64 and (drafted, drafted_texts) == (tokens, texts)
+    assert _passes(ran) == ["decode_64_t2000"] and len(ran) == 2 + len(tokens) + 1 - 64, ran  # steps after 63
+
+
+def test_drafts_off_runs_no_pass(transcriber, entries):
+    audio = _clips(0)
+    tokens, _, _ = _decode(transcriber, entries, audio)
+    options = transcriber.recognizer.options
+    transcriber.recognizer.options = replace(options, verify_drafts=False)
+    try:
+        drafted, _, ran = _decode(transcriber, entries, audio, draft=tokens)
+    finally:
+        transcriber.recognizer.options = options
+    assert drafted == tokens and not _passes(ran)
+
+
+def test_a_dictation_session_has_the_same_events_with_and_without_drafts(transcriber, entries):
+    """The LibriVox session on a simulated clock (a fixed cost per decode, so both runs decode the same audio):
+    partials and finals are the same text, and the drafts saved decoder steps."""
+    audio, _, _ = librivox_session()
+    options = transcriber.recognizer.options
+
+    def session(verify: bool):
+        transcriber.recognizer.options = replace(options, verify_drafts=verify)
+        entries.clear()
+        source = FileSource(audio, RATE, pace="simulated", decode_cost=0.45)
+        events = list(Stream(transcriber, source, DictationOptions(partials=True)).start().events())
+        return [(type(e).__name__, e.text) for e in events if isinstance(e, (Final, Partial))], list(entries)
+    try:
+        (on, ran_on), (off, ran_off) = session(True), session(False)
+    finally:
+        transcriber.recognizer.options = options
+    assert on == off and sum(kind == "Final" for kind, _ in on) == 5
+    assert _passes(ran_on) and not _passes(ran_off)
+    steps = [sum(e.startswith("decode") for e in ran) for ran in (ran_on, ran_off)]
+    assert steps[0] < 0.8 * steps[1], steps  # 226 vs 326: an utterance's first decode has no draft
