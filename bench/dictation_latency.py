@@ -16,6 +16,7 @@ of the clip instead, which compares VADs) and its arrival, and where they went:
     confirm  from the decode's end to the final's emission (an early decode waits for the hangover)
 
     PYTHONPATH=. python bench/dictation_latency.py [--model whisper-base] [--paces realtime,modeled,simulated] [--runs N]
+        [--session librivox|short-pause]
         [--partials both|on|off] [--set early_final=0.3 --set vad=energy ...] [--shortest-window 30] [--step-s 0.018] [--decodes]
         [--variant "short:hangover=0.4,context=2" --variant "floor20:shortest_window=20" ...]
         [--variant "drafts:" --variant "steps:verify_drafts=false"]
@@ -171,6 +172,14 @@ def words_end(final, word_ends: list[float]) -> float:
     return min(word_ends, key=lambda end: abs(end - final.end))
 
 
+def speech_ends(audio: np.ndarray, rate: int, gap: float = 0.25) -> list[float]:
+    """Where speech (samples above 0.05) stops for at least `gap` s, and its very end: the words' ends of a
+    session without clip spans (the short-pause file's 0.3 s pause is one)."""
+    loud = np.flatnonzero(np.abs(audio) > 0.05)
+    breaks = np.flatnonzero(np.diff(loud) > gap * rate)
+    return [(loud[i] + 1) / rate for i in breaks] + [(loud[-1] + 1) / rate]
+
+
 def load() -> str:
     return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -193,6 +202,8 @@ def main():
     parser.add_argument("--paces", default="realtime,modeled,simulated",
                         help="comma-separated: realtime (wall clock), modeled (idle-machine cost model), simulated")
     parser.add_argument("--runs", type=int, default=1, help="real-time sessions per setting")
+    parser.add_argument("--session", choices=("librivox", "short-pause"), default="librivox",
+                        help="the clips 2 s apart, or tests' short-pause file (one pause of 0.3 s between speech)")
     parser.add_argument("--partials", choices=("both", "on", "off"), default="both")
     parser.add_argument("--step-s", type=float, default=None,
                         help="modeled seconds per decoder step (default: the fastest measured at start)")
@@ -214,11 +225,15 @@ def main():
 
     from pipelines.asr import Transcriber, TranscribeOptions
     from pipelines.dictation import DictationOptions, FileSource, Stream
-    from tests.dictation_support import RATE, librivox_session, wer
+    from tests.dictation_support import RATE, librivox_session, short_pause_session, wer
 
-    audio, reference, spans = librivox_session()
-    word_ends = [start + (np.flatnonzero(np.abs(audio[int(start * RATE):int(end * RATE)]) > 0.05)[-1] + 1) / RATE
-                 for start, end in spans]
+    if args.session == "librivox":
+        audio, reference, spans = librivox_session()
+        word_ends = [start + (np.flatnonzero(np.abs(audio[int(start * RATE):int(end * RATE)]) > 0.05)[-1] + 1) / RATE
+                     for start, end in spans]
+    else:
+        audio, reference = short_pause_session()
+        word_ends = speech_ends(audio, RATE)
     timed = TimedTranscriber(Transcriber(args.model, options=TranscribeOptions(shortest_window=args.shortest_window,
                                                                          precision=args.precision)))
     encoder_s = None
@@ -229,7 +244,7 @@ def main():
     paces = [p for p in args.paces.split(",") for _ in range(args.runs if p == "realtime" else 1)]
     from pipelines.dictation.voice_activity import open_vad, vad_name
     chosen = DictationOptions(**{k: v for k, v in overrides.items() if k not in TRANSCRIBE_FIELDS})
-    print(f"{load()}; options {overrides or 'defaults'}; vad {vad_name(open_vad(chosen) if chosen.vad else None)};"
+    print(f"{load()}; session {args.session}; options {overrides or 'defaults'}; vad {vad_name(open_vad(chosen) if chosen.vad else None)};"
           f" shortest encoder window {args.shortest_window or 'the model default'}; precision {args.precision}", flush=True)
     for pace, partials, (name, setting) in [(p, on, v) for p in sorted(paces, key=lambda p: p == "modeled")
                                            for on in settings for v in variants]:  # calibrate on the others too
