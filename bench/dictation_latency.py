@@ -259,6 +259,7 @@ def main():
                 args.step_s = step if args.step_s is None else args.step_s
             step_s = args.step_s
             events, decodes = modeled_session(timed, audio, options, encoder_s, step_s)
+            stopped = 0   # a modeled session has no audio ahead to watch
             label = (f"modeled (passes {', '.join(f'{k} {v:.2f} s' for k, v in sorted(encoder_s.items()))}"
                      f" + {1000 * step_s:.0f} ms/step)")
         else:
@@ -266,13 +267,14 @@ def main():
             timed.clock, timed.decodes = (lambda s=stream, p=pace: s._clock(p)), []
             events = list(stream.start().events())
             decodes, label = stream.report()["decodes"], pace
+            stopped = stream.recognizer.stopped_decodes
         finals = [e for e in events if e.type == "final"]
         latency = np.array([f.latency for f in finals])
         after_words = np.array([f.at - words_end(f, word_ends) for f in finals])
         n_partials = sum(e.type == "partial" for e in events)
         print(f"{name + ': ' if name else ''}{label} partials={'on ' if partials else 'off'}: finals {len(finals)},"
               f" partials {n_partials},"
-              f" decodes {decodes}, WER {wer(reference, ' '.join(f.text for f in finals)):.3f};"
+              f" decodes {decodes} (given up {stopped}), WER {wer(reference, ' '.join(f.text for f in finals)):.3f};"
               f" latency s min {latency.min():.2f} median {np.median(latency):.2f} max {latency.max():.2f}"
               f" all {np.round(latency, 2).tolist()}; over 2.5 s: {int(np.sum(latency > 2.5))}; after the words'"
               f" end: median {np.median(after_words):.2f} max {after_words.max():.2f}  [{load()}]", flush=True)
