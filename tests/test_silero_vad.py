@@ -13,7 +13,6 @@ from pipelines.dictation import (FRAME, DictationOptions, FileSource, Final, Rec
                                  VadFallbackWarning)
 from pipelines.dictation import voice_activity
 from pipelines.dictation.silero_vad import CHUNK, CHUNK_SECONDS, silero_model_path
-from pipelines.dictation.vad import longest_run
 from sdk.errors import ModelNotFound, UsageError
 from tests.dictation_support import RATE, librivox_clips, librivox_session
 
@@ -190,19 +189,3 @@ def test_cli_vad_choice(monkeypatch, tmp_path):
         warnings.simplefilter("always")
         result = CliRunner().invoke(app, ["dictate", "--file", str(silence), "--fast", "--vad", "auto"], env=env)
     assert result.exit_code == 0 and result.stderr.count("note: silero-vad is not installed") == 1, result.output
-
-
-@needs_silero
-def test_a_look_ahead_finds_the_words_the_vad_will_find():
-    """loud_run (polled by an early final's decode, to see whether the talker resumed) says what the VAD will
-    say of the audio ahead: the longest active run there, and none in silence."""
-    clip, _ = soundfile.read(str(librivox_clips()[4][0]), dtype="float32")
-    frames = _frames(np.concatenate([np.zeros(RATE, np.float32), clip]))
-    whole = SileroVad(DictationOptions())(frames)[0]
-    for cut in (40, 60, 90):
-        vad = SileroVad(DictationOptions())
-        vad(frames[:cut])
-        assert vad.loud_run(np.zeros(RATE // 2, np.float32)) == 0.0
-        ahead = frames[cut:cut + 30].reshape(-1)
-        expected = longest_run(whole[cut:cut + 30]) * FRAME / RATE
-        assert expected >= DictationOptions().onset and abs(vad.loud_run(ahead) - expected) <= 2 * FRAME / RATE
