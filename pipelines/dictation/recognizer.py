@@ -74,13 +74,11 @@ class Recognizer:
         self._last_words = 0.0               # ... in a loud run at least `onset` long
         self._loud_run = 0                   # consecutive loud frames
         self.decodes = 0
-        self.stopped_decodes = 0             # decodes given up: a partial amid speech once the talker stopped,
-                                             # an early final's once the talker resumed
+        self.stopped_decodes = 0             # partials given up because the talker stopped meanwhile
         self.decode_seconds = 0.0            # running average of one decode's wall time
         # Live capture: the audio that has arrived but accept() has not taken yet (None when audio is fed at
         # a simulated pace, where that audio lies in the future). A partial amid speech watches it and stops
-        # when the talker has stopped, an early final's decode when the talker has resumed, so that the
-        # final's decode starts at once instead of behind it.
+        # when the talker has stopped, so that the final's decode starts at once instead of behind it.
         self.unheard: Callable[[], np.ndarray] | None = None
         self._rest = np.zeros(0, np.float32)  # samples short of a whole frame
         self._preroll_frames = round(options.preroll / FRAME_SECONDS)
@@ -112,22 +110,22 @@ class Recognizer:
             events += self._frame(frame, bool(is_loud), bool(is_voiced))
         if not (self.in_utterance and self._enough_voice()):
             return events
-        # The final must not wait for a decode that missed the last words. So when the talker seems to be
-        # stopping, decode at once: once the hangover confirms the end, that decode is the final (live, it is
-        # given up if the talker resumes meanwhile). Partials start in a pause (or when two intervals overdue),
-        # so that the one running when the talker stops has most likely heard the end too.
+        # A decode cannot be interrupted, and the final must not wait for one that missed the last words. So
+        # when the talker seems to be stopping, decode at once: once the hangover confirms the end, that decode
+        # is the final. Partials start in a pause (or when two intervals overdue), so that the one running
+        # when the talker stops has most likely heard the end too.
         quiet = self._now() - self.last_speech if self.options.vad else 0.0
         every = max(self.options.partial_every, self.decode_seconds / max(self.options.partial_share, 1e-3))
         wanted = self.options.partials or self._duration() >= self._commit_after
         if quiet >= self.options.early_final - 1e-9:
             if not self._heard_end():
-                events += self._partial(stop=self._talker_resumed)
+                events += self._partial()
         elif wanted and self._since_decode >= every and (
                 quiet >= self.options.final_tail - 1e-9 or not self.options.vad or self._since_decode >= 3 * every):
             # A decode amid speech can never serve as the final (it did not hear the end): one greedy pass
             # without temperature retries keeps it short, so that a final is less likely to wait behind it.
             in_pause = quiet >= self.options.final_tail - 1e-9 or not self.options.vad
-            events += self._partial(fallback=in_pause, stop=None if in_pause else self._talker_stopped)
+            events += self._partial(fallback=in_pause, stoppable=not in_pause)
         return events
 
     def finish(self) -> list[Event]:
@@ -210,20 +208,12 @@ class Recognizer:
 
     # -- decoding
 
-    def _pending(self) -> np.ndarray:
-        return np.concatenate([self._rest, self.unheard()])
-
     def _talker_stopped(self) -> bool:
-        pending = self._pending()
+        pending = np.concatenate([self._rest, self.unheard()])
         return len(pending) / SAMPLE_RATE >= self.options.early_final and \
             self.vad.quiet_tail(pending) >= self.options.early_final - 1e-9
 
-    def _talker_resumed(self) -> bool:
-        """The audio that arrived meanwhile holds a word (an onset's worth of loud frames): the utterance goes
-        on, and its final would wait behind this decode, which did not hear its end."""
-        return self.vad.loud_run(self._pending()) >= self.options.onset - 1e-9
-
-    def _decode(self, fallback: bool = True, stop: Callable[[], bool] | None = None) -> _Hypothesis | None:
+    def _decode(self, fallback: bool = True, stoppable: bool = False) -> _Hypothesis | None:
         """Decode left context + the utterance buffer; keep the segments that reach into the buffer. When the
         first of them claims to start inside the context (Whisper's segment times are loose, and it may merge
         context and utterance into one segment), its leading words that re-transcribe the end of the recent
@@ -242,7 +232,7 @@ class Recognizer:
         self.decodes += 1
         self._since_decode = 0.0
         started = time.perf_counter()
-        stop = stop if self.unheard is not None and self.options.vad else None
+        stop = self._talker_stopped if stoppable and self.unheard is not None and self.options.vad else None
         # the previous decode from the same audio start is a draft the transcriber verifies in one pass
         drafts = getattr(self.transcriber, "last_tokens", None) is not None
         draft = {"draft": self._draft[1]} if drafts and self._draft[0] == offset else {}
@@ -264,8 +254,8 @@ class Recognizer:
         self._latest, self._latest_end = hyp, window_end
         return hyp
 
-    def _partial(self, fallback: bool = True, stop: Callable[[], bool] | None = None) -> list[Event]:
-        hyp = self._decode(fallback, stop)
+    def _partial(self, fallback: bool = True, stoppable: bool = False) -> list[Event]:
+        hyp = self._decode(fallback, stoppable)
         if hyp is None:
             return []
         if self._previous is not None:

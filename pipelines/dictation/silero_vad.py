@@ -21,8 +21,8 @@ import numpy as np
 
 from sdk.errors import ModelNotFound, WeightError
 
-from .options import FRAME, FRAME_SECONDS, SAMPLE_RATE, DictationOptions
-from .vad import Vad, longest_run
+from .options import FRAME, SAMPLE_RATE, DictationOptions
+from .vad import Vad
 
 CHUNK = 512                     # samples per model call at 16 kHz
 CONTEXT = 64                    # samples of the previous chunk fed in front of each chunk
@@ -45,7 +45,7 @@ class SileroVad:
     """silero-vad with the energy Vad's interface: `vad(frames [n, FRAME]) -> (active [n], voiced [n])`, where
     a frame is active while the talker speaks (silero, with hysteresis) and it is not a pause between words
     (energy), and voiced when its probability reaches the threshold; `quiet_tail(samples)` looks at audio
-    ahead without changing the state, and `loud_run(samples)` the longest active run in it.
+    ahead without changing the state.
 
     The frames' samples are regrouped into the model's 512-sample chunks; a frame takes the probability of
     the chunk that completes inside it, or the last one's (512 > 480, so at most one completes per frame)."""
@@ -73,7 +73,7 @@ class SileroVad:
         self._leftover = np.zeros(0, np.float32)   # samples short of a whole chunk
         self._probability = 0.0                     # of the last chunk
         self._speaking = False
-        self._peek: tuple | None = None             # _speaking_ahead's progress over audio ahead
+        self._peek: tuple | None = None             # quiet_tail's progress over audio ahead (see there)
 
     def __call__(self, frames: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """frames [n, FRAME] -> (active [n] bool, voiced [n] bool)."""
@@ -102,36 +102,20 @@ class SileroVad:
 
     def quiet_tail(self, samples: np.ndarray) -> float:
         """Seconds of quiet (not speaking, or a pause) at the end of `samples` (audio that follows what the VAD
-        has taken), without changing the state."""
-        speaking = self._speaking_ahead(samples)
-        quiet = len(speaking) - 1 - int(np.flatnonzero(speaking)[-1]) if any(speaking) else len(speaking)
-        return max(quiet * CHUNK_SECONDS, self._pauses.quiet_tail(samples))
-
-    def loud_run(self, samples: np.ndarray) -> float:
-        """Seconds of the longest run of active frames (speaking and not a pause) in `samples` (as quiet_tail);
-        a frame takes the speaking of the last chunk completed by its end, as in __call__."""
-        speaking = self._speaking_ahead(samples)
-        loud = self._pauses.loud_ahead(samples)
-        lead = len(self._leftover)
-        completed = (lead + (np.arange(len(loud)) + 1) * FRAME) // CHUNK
-        frame_speaking = np.array([speaking[c - 1] if c else self._speaking for c in completed], bool)
-        return longest_run(loud & frame_speaking) * FRAME_SECONDS
-
-    def _speaking_ahead(self, samples: np.ndarray) -> list[bool]:
-        """Whether the talker speaks after each whole chunk of the leftover + `samples`, from the current state
-        without changing it. A decode polls this as `samples` grows, so the chunks already looked at are
-        remembered and only the new ones run."""
+        has taken), without changing the state. A decode polls this as `samples` grows, so the chunks already
+        looked at are remembered and only the new ones run."""
+        pause = self._pauses.quiet_tail(samples)
         samples = np.concatenate([self._leftover, np.asarray(samples, np.float32)])
-        seen, state, context, speaking = self._peek or (samples[:0], self._state, self._context, [])
-        if not np.array_equal(samples[:len(seen)], seen):   # not the audio of the last look: start over
-            seen, state, context, speaking = samples[:0], self._state, self._context, []
-        speaking, done = list(speaking), len(seen)
+        seen, state, context, speaking, quiet = self._peek or (samples[:0], self._state, self._context, self._speaking, 0)
+        done = len(seen)
+        if not np.array_equal(samples[:done], seen):   # not the audio of the last look: start over
+            done, state, context, speaking, quiet = 0, self._state, self._context, self._speaking, 0
         for start in range(done, len(samples) - CHUNK + 1, CHUNK):
             p, state, context = self._run(samples[start:start + CHUNK], state, context)
-            speaking.append(self._next_speaking(speaking[-1] if speaking else self._speaking, p))
-            done = start + CHUNK
-        self._peek = (samples[:done], state, context, speaking)
-        return speaking
+            speaking = self._next_speaking(speaking, p)
+            quiet, done = 0 if speaking else quiet + 1, start + CHUNK
+        self._peek = (samples[:done], state, context, speaking, quiet)
+        return max(quiet * CHUNK_SECONDS, pause)
 
     def _next_speaking(self, speaking: bool, p: float) -> bool:
         return p >= self.threshold - HYSTERESIS if speaking else p >= self.threshold

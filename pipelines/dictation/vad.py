@@ -48,28 +48,9 @@ class Vad:
         loud = _energy_db(samples[len(samples) - n * FRAME:].reshape(n, FRAME)) > self._threshold()
         return (n - 1 - int(np.flatnonzero(loud)[-1]) if loud.any() else n) * FRAME_SECONDS
 
-    def loud_ahead(self, samples: np.ndarray) -> np.ndarray:
-        """Per whole frame of `samples` (audio that follows what the VAD has taken), whether it is loud against
-        the current floor, which this does not update."""
-        n = len(samples) // FRAME
-        return _energy_db(samples[:n * FRAME].reshape(n, FRAME)) > self._threshold()
-
-    def loud_run(self, samples: np.ndarray) -> float:
-        """Seconds of the longest run of loud frames in `samples` (as loud_ahead)."""
-        return longest_run(self.loud_ahead(samples)) * FRAME_SECONDS
-
     def _threshold(self) -> float:
         floor = np.partition(np.fromiter(self._energies, float, self.HISTORY), self.HISTORY // 10)[self.HISTORY // 10]
         return max(floor + self.options.vad_threshold_db, self.options.vad_min_db)
-
-
-def longest_run(flags: np.ndarray) -> int:
-    """The length of the longest run of True in `flags`."""
-    best = run = 0
-    for flag in flags:
-        run = run + 1 if flag else 0
-        best = max(best, run)
-    return best
 
 
 def _energy_db(frames: np.ndarray) -> np.ndarray:
