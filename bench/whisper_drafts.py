@@ -20,9 +20,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def load() -> str:
-    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+from bench.dictation_latency import load  # noqa: E402
 
 
 def startup(model: str, runs: int = 4) -> None:
@@ -60,10 +58,9 @@ def entry_ms(recognizer) -> None:
 
 def sessions(transcriber, files: list[str]) -> None:
     from pipelines.dictation import DictationOptions, FileSource, Final, Stream
-    from tests.dictation_support import RATE, librivox_session
-    from tests.test_dictation_joins import _session
-    audio = {"session": lambda: librivox_session()[0], "long": lambda: _session([0.0] * 25)[0],
-             "short-pause": lambda: _session([1.0, 0.3, 1.0, 1.0, 1.0], lead=0.03, tight=(1,))[0]}
+    from tests.dictation_support import RATE, librivox_session, long_session, short_pause_session
+    audio = {"session": lambda: librivox_session()[0], "long": lambda: long_session()[0],
+             "short-pause": lambda: short_pause_session()[0]}
     recognizer = transcriber.recognizer
     base, decode_window, run = recognizer.options, recognizer.decode_window, recognizer.session.run
     decodes, entries = [], []
