@@ -25,11 +25,13 @@ from tests.test_designs import build_step, name_of  # noqa: E402
 from tests.test_real_size_builds import ESM2_8M, GIGAAM_V2, REAL, distinct_steps  # noqa: E402
 
 LIMIT = 16
+# one case per bucket, named by its attention length (GigaAM's encoder subsamples its frames 4x)
 BUCKETS = {
-    "esm2-8m buckets": (lambda: [esm.graph(ESM2_8M, b, t) for b, t in ((16, 64), (8, 128), (4, 256), (2, 512),
-                                                                        (1, 512), (1, 1024))], None),
-    "gigaam-v2 buckets": (lambda: [conformer.encoder_graph(GIGAAM_V2, conformer.frames_for(s)) for s in (5, 10, 20, 30)],
-                          {"rope", "mha"}),
+    **{f"esm2-8m b{b}_t{t}": (lambda b=b, t=t: [esm.graph(ESM2_8M, b, t)], None)
+       for b, t in ((16, 64), (8, 128), (4, 256), (2, 512), (1, 512), (1, 1024))},
+    **{f"gigaam-v2 t{-(-conformer.frames_for(s) // 4)}":
+       (lambda s=s: [conformer.encoder_graph(GIGAAM_V2, conformer.frames_for(s))], {"rope", "mha"})
+       for s in (5, 10, 20, 30)},
 }
 
 
