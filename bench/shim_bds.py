@@ -1,4 +1,5 @@
-"""Peak live shim buffer descriptors per design (issue #21: aiecc refuses a 17th on one shim tile), for the
+"""Peak live shim buffer descriptors per design (issue #21: aiecc refuses a 17th on one shim tile), and the most
+transfers one of its steps' runtime sequence issues (kernels/mha's MAX_TRANSFERS bounds attention's), for the
 real-size builds: tests/test_real_size_builds.py's one-layer models and attention buckets, every ESM-2 bucket,
 GigaAM v2's encoder buckets (attention steps only: its conv steps at 30 s take many GB to index), and the
 programs `aie-apps build` makes for all-MiniLM-L6-v2 and whisper-tiny.en (those need the checkpoints offline).
@@ -24,11 +25,13 @@ from tests.test_designs import build_step, name_of  # noqa: E402
 from tests.test_real_size_builds import ESM2_8M, GIGAAM_V2, REAL, distinct_steps  # noqa: E402
 
 LIMIT = 16
+# one case per bucket, named by its attention length (GigaAM's encoder subsamples its frames 4x)
 BUCKETS = {
-    "esm2-8m buckets": (lambda: [esm.graph(ESM2_8M, b, t) for b, t in ((16, 64), (8, 128), (4, 256), (2, 512),
-                                                                        (1, 512), (1, 1024))], None),
-    "gigaam-v2 buckets": (lambda: [conformer.encoder_graph(GIGAAM_V2, conformer.frames_for(s)) for s in (5, 10, 20, 30)],
-                          {"rope", "mha"}),
+    **{f"esm2-8m b{b}_t{t}": (lambda b=b, t=t: [esm.graph(ESM2_8M, b, t)], None)
+       for b, t in ((16, 64), (8, 128), (4, 256), (2, 512), (1, 512), (1, 1024))},
+    **{f"gigaam-v2 t{-(-conformer.frames_for(s) // 4)}":
+       (lambda s=s: [conformer.encoder_graph(GIGAAM_V2, conformer.frames_for(s))], {"rope", "mha"})
+       for s in (5, 10, 20, 30)},
 }
 
 
@@ -44,10 +47,11 @@ def cases() -> dict:
     return found
 
 
-def measure(graphs, target: str, designs) -> tuple[dict, list[str]]:
-    """(design -> the most live shim descriptors of any of its steps, lines for steps over the limit or refused)."""
+def measure(graphs, target: str, designs) -> tuple[dict, dict, list[str]]:
+    """(design -> the most live shim descriptors of any of its steps, design -> the most transfers of any of its
+    steps, lines for steps over the limit or refused)."""
     program = compile_graphs(graphs(), target)
-    worst, notes = {}, []
+    worst, transfers, notes = {}, {}, []
     for step in distinct_steps(program):
         design, label = name_of(step), f"{name_of(step)} {step.attrs.get('name')}"
         if designs and design not in designs:
@@ -59,10 +63,11 @@ def measure(graphs, target: str, designs) -> tuple[dict, list[str]]:
             continue
         peak = max(rec.runtime.peak.values(), default=0)
         worst[design] = max(worst.get(design, 0), peak)
+        transfers[design] = max(transfers.get(design, 0), len(rec.runtime.transfers))
         if peak > LIMIT:
             shapes = [program.buffers[b].shape for b in step.inputs if b]
             notes.append(f"{label} {shapes}: {peak}")
-    return worst, notes
+    return worst, transfers, notes
 
 
 def main() -> None:
@@ -78,12 +83,12 @@ def main() -> None:
         for target in ("npu1", "npu2"):
             t0 = time.time()
             try:
-                worst, notes = measure(graphs, target, designs)
+                worst, transfers, notes = measure(graphs, target, designs)
             except Exception as e:  # a checkpoint not on this machine
                 print(f"{name} {target}: skipped ({type(e).__name__}: {str(e)[:80]})")
                 continue
             print(f"{name} {target} ({time.time() - t0:.0f} s): "
-                  + " ".join(f"{d}={n}" for d, n in sorted(worst.items())), flush=True)
+                  + " ".join(f"{d}={n} ({transfers[d]} transfers)" for d, n in sorted(worst.items())), flush=True)
             for line in notes:
                 print(f"    {line}", flush=True)
 

@@ -825,6 +825,36 @@ def test_bmm_row_tile_stays_within_a_slice_off_the_mac_rows(target):
     problems, params = check_step(step, program, target)
     assert problems == [] and params["m"] == 48
 
+def _masked_attention(T, H, D, key_mask):
+    """Self-attention of T tokens over H heads of D, masked by a key-padding mask [1, 1, 1, T] (ESM-2's and
+    GigaAM's) or by a causal mask [T, T] whose rows differ."""
+    def attend(w, x, n):
+        q, k, v = (ops.linear(x, w[p]).reshape(1, T, H, D).transpose(0, 2, 1, 3) for p in ("wq", "wk", "wv"))
+        mask = (ops.length_mask(n, size=T).reshape(1, 1, 1, T) if key_mask
+                else ops.causal_cache_mask(n, n_new=T, size=T))
+        return {"a": ops.attention(q, k, v, mask, scale=0.25)}
+    return trace(attend, name="attend", weights={p: (H * D, H * D) for p in ("wq", "wk", "wv")},
+                 inputs={"x": ((1, T, H * D), "float32")}, params={"n": ((), "int32")})
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+@pytest.mark.parametrize("T,key_mask,rows", [(17, True, -1), (24, True, 1), (24, False, None)],
+                         ids=["key-mask-fp32", "key-mask", "causal"])
+def test_mha_key_mask_is_one_row_per_key_block(target, T, key_mask, rows):
+    """A mask whose rows are the same for every query (key padding) goes as one row of tk per key block, which
+    the kernel broadcasts over the query tile (mask_rows 1, -1 for a fp32 mask of odd width: 17 keys, a prime,
+    in blocks of 1), so each work item's mask for all three passes is one transfer, not one per (pass, key
+    block). A causal mask's rows differ: tq rows per block."""
+    program = compile_graphs([_masked_attention(T, 2, 16, key_mask)], target)
+    (step,) = [k for k in kernel_steps(program) if name_of(k) == "mha"]
+    problems, params = check_step(step, program, target)
+    assert problems == [] and params["mask_rows"] == (rows or params["tq"])
+    rec, _ = build_step(step, program, target)
+    items = params["cores"] * params["items_per_core"]
+    mask_fills = [t for t in rec.runtime.transfers if t.data is rec.runtime.data[3]]
+    assert len(mask_fills) == items if key_mask else len(mask_fills) >= items
+
+
 @pytest.mark.parametrize("target", TARGET_NAMES)
 def test_conv_rows_wider_than_l1_go_in_windows_of_columns(target):
     """Whisper's two conv1d at 8000 frames over 2 and 8 channels (tiny.en has 80 fp32 channels of 3000): one

@@ -674,16 +674,20 @@ def test_rope_matches_emu(lib, record_parity):
 
 # ---- attention -----------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("Tq,Tk,tk,mask_f32", [(6, 24, 8, False), (1, 32, 16, False), (6, 21, 7, True)],
-                         ids=["prefill", "decode", "fp32-mask"])
-def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk, mask_f32):
+@pytest.mark.parametrize("Tq,Tk,tk,mask_f32,key_mask",
+                         [(6, 24, 8, False, False), (1, 32, 16, False, False), (6, 21, 7, True, False),
+                          (6, 24, 8, False, True), (6, 21, 7, True, True)],
+                         ids=["prefill", "decode", "fp32-mask", "key-mask", "fp32-key-mask"])
+def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk, mask_f32, key_mask):
     """A fp32 mask (rows of odd width are stored so) rides in the key block's object as pairs of bf16 units and is
-    announced by a negative mask_rows."""
+    announced by a negative mask_rows. A key mask ([B, 1, 1, Tk]: ESM-2's and GigaAM's padding) rides as one row
+    of tk per block (mask_rows 1, or -1 in fp32) that the kernel broadcasts over the query rows."""
     g = rng(9)
     d, scale = 16, 0.25
     q, kk, v = bf16(g.normal(size=(1, 2, Tq, d))), bf16(g.normal(size=(1, 2, Tk, d))), bf16(g.normal(size=(1, 2, Tk, d)))
     pos = Tk - Tq - 3 if Tq > 1 else 20                                    # a causal cache mask from a position
-    mask = bf16(ops.causal_cache_mask(np.int32(pos), n_new=Tq, size=Tk))
+    mask = bf16(ops.length_mask(Tk - 5, size=Tk)[None] if key_mask
+                else ops.causal_cache_mask(np.int32(pos), n_new=Tq, size=Tk))
     ref = golden("mha", "attention", {"q": q, "k": kk, "v": v, "mask": mask[None, None]}, attrs={"scale": scale})
     lib_ = lib("mha")
     chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
@@ -692,7 +696,7 @@ def test_mha_matches_emu(lib, record_parity, Tq, Tk, tk, mask_f32):
         st, acc = np.zeros(2 * Tq, np.float32), np.zeros(Tq * d, np.float32)
         qt = np.ascontiguousarray(q[0, h])
         call(lib_, "mha_begin", st, acc, Tq, d)
-        rows = -Tq if mask_f32 else Tq
+        rows = -len(mask) if mask_f32 else len(mask)
         stored = (lambda m: np.ascontiguousarray(m, np.float32).view(BF16)) if mask_f32 else (lambda m: m)  # noqa: E731
         blocks = [np.ascontiguousarray(np.concatenate([kk[0, h, j:j + tk].reshape(-1), v[0, h, j:j + tk].reshape(-1),
                                                        stored(mask[:, j:j + tk]).reshape(-1)]))

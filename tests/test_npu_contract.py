@@ -106,6 +106,8 @@ CASES = {
                           lambda tmp: ["transcribe", str(_speech(tmp / "s.wav")), "--format", "json"], _transcript),
     "parakeet-tdt-tiny": (str(FIXTURES / "conformer" / "parakeet_tdt"),
                           lambda tmp: ["transcribe", str(_speech(tmp / "s.wav")), "--format", "json"], _transcript),
+    "gigaam-rnnt-tiny": (str(FIXTURES / "conformer" / "gigaam_rnnt"),   # rotary attention under a key mask
+                         lambda tmp: ["transcribe", str(_speech(tmp / "s.wav")), "--format", "json"], _transcript),
     "esm-tiny": (str(FIXTURES / "esm"), lambda tmp: ["embed", str(_fasta(tmp / "p.fasta"))], _proteins),
     "all-MiniLM-L6-v2": ("all-MiniLM-L6-v2",
                          lambda tmp: ["embed-text", "A man is eating food.", "A man is eating a piece of bread."],

@@ -201,8 +201,12 @@ def test_real_size_steps_build_or_are_documented_refusals(model, target):
 # blocks go in task groups, and the stand-in refuses a 17th descriptor live on one shim while a design builds.
 ATTENTION_BUCKETS = {
     "esm2-8m b16_t64": lambda: esm.graph(ESM2_8M, 16, 64),       # rope: 66 live at once in one group
-    "esm2-8m b2_t512": lambda: esm.graph(ESM2_8M, 2, 512),       # mha: 26 in one work item
+    "esm2-8m b2_t512": lambda: esm.graph(ESM2_8M, 2, 512),       # mha: 512 keys under a key mask
     "gigaam-v2 t126": lambda: conformer.encoder_graph(GIGAAM_V2, conformer.frames_for(5.0)),  # rope: 34 (npu1 65)
+    # mha over 501 keys in blocks of 3 and 751 (a prime) in blocks of 1: within MAX_TRANSFERS because the key
+    # mask is one transfer per work item (kernels/mha/design.py), not one per (pass, key block)
+    "gigaam-v2 t501": lambda: conformer.encoder_graph(GIGAAM_V2, conformer.frames_for(20.0)),
+    "gigaam-v2 t751": lambda: conformer.encoder_graph(GIGAAM_V2, conformer.frames_for(30.0)),
 }
 
 

@@ -1,7 +1,8 @@
 """Multi-head attention design (catalog kind `mha`), prefill and decode against a KV cache alike: a work item
 is one (head, query tile); a core holds its q tile and streams the head's key blocks three times (max, sum of
 exps, probabilities x V; kernels/mha/mha.cc), each block's k, v and mask rows joined in the memtile into one
-object, so a core reads two streams (q; k+v+mask). Decode is a query tile of one row over the cache, whose
+object, so a core reads two streams (q; k+v+mask). A key-padding mask, the same for every query row, is one
+row per block that the kernel broadcasts. Decode is a query tile of one row over the cache, whose
 unwritten tail the causal-cache mask hides. Each core's four input streams take two shims, so at most
 columns / 2 cores run (attention at these sizes is bandwidth-bound). An output stored [B, T, H, D] (step attrs
 stored_perm, sdk/compiler/memory.interleave_heads) takes each item's tq rows of d strided by H * d."""
@@ -39,13 +40,18 @@ def build(target: str, step, buffers: dict, params: dict):
     if has_mask and not mask_f32 and mask.dtype != df.BF16:
         raise df.DesignError(f"attention mask {mask.name} is {mask.dtype}; the kernel reads bf16 or fp32")
     Tq, Tk, d = q.shape[-2], k.shape[-2], q.shape[-1]
-    heads = math.prod(q.shape[:-2])
     tq = _query_tile(Tq, min(t["tq"], Tq))
     # a key block of tk rows: a bf16 mask's rows of tk elements are whole words when tk is even
     fits = [x for x in range(1, min(t["tk"], Tk) + 1) if Tk % x == 0 and (x % 2 == 0 or x == Tk or d % 2 == 0)]
     tk = max([x for x in fits if x % 2 == 0] if has_mask and not mask_f32 and Tk % 2 == 0 else fits)
-    if has_mask and not mask_f32 and (tq * tk) % 2:
-        raise df.DesignError(f"a mask block of {tq} x {tk} bf16 is not whole 32-bit words: pad rows to even")
+    # a key mask (its index broadcast along the query rows: ESM-2's and GigaAM's key padding) goes as one row of
+    # tk per key block, which the kernel broadcasts over the tile (mask_rows 1): an item's mask for all passes is
+    # then one repeated run of Tk, not a transfer per (pass, key block)
+    heads = math.prod(q.shape[:-2])
+    mi = np.broadcast_to(mask.index, q.shape[:-1] + (Tk,)).reshape(heads, Tq, Tk) if has_mask else None
+    m_rows = 1 if has_mask and (mi == mi[:, :1]).all() else tq
+    if has_mask and not mask_f32 and (m_rows * tk) % 2:
+        raise df.DesignError(f"a mask block of {m_rows} x {tk} bf16 is not whole 32-bit words: pad rows to even")
     q_tiles = math.ceil(Tq / tq)
     starts = [min(i * tq, Tq - tq) for i in range(q_tiles)]     # the last tile shifts back: rows written twice
     items = heads * q_tiles
@@ -57,7 +63,6 @@ def build(target: str, step, buffers: dict, params: dict):
 
     qi = q.index.reshape(heads, Tq, d)
     ki, vi = k.index.reshape(heads, Tk, d), v.index.reshape(heads, Tk, d)
-    mi = np.broadcast_to(mask.index, q.shape[:-1] + (Tk,)).reshape(heads, Tq, Tk) if has_mask else None
     out = df.operand(step.outputs[0], buffers[step.outputs[0]])
     oi = out.index.reshape(heads, Tq, d)
     if "stored_perm" in step.attrs:  # stored [B, T, H, D] (memory.interleave_heads): a tile is tq rows strided H * d
@@ -68,7 +73,7 @@ def build(target: str, step, buffers: dict, params: dict):
 
     io = df.iron()
     i32, f32 = np.int32, np.float32
-    kvm_units = 2 * tk * d + (tq * tk * (2 if mask_f32 else 1) if has_mask else 0)  # in bf16 units
+    kvm_units = 2 * tk * d + (m_rows * tk * (2 if mask_f32 else 1) if has_mask else 0)  # in bf16 units
     q_t, kvm_t, y_t = df.tensor(tq * d), df.tensor(kvm_units), df.tensor(tq * d, out.dtype)
     st_t, acc_t = df.tensor(2 * tq, np.float32), df.tensor(tq * d, np.float32)
     vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
@@ -79,7 +84,7 @@ def build(target: str, step, buffers: dict, params: dict):
                io.Kernel("mha_store", "mha.o", [acc_t, y_t, i32, i32, i32, vec_i, i32, vec_f])]
     words, imms = df.encode_chain(step.attrs["chain"], len(step.inputs))
     scale, n_chain = float(step.attrs["head"]["attrs"]["scale"]), len(step.attrs["chain"])
-    mask_rows = tq * has_mask * (-1 if mask_f32 else 1)
+    mask_rows = m_rows * has_mask * (-1 if mask_f32 else 1)
 
     def body(q_in, kvm_in, y_out, st, acc, chain, imm, begin, kmax, ksum, pv, store, n_items, n_blocks):
         for _ in io.range_(n_items):
@@ -109,7 +114,8 @@ def build(target: str, step, buffers: dict, params: dict):
         q_l2 = q_l3.cons().forward(tile=mem, name=f"mha_q{c}_l2", depth=1)
         kvm = io.ObjectFifo(kvm_t, depth=2, name=f"mha_kvm{c}")
         parts = kvm.prod().join([0, tk * d] + ([2 * tk * d] if has_mask else []), tile=mem,
-                                obj_types=[df.tensor(tk * d)] * 2 + ([df.tensor(tq * tk, mask.dtype)] if has_mask else []),
+                                obj_types=[df.tensor(tk * d)] * 2
+                                + ([df.tensor(m_rows * tk, mask.dtype)] if has_mask else []),
                                 depths=[2] * (2 + has_mask), names=[f"mha_k{c}", f"mha_v{c}"] + [f"mha_m{c}"] * has_mask)
         y_l2 = io.ObjectFifo(y_t, depth=2, name=f"mha_y{c}")
         y_l3 = y_l2.cons().forward(tile=mem, name=f"mha_y{c}_l3", depth=2)
@@ -123,8 +129,8 @@ def build(target: str, step, buffers: dict, params: dict):
         fills.append((parts[0], 1, np.stack([key_rows(ki, h) for h, _ in my]), take(c)))
         fills.append((parts[1], 2, np.stack([key_rows(vi, h) for h, _ in my]), take(c)))
         if has_mask:
-            mrows = [np.broadcast_to(mi[h, s:s + tq].reshape(tq, blocks, tk).transpose(1, 0, 2)[None],
-                                     (passes, blocks, tq, tk)) for h, s in my]
+            mrows = [np.broadcast_to(mi[h, s:s + m_rows].reshape(m_rows, blocks, tk).transpose(1, 0, 2)[None],
+                                     (passes, blocks, m_rows, tk)) for h, s in my]
             fills.append((parts[2], 3, np.stack(mrows), take(c)))
         drains.append((y_l3, np.stack([oi[h, s:s + tq] for h, s in my]), c))
 
@@ -151,8 +157,8 @@ def build(target: str, step, buffers: dict, params: dict):
         return found
 
     # one task group per work item (on every core at once), or per few of its key blocks when an item's
-    # transfers exceed a shim's descriptors: a mask broadcast along the query rows repeats inside each block's
-    # pattern, so each (pass, block) of it is its own transfer
+    # transfers exceed a shim's descriptors (a pattern that one descriptor's four dimensions cannot hold, with its
+    # repeat outermost, splits into many)
     def fits(groups) -> bool:
         return all(df.fits_shim_bds([shim for _, shim, _, _, _ in g], hw) for g in groups)
 
@@ -179,8 +185,8 @@ def build(target: str, step, buffers: dict, params: dict):
                 else:
                     end.fill(args[i], tap=tap, group=tg, wait=awaited)
             tg.finish()
-    params.update({"tq": tq, "tk": tk, "d": d, "heads": heads, "cores": cores, "items_per_core": per_core,
-                   "blocks_per_group": blocks_per_group,
+    params.update({"tq": tq, "tk": tk, "d": d, "mask_rows": mask_rows, "heads": heads, "cores": cores,
+                   "items_per_core": per_core, "blocks_per_group": blocks_per_group,
                    "sequence": df.sequence_of(step, operands)})
     return df.program(io, target, operands, ends, workers, sequence)
 

@@ -5,8 +5,9 @@
 // keys of the window; decode is tq = 1 against the KV cache, whose unwritten tail the causal-cache mask
 // (from the position runtime parameter, kernels/maskgen) hides. A key block arrives as one object joined in
 // the memtile, kvm = [k: tk x d][v: tk x d][mask: mask_rows x tk] (bf16): mask_rows = 1 broadcasts one row
-// over the query tile; mask_rows = 0 means no mask; a negative mask_rows is a mask of -mask_rows rows stored in
-// fp32 (a mask whose rows are an odd number of elements: in fp32 they are whole 32-bit words for the DMAs).
+// over the query tile (decode's one row, and a key-padding mask's, the same for every query); mask_rows = 0
+// means no mask; a negative mask_rows is a mask of -mask_rows rows stored in fp32 (a mask whose rows are an odd
+// number of elements: in fp32 they are whole 32-bit words for the DMAs).
 // st: [max[tq], sum[tq]] fp32; acc: [tq x d] fp32.
 #include "../include/npu_kernel.h"
 
