@@ -4,7 +4,7 @@ that a long sequence reuses them. A design plans its groups (how it shrinks them
 design) as lists of `Transfer` records, checks them with `fit()` and issues them with `issue()`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 from kernels.shim_budget import fits_shim_bds
@@ -30,6 +30,13 @@ def fit(groups: list[list[Transfer]], target: Target, resident: list[Transfer] =
     """Whether every group's transfers, beside the resident ones (live for the whole sequence), fit each shim's
     buffer descriptors."""
     return all(fits_shim_bds([t.shim for t in [*resident, *g]], target) for g in groups)
+
+
+def awaiting_last_fills(group: list[Transfer]) -> list[Transfer]:
+    """The group with each fifo's last fill awaited: a group that drains nothing would otherwise free the
+    descriptors of fills whose data still moves."""
+    last = {id(t.end): n for n, t in enumerate(group) if not t.drain}
+    return [replace(t, wait=True) if last.get(id(t.end)) == n else t for n, t in enumerate(group)]
 
 
 def issue(io: SimpleNamespace, args, groups: list[list[Transfer]], resident: list[Transfer] | None = None,

@@ -204,7 +204,7 @@ def build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffe
 
     def group_transfers(jl: int, ils: range, qs: slice, last: bool) -> list[task_groups.Transfer]:
         """The B, A (and residual) tiles of column tile jl, row tiles ils and K steps qs; the drains (awaited)
-        with the last K steps."""
+        with the last K steps, and without them each fifo's last fill awaited."""
         found = []
         for c in range(cols):
             j = jl * cols + c
@@ -230,7 +230,7 @@ def build_per_core_a(target, step, params, a, a_idx, b, b_idx, bias, outs, buffe
                               for il in ils for q in range(rows)])
             found += [task_groups.Transfer(c_ends[c], c, out_at + o, tap, drain=True, wait=True, offset=shift[o])
                       for tap in access.taps(io, outs[o], tiles)]
-        return found
+        return found if last else task_groups.awaiting_last_fills(found)
 
     def plan(group_il: int, k_group: int) -> list:
         return [group_transfers(jl, range(il0, min(it, il0 + group_il)), slice(q0, min(Kt, q0 + k_group)),
