@@ -942,6 +942,37 @@ def test_gemm_with_fewer_rows_than_the_mac_repeats_them(target, rows):
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
+def test_gemm_k_steps_split_over_groups_await_their_fills(target, monkeypatch):
+    """M = 2 rows and K = 40 tile depths: a tile's K steps (each its own A transfer) split over task groups, and a
+    group before the tile's drains awaits each fifo's last fill, so that finishing it frees no descriptor whose
+    data still moves."""
+    from sdk.program import Buffer, Usage
+    R, K = TARGETS[target].mac_shape[0], 40 * 32
+    buffers = {"a": Buffer("a", (2, K), "float32", Usage.SCRATCH),
+               "w": Buffer("w", (40, 1, 32, 16), "bfloat16", Usage.WEIGHTS),
+               "y": Buffer("y", (2, 16), "float32", Usage.IO)}
+    step = _gemm_step(("a", "w", None), ("y",), {"M": 2, "K": K, "N": 16, "m": R, "k": 32, "n": 16})
+    issued, finished = [], []   # (group, fifo, is a drain, wait) in order; groups as they finish
+    fill, drain, finish = standin.Handle.fill, standin.Handle.drain, standin.TaskGroup.finish
+    monkeypatch.setattr(standin.Handle, "fill", lambda self, source, tap=None, wait=False, group=None, **kw: (
+        issued.append((group, self.fifo.name, False, wait)), fill(self, source, tap=tap, wait=wait, group=group, **kw)))
+    monkeypatch.setattr(standin.Handle, "drain", lambda self, dest, tap=None, wait=False, group=None, **kw: (
+        issued.append((group, self.fifo.name, True, wait)), drain(self, dest, tap=tap, wait=wait, group=group, **kw)))
+    monkeypatch.setattr(standin.TaskGroup, "finish", lambda self: (finished.append(self), finish(self)))
+    with standin.installed():
+        from kernels.gemm import design
+        rec = design.build(target, step, buffers, {})
+    assert standin.check(rec, TARGETS[target]) == []
+    fills_only = [g for g in finished if not any(d for grp, _, d, _ in issued if grp is g)
+                  and any(grp is g for grp, *_ in issued) and g is not finished[-1]]   # the last: the resident one
+    assert len(fills_only) > 1
+    for g in fills_only:
+        mine = [(fifo, wait) for grp, fifo, _, wait in issued if grp is g]
+        last = {fifo: wait for fifo, wait in mine}   # each fifo's last fill
+        assert all(last.values()), last
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
 def test_gemm_residual_tile_tops_up_its_a_object(target):
     """A residual tile (fp32 [16, 32], 2048 bytes) beside fp32 A objects of [16, 40] (2560 bytes): one A-sized
     object carries the tile's rows in order, then its first 4 rows again to fill it (gemm_residual reads the
