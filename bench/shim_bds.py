@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels import dataflow as df  # noqa: E402
+from kernels.design_error import DesignError  # noqa: E402
 from sdk.compiler import compile as compile_graphs  # noqa: E402
 from sdk.models import conformer, esm  # noqa: E402
 from tests import iron_standin as standin  # noqa: E402
@@ -58,7 +58,7 @@ def measure(graphs, target: str, designs) -> tuple[dict, dict, list[str]]:
             continue
         try:
             rec, _ = build_step(step, program, target)
-        except df.DesignError as e:
+        except DesignError as e:
             notes.append(f"refused {label}: {e.message[:120]}")
             continue
         peak = max(rec.runtime.peak.values(), default=0)

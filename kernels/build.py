@@ -287,8 +287,8 @@ def static_transfers():
     issues nothing, since npu1 has no scratchpad (the host patches the instruction stream). The IRON Runtime and
     ObjectFifoHandle are wrapped for the duration (the real ones, or tests/iron_standin.py's): a Runtime's body,
     its seq_fn, runs when its Program resolves, and moves data through the handles' fill / drain (v1.4.0)."""
-    from kernels import dataflow as df
-    df.iron()   # the toolchain's DesignError when IRON is not importable
+    from kernels.iron_program import iron
+    iron()   # the toolchain's DesignError when IRON is not importable
     from aie.iron import Runtime, RuntimeData
     from aie.iron.dataflow.objectfifo import ObjectFifoHandle
     runtime_module = sys.modules["aie.iron.runtime"]

@@ -19,7 +19,8 @@ import pytest
 
 import kernels
 from kernels import build as kbuild
-from kernels import dataflow as df
+from kernels.iron_program import iron
+from kernels.design_error import DesignError
 from kernels.fused import design as fused_design
 from sdk import ops
 from sdk.compiler import catalog
@@ -161,7 +162,7 @@ def test_model_steps_build_within_the_limits(programs, model, target):
         name = name_of(step)
         try:
             problems, _ = check_step(step, program, target)
-        except df.DesignError as e:
+        except DesignError as e:
             failures.append(f"{name} {step.attrs.get('name')}: refused: {e.message}")
             continue
         if problems:
@@ -183,7 +184,7 @@ def sequence_mismatches(program, target) -> tuple[int, list[str]]:
         try:
             rec, params = build_step(k, program, target)
             run = fused_design.run_of(program, k, name_of(k), params)
-        except df.DesignError as e:
+        except DesignError as e:
             if "params['sequence']" in e.message:
                 bad.append(e.message)
             continue
@@ -270,7 +271,7 @@ def test_the_standin_refuses_what_mlir_aie_v1_4_5_refuses():
     """tests/iron_standin.py has v1.4.5's signatures (kernels/README.md, "IRON API of v1.4.5"): the spellings of
     v1.3.x and the misuses the release raises on fail here with the release's exception types."""
     with standin.installed():
-        io = df.iron()
+        io = iron()
         rec = _passthrough(io)
         assert standin.check(rec, TARGETS["npu2"]) == [] and [t.kind for t in rec.runtime.transfers] == \
             ["fill", "drain"]
@@ -342,7 +343,7 @@ def test_the_standin_refuses_a_17th_live_shim_buffer_descriptor():
     (AIEAssignRuntimeSequenceBDIDs.cpp); the stand-in refuses it as the sequence body runs, naming the tile, the
     count and the transfer, and builds 16."""
     with standin.installed():
-        io = df.iron()
+        io = iron()
         rec = _fills_on_one_shim(io, 16)
         assert rec.runtime.peak[io.Tile(0, 0)] == 16 and standin.check(rec, TARGETS["npu2"]) == []
         standin.fresh()
@@ -496,7 +497,7 @@ def test_fused_design_names_the_kernels_it_cannot_build():
     def transposed(w, x):
         return {"y": ops.transpose(x, perm=(1, 0))}
     program = compile_graphs([trace(transposed, name="t", weights={}, inputs={"x": ((4, 6), "int32")})], "npu2")
-    with standin.installed(), pytest.raises(df.DesignError, match=r"1 kernel steps have no design.*copy.*stride"):
+    with standin.installed(), pytest.raises(DesignError, match=r"1 kernel steps have no design.*copy.*stride"):
         fused_design.build(program)
 
 
@@ -508,11 +509,11 @@ def test_a_design_that_refuses_after_making_a_worker_is_what_the_user_sees(monke
     from kernels.eltwise import design as eltwise
 
     def refuses_late(target, step, buffers, params):
-        io = df.iron()
+        io = iron()
         t = np.ndarray[(64,), np.dtype[np.int32]]
         fifo = io.ObjectFifo(t, depth=2, name="abandoned")
         io.Worker(lambda a: None, [fifo.cons()], tile=io.Tile(0, 2))
-        raise df.DesignError("relu: this design's own refusal")
+        raise DesignError("relu: this design's own refusal")
     monkeypatch.setattr(eltwise, "build", refuses_late)
 
     def padded(w, x):
@@ -520,12 +521,12 @@ def test_a_design_that_refuses_after_making_a_worker_is_what_the_user_sees(monke
     program = compile_graphs([trace(padded, name="pad", weights={}, inputs={"x": ((4, 6), "float32")})], "npu2")
     assert [k.op for k in kernel_steps(program)] == ["eltwise", "concat"]   # the concat resolves after the refusal
     with standin.installed():
-        with pytest.raises(df.DesignError, match="relu: this design's own refusal") as refused:
+        with pytest.raises(DesignError, match="relu: this design's own refusal") as refused:
             fused_design.build(program)
         assert "not given" not in str(refused.value)
         standin.fresh()
         with pytest.raises(ValueError, match="1 Workers were made but not given to Program"):
-            _passthrough(df.iron(), stray=True)
+            _passthrough(iron(), stray=True)
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)
@@ -596,7 +597,7 @@ def test_gemm_blocking_matches_the_kernel_layout(target):
     """The memtile access patterns of the GEMM design, run as an address simulator, produce the blocked tiles
     the kernel reads (tests/test_kernels.py feeds gemm.cc exactly this layout), and un-block its output. A tile
     of B^T [n, k] (a bmm's B read by its columns) arrives as B's blocks in B's order, each one transposed."""
-    from kernels.gemm.design import blocking, blocking_transposed, unblocking
+    from kernels.gemm.tiles import blocking, blocking_transposed, unblocking
     R, S, T = TARGETS[target].mac_shape
     m, k = 16, 32
 
@@ -671,12 +672,12 @@ def test_committed_manifest_is_empty_and_valid():
 
 def test_content_key_follows_every_kernel_source_and_the_target(synthetic_programs, monkeypatch, tmp_path):
     """One content key (the compiler's), over every source under kernels/, also those of kinds whose design
-    lives in another kind's folder (dma, dwconv1d) and the shared include/ and dataflow.py."""
+    lives in another kind's folder (dma, dwconv1d) and the shared include/ and access.py."""
     from sdk.compiler import npu as npu_compiler
     p1, p2 = synthetic_programs["npu1"], synthetic_programs["npu2"]
     k1 = p1.meta["content_key"]
     assert k1 != p2.meta["content_key"] and k1 == npu_compiler.content_key(p1)
-    for source in ("include/npu_kernel.h", "dataflow.py", "dma/design.py", "fused/design.py"):
+    for source in ("include/npu_kernel.h", "access.py", "dma/design.py", "fused/design.py"):
         tree = tmp_path / source.replace("/", "_")
         for f in kbuild.KERNELS.rglob("*"):
             if f.is_file() and "__pycache__" not in f.parts:
@@ -968,6 +969,37 @@ def test_gemm_with_fewer_rows_than_the_mac_repeats_them(target, rows):
     for t in rec.runtime.transfers:
         live = [s for n, s in zip(t.tap.sizes, t.tap.strides) if n > 1]
         assert 0 not in live[1:], (t.kind, t.tap.sizes, t.tap.strides)
+
+
+@pytest.mark.parametrize("target", TARGET_NAMES)
+def test_gemm_k_steps_split_over_groups_await_their_fills(target, monkeypatch):
+    """M = 2 rows and K = 40 tile depths: a tile's K steps (each its own A transfer) split over task groups, and a
+    group before the tile's drains awaits each fifo's last fill, so that finishing it frees no descriptor whose
+    data still moves."""
+    from sdk.program import Buffer, Usage
+    R, K = TARGETS[target].mac_shape[0], 40 * 32
+    buffers = {"a": Buffer("a", (2, K), "float32", Usage.SCRATCH),
+               "w": Buffer("w", (40, 1, 32, 16), "bfloat16", Usage.WEIGHTS),
+               "y": Buffer("y", (2, 16), "float32", Usage.IO)}
+    step = _gemm_step(("a", "w", None), ("y",), {"M": 2, "K": K, "N": 16, "m": R, "k": 32, "n": 16})
+    issued, finished = [], []   # (group, fifo, is a drain, wait) in order; groups as they finish
+    fill, drain, finish = standin.Handle.fill, standin.Handle.drain, standin.TaskGroup.finish
+    monkeypatch.setattr(standin.Handle, "fill", lambda self, source, tap=None, wait=False, group=None, **kw: (
+        issued.append((group, self.fifo.name, False, wait)), fill(self, source, tap=tap, wait=wait, group=group, **kw)))
+    monkeypatch.setattr(standin.Handle, "drain", lambda self, dest, tap=None, wait=False, group=None, **kw: (
+        issued.append((group, self.fifo.name, True, wait)), drain(self, dest, tap=tap, wait=wait, group=group, **kw)))
+    monkeypatch.setattr(standin.TaskGroup, "finish", lambda self: (finished.append(self), finish(self)))
+    with standin.installed():
+        from kernels.gemm import design
+        rec = design.build(target, step, buffers, {})
+    assert standin.check(rec, TARGETS[target]) == []
+    fills_only = [g for g in finished if not any(d for grp, _, d, _ in issued if grp is g)
+                  and any(grp is g for grp, *_ in issued) and g is not finished[-1]]   # the last: the resident one
+    assert len(fills_only) > 1
+    for g in fills_only:
+        mine = [(fifo, wait) for grp, fifo, _, wait in issued if grp is g]
+        last = {fifo: wait for fifo, wait in mine}   # each fifo's last fill
+        assert all(last.values()), last
 
 
 @pytest.mark.parametrize("target", TARGET_NAMES)

@@ -16,7 +16,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from kernels import dataflow
+from kernels import row_streaming, step_operands
+from kernels.epilogue import OPCODES, encode_chain
 from sdk import ops
 from sdk.compiler import layout
 from sdk.runtime import packing
@@ -144,7 +145,7 @@ def test_header_constants_match_the_emulator_and_the_designs():
     coeffs = np.array([float(c.strip().rstrip("f")) for c in poly.split(",")], np.float32)
     np.testing.assert_array_equal(coeffs, emu.EXP2_POLY)
     enum = dict(re.findall(r"EPI_(\w+) = (\d+)", header))
-    assert {k.lower(): int(v) for k, v in enum.items()} == dataflow.OPCODES
+    assert {k.lower(): int(v) for k, v in enum.items()} == OPCODES
     mask = (KERNELS / "maskgen" / "maskgen.cc").read_text()
     assert float.fromhex(re.search(r"MASK_NEG = (-0x[0-9a-fp]+)f", mask).group(1)) == float(ops.NEG_INF)
 
@@ -155,7 +156,7 @@ def test_bf16_rounding_is_nearest_even(lib):
     y = np.zeros(8, BF16)
     opmap = np.array([1 << 14] + [0] * 7, np.int32)  # one fp32 operand, in the rows object
     chain, imm = np.zeros(8, np.int32), np.zeros(8, np.float32)
-    call(eltwise, "eltwise_unary", x, x, y, 0, 8, opmap, dataflow.OPCODES["scale"], 1.0, chain, 0, imm)
+    call(eltwise, "eltwise_unary", x, x, y, 0, 8, opmap, OPCODES["scale"], 1.0, chain, 0, imm)
     np.testing.assert_array_equal(y.view(np.uint16), x.astype(BF16).view(np.uint16))
 
 
@@ -188,7 +189,7 @@ def test_gemm_tiles_match_emu(lib, record_parity, mac, epilogue):
     ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b}, chain=chain, tiling=tiling, n_head=3)
 
     gemm = lib("gemm", MMUL_R=R, MMUL_S=S, MMUL_T=T)
-    words, imms = dataflow.encode_chain(chain, 3)
+    words, imms = encode_chain(chain, 3)
     xp = np.pad(x, ((0, 0), (0, Kp - K)))
     out = np.zeros((M, N), np.float32)
     bias = np.zeros(N, np.float32)
@@ -227,7 +228,7 @@ def test_gemm_residual_epilogue_matches_emu(lib, record_parity, mac):
     ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b, "res": res}, out_dtype=np.float32,
                  chain=chain, tiling=tiling, n_head=3)
     gemm = lib("gemm", MMUL_R=R, MMUL_S=S, MMUL_T=T)
-    words, imms = dataflow.encode_chain(chain, 3)
+    words, imms = encode_chain(chain, 3)
     out = np.zeros((M, N), np.float32)
     a_bytes = m * k * 2
     for i in range(M // m):
@@ -313,7 +314,7 @@ def test_bmm_with_a_batched_transposed_b_matches_emu(lib, record_parity, mac, pa
                  **({"stored_width": Np} if padded else {}))
     assert ref.shape == (1, H, Tq, width)
     gemm = lib("gemm", MMUL_R=R, MMUL_S=S, MMUL_T=T)
-    words, imms = dataflow.encode_chain(chain, 2)
+    words, imms = encode_chain(chain, 2)
     no_bias = np.zeros(n, np.float32)
     out = np.full((1, H, Tq, width), np.nan, np.float32)
     for h in range(H):
@@ -346,7 +347,7 @@ def test_gemv_matches_emu(lib, record_parity):
     tiling = {"M": 1, "K": K, "N": N, "m": 4, "k": k, "n": n, "Kp": K, "Np": N, "precision": "bf16"}
     ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b}, chain=chain, tiling=tiling, n_head=3)
     gemv = lib("gemv")
-    words, imms = dataflow.encode_chain(chain, 3)
+    words, imms = encode_chain(chain, 3)
     bias = np.zeros(N, np.float32)
     call(gemv, "gemv_bias_load", np.ascontiguousarray(b.view(BF16)), bias, 0, N)
     out = np.zeros(N, np.float32)
@@ -374,7 +375,7 @@ def test_gemv_residual_epilogue_matches_emu(lib, record_parity):
     ref = golden("gemm", "linear", {"x": x, "w@packed": packed, "bias": b, "res": res}, out_dtype=np.float32,
                  chain=chain, tiling=tiling, n_head=3)
     gemv = lib("gemv")
-    words, imms = dataflow.encode_chain(chain, 3)
+    words, imms = encode_chain(chain, 3)
     out = np.zeros(N, np.float32)
     for j in range(N // n):
         acc = np.zeros(n, np.float32)
@@ -527,7 +528,7 @@ def test_eltwise_unary_matches_emu(lib, record_parity, op):
     for r in range(4):
         obj, codes = joined(x[r])
         y = np.zeros(64, BF16)
-        call(lib_, "eltwise_unary", obj, obj, y, 0, 64, opmap(codes), dataflow.OPCODES[op], 0.0, chain, 0, imm)
+        call(lib_, "eltwise_unary", obj, obj, y, 0, 64, opmap(codes), OPCODES[op], 0.0, chain, 0, imm)
         out[r] = y
     check(record_parity, f"eltwise {op}", out.astype(np.float32), ref, exact=True)
 
@@ -539,7 +540,7 @@ def test_eltwise_binary_with_chain_and_shared_operand(lib, record_parity):
     chain = chain_of(("silu",), ("scale", 0.25), ("add", 2, True))
     ref = golden("eltwise", "add", {"a": a, "bias": np.broadcast_to(bias, (3, 32)).copy(), "res": res},
                  out_dtype=np.float32, chain=chain, n_head=2)
-    words, imms = dataflow.encode_chain(chain, 2)
+    words, imms = encode_chain(chain, 2)
     k = lib("eltwise")
     out = np.zeros((3, 32), np.float32)
     for r in range(3):
@@ -547,7 +548,7 @@ def test_eltwise_binary_with_chain_and_shared_operand(lib, record_parity):
         shared, shared_codes = joined(bias)
         y = np.zeros(32, np.float32)
         m = np.array([codes[0], 1 << 15 | shared_codes[0], codes[1]] + [0] * 5, np.int32)  # inputs a, bias, res
-        call(k, "eltwise_binary", rows, shared, y, 1, 32, m, dataflow.OPCODES["add"], words, len(chain), imms)
+        call(k, "eltwise_binary", rows, shared, y, 1, 32, m, OPCODES["add"], words, len(chain), imms)
         out[r] = y
     check(record_parity, "eltwise add+silu*0.25+res (fp32 out)", out, ref)
 
@@ -564,7 +565,7 @@ def test_eltwise_scalar_operand_matches_emu(lib, record_parity):
         rows, codes = joined(x[r], f[r])
         m = np.array([codes[0], codes[1] | 1 << 13] + [0] * 6, np.int32)
         y = np.zeros(32, BF16)
-        call(k, "eltwise_binary", rows, rows, y, 0, 32, m, dataflow.OPCODES["mul"], chain, 0, imm)
+        call(k, "eltwise_binary", rows, rows, y, 0, 32, m, OPCODES["mul"], chain, 0, imm)
         out[r] = y.astype(np.float32)
     check(record_parity, "eltwise x * per-row scalar", out, ref, exact=True)
 
@@ -580,7 +581,7 @@ def test_eltwise_int32_matches_emu(lib, op):
         rows, codes = joined(a[r])
         shared, scodes = joined(b)
         y = np.zeros(16, np.int32)
-        call(k, "eltwise_int", rows, shared, y, 16, opmap(codes, scodes), dataflow.OPCODES[op])
+        call(k, "eltwise_int", rows, shared, y, 16, opmap(codes, scodes), OPCODES[op])
         out[r] = y
     np.testing.assert_array_equal(out, ref)
 
@@ -825,10 +826,10 @@ def test_mean_with_item_operands_matches_emu(lib, record_parity):
     ref = golden("reduce", "mean", {"x": x, "m": m, "c": c, "d": d}, attrs={"axis": 1, "keepdims": True},
                  chain=chain, n_head=1)
     k = lib("reduce")
-    words, imms = dataflow.encode_chain(chain, 1)
-    ops = [dataflow.Operand("x", 16, np.zeros((1, 1), np.int64), np.dtype(np.float32))] + \
-        [dataflow.Operand(n, 1, np.zeros((1, 1), np.int64), np.dtype(np.float32), True) for n in "mcd"]
-    opmap = dataflow.operand_map([("row", i) for i in range(4)], ops, [], 1)
+    words, imms = encode_chain(chain, 1)
+    ops = [step_operands.Operand("x", 16, np.zeros((1, 1), np.int64), np.dtype(np.float32))] + \
+        [step_operands.Operand(n, 1, np.zeros((1, 1), np.int64), np.dtype(np.float32), True) for n in "mcd"]
+    opmap = row_streaming.operand_map([("row", i) for i in range(4)], ops, [], 1)
     acc, at, y = np.zeros(1, np.float32), np.zeros(1, np.int32), np.zeros(1, BF16)
     call(k, "reduce_zero", acc, 1, at)
     for t in range(16):  # each object: the token's value, then the three scalars (joined_layout)
@@ -953,7 +954,7 @@ def test_conv2d_width_chunks_match_emu(lib, record_parity, case):
     ref = golden("conv", "conv1d" if one_d else "conv2d", inputs, attrs=attrs, chain=chain, n_head=3,
                  out_dtype=np.float32 if case["y_f32"] else BF16).reshape(1, cout, ho, wo)
     k = lib("conv2d")
-    words, imms = dataflow.encode_chain(chain, 3)
+    words, imms = encode_chain(chain, 3)
     x4 = x.reshape(1, cin, H, W)
     chunk_cin, n_chunks, n_win = case["chunk_cin"], cin // case["chunk_cin"], wo // wc
     a = 1 if case["x_f32"] else 2  # bf16 bands start on whole words: an even column, one more column rounded up
@@ -1013,7 +1014,7 @@ def test_conv2d_residual_epilogue_matches_emu(lib, record_parity):
     ref = golden("conv", "conv2d", {"x": x, "w": w, "b": b, "res": res}, out_dtype=np.float32, attrs=attrs,
                  chain=chain, n_head=3)
     k = lib("conv2d")
-    words, imms = dataflow.encode_chain(chain, 3)
+    words, imms = encode_chain(chain, 3)
     oy, out = np.zeros(2, np.int32), np.zeros((1, cout, H, W), np.float32)
     for r in range(H):
         band = np.ascontiguousarray(x[0][:, np.clip(r - 1, 0, H - 3) + np.arange(3), :])
@@ -1041,7 +1042,7 @@ def test_conv2d_factor_epilogue_matches_emu(lib, record_parity, mode):
     attrs = {"stride": 1, "padding": 1, "groups": cout}
     ref = golden("conv", "conv2d", {"x": x, "w": w, "b": b, "s": factor}, attrs=attrs, chain=chain, n_head=3)
     k = lib("conv2d")
-    words, imms = dataflow.encode_chain(chain, 3)
+    words, imms = encode_chain(chain, 3)
     oy, out = np.zeros(2, np.int32), np.zeros((1, cout, H, W), np.float32)
     for r in range(H):
         band = np.ascontiguousarray(x[0][:, np.clip(r - 1, 0, H - 3) + np.arange(3), :])

@@ -19,7 +19,10 @@ import math
 
 import numpy as np
 
-from kernels import dataflow as df
+from kernels import design_cli, epilogue, per_core
+from kernels.design_error import DesignError
+from kernels.iron_program import iron, tensor
+from kernels.step_operands import is_f32, operand
 from sdk.compiler import catalog
 from sdk.compiler.hardware import TARGETS
 
@@ -33,12 +36,12 @@ def build(target: str, step, buffers: dict, params: dict):
     attrs = step.attrs["head"]["attrs"]
     slots = [c["operand"] for c in step.attrs["chain"] if c["operand"] is not None]
     if len(slots) > 1:
-        raise df.DesignError("a convolution epilogue that reads two operands: a core has two input channels")
-    x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
-    w = df.operand(step.inputs[1], buffers[step.inputs[1]])
+        raise DesignError("a convolution epilogue that reads two operands: a core has two input channels")
+    x = operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
+    w = operand(step.inputs[1], buffers[step.inputs[1]])
     has_bias = len(step.inputs) > 2 and step.inputs[2] is not None
-    bias = df.operand(step.inputs[2], buffers[step.inputs[2]]) if has_bias else None
-    out = df.operand(step.outputs[0], buffers[step.outputs[0]])
+    bias = operand(step.inputs[2], buffers[step.inputs[2]]) if has_bias else None
+    out = operand(step.outputs[0], buffers[step.outputs[0]])
     one_d = step.attrs["head"]["op"] == "conv1d"
     xi, wi, oi = x.index, w.index, out.index
     if one_d:  # [B, C, L] as [B, C, 1, L]
@@ -49,7 +52,7 @@ def build(target: str, step, buffers: dict, params: dict):
     if one_d:
         sh, ph = 1, 0
     if sh != sw and not one_d:
-        raise df.DesignError("different strides along H and W")
+        raise DesignError("different strides along H and W")
     B, cin, H, W = xi.shape
     cout, cg, kh, kw = wi.shape
     ho, wo = oi.shape[2], oi.shape[3]
@@ -57,7 +60,7 @@ def build(target: str, step, buffers: dict, params: dict):
     per_out = cg * kh * kw
     # A block of output channels reads the input channels of its groups only: whole groups, or part of one
     block_cin = lambda c: cin if groups == 1 else max(1, c // og) * cg  # noqa: E731
-    res = df.operand(step.inputs[slots[0]], buffers[step.inputs[slots[0]]], step.attrs["views"][slots[0]]) \
+    res = operand(step.inputs[slots[0]], buffers[step.inputs[slots[0]]], step.attrs["views"][slots[0]]) \
         if slots else None
     # blocks of output channels; the plan checks their weights against the block (a chunk's, when chunked)
     fits = [c for c in range(1, cout + 1) if cout % c == 0 and (groups == 1 or c % og == 0 or og % c == 0)]
@@ -77,8 +80,8 @@ def build(target: str, step, buffers: dict, params: dict):
     # [cout_b][ho][wo], which is whole words when cout_b * ho * wo is even
     y_rows = ho if ho > 1 and wo * out.dtype.itemsize % 4 else 1
     if y_rows > 1 and res is not None:
-        raise df.DesignError(f"output rows of {wo * out.dtype.itemsize} bytes are not whole 32-bit words, with an "
-                             "epilogue operand")
+        raise DesignError(f"output rows of {wo * out.dtype.itemsize} bytes are not whole 32-bit words, with an "
+                          "epilogue operand")
     bh = min(kh, H)                                                                       # band rows
     # Windows of output columns (width chunks), when no whole row fits: wc columns dividing the row, whose drains,
     # band columns (at every window's first column) and residual slices are whole 32-bit words
@@ -109,11 +112,11 @@ def build(target: str, step, buffers: dict, params: dict):
     w_rows = kh if chunk_rows == bh else chunk_rows
     w_chunk = (per_out if n_chunks == 1 else chunk_cin * w_rows * kw)  # weights of one output channel per chunk
     if (cout_b * w_chunk) % 2:
-        raise df.DesignError("an odd-sized weight block is not whole 32-bit words")
+        raise DesignError("an odd-sized weight block is not whole 32-bit words")
     blocks = cout // cout_b
     cores = n_cores(cout_b)
     mine = blocks // cores
-    in_place = n_chunks > 1 and df.is_f32(out) and y_rows == 1  # an fp32 output row is its own accumulator
+    in_place = n_chunks > 1 and is_f32(out) and y_rows == 1  # an fp32 output row is its own accumulator
     acc = cout_b * wc if n_chunks > 1 and not in_place else 1
     wobj = cout_b * w_chunk                                  # bf16 elements of one weight object
     floats = wobj // 2
@@ -121,7 +124,7 @@ def build(target: str, step, buffers: dict, params: dict):
     span = math.lcm(n_bias, floats)                          # the core's biases, repeated to whole objects
     bias_objects = span // floats if has_bias else 0
     if bias_objects > 16:
-        raise df.DesignError(f"{bias_objects} objects to carry {n_bias} biases: needs channel-chunked accumulation")
+        raise DesignError(f"{bias_objects} objects to carry {n_bias} biases: needs channel-chunked accumulation")
 
     start = np.clip(np.arange(ho) * sh - ph, 0, H - bh)                                  # each band's first row
     rows = start[:, None] + np.arange(bh)[None]                                           # [ho, bh]
@@ -151,15 +154,15 @@ def build(target: str, step, buffers: dict, params: dict):
                       np.stack([oi[b, j * cout_b:(j + 1) * cout_b].reshape(cout_b, ho, n_win, wc).transpose(1, 2, 0, 3)
                                 for j in blks for b in range(B)]).reshape(-1, cout_b, wc))
 
-    io = df.iron()
+    io = iron()
     i32 = np.int32
     band_bytes = chunk * x.dtype.itemsize
     if res is not None:
         r_width = wc if r_width > 1 else 1  # a residual row holds the window's columns
         res_bytes = (1 if per_row else cout_b) * r_width * res.dtype.itemsize
         if band_bytes % res_bytes:
-            raise df.DesignError(f"a residual row of {res_bytes} bytes does not pack into band objects of "
-                                 f"{band_bytes}: a convolution epilogue that reads an operand")
+            raise DesignError(f"a residual row of {res_bytes} bytes does not pack into band objects of "
+                              f"{band_bytes}: a convolution epilogue that reads an operand")
         r_repeat = band_bytes // res_bytes
         per_item = 1 if per_row else cout_b     # values of the operand per output row of a block
         if per_channel:
@@ -172,20 +175,20 @@ def build(target: str, step, buffers: dict, params: dict):
             return np.broadcast_to(sl.transpose(1, 2, 0, 3)[:, :, None], (ho, n_win, r_repeat, per_item, r_width))
         r_core = [np.stack([r_item(b, j) for j in range(c, blocks, cores) for b in range(B)])
                   .reshape(-1, r_repeat, per_item, r_width) for c in range(cores)]
-    x_t, w_t = df.tensor(chunk, x.dtype), df.tensor(wobj)
-    y_t, bias_t = df.tensor(cout_b * wc * y_rows, out.dtype), df.tensor(max(n_bias, 1), np.float32)
-    vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
-    oy_t = df.tensor(2, np.int32)
-    acc_t = y_t if in_place else df.tensor(acc, np.float32)
+    x_t, w_t = tensor(chunk, x.dtype), tensor(wobj)
+    y_t, bias_t = tensor(cout_b * wc * y_rows, out.dtype), tensor(max(n_bias, 1), np.float32)
+    vec_i, vec_f = tensor(epilogue.MAX_CHAIN, np.int32), tensor(epilogue.MAX_CHAIN, np.float32)
+    oy_t = tensor(2, np.int32)
+    acc_t = y_t if in_place else tensor(acc, np.float32)
     kernels = [io.Kernel("conv_bias_load", "conv2d.o", [w_t, bias_t, i32, i32]),
                io.Kernel("conv2d_row", "conv2d.o", [x_t, i32, w_t, bias_t, i32, i32, y_t, i32, i32, i32, i32, i32, i32,
                                                    i32, i32, i32, i32, i32, i32, i32, oy_t, vec_i, i32, vec_f, x_t, i32,
                                                    i32, i32, i32, i32, acc_t])]
-    words, imms = df.encode_chain(step.attrs["chain"], 3)
-    n_chain, x_f32, y_f32 = len(step.attrs["chain"]), df.is_f32(x), df.is_f32(out) | (y_rows > 1) << 1
-    r_f32 = (df.is_f32(res) | per_channel << 1 | per_row << 2) if res is not None else 0
+    words, imms = epilogue.encode_chain(step.attrs["chain"], 3)
+    n_chain, x_f32, y_f32 = len(step.attrs["chain"]), is_f32(x), is_f32(out) | (y_rows > 1) << 1
+    r_f32 = (is_f32(res) | per_channel << 1 | per_row << 2) if res is not None else 0
     state = {"bias": (max(n_bias, 1), np.float32, None), "oy": (2, np.int32, np.zeros(2, np.int32)),
-             "chain": (df.MAX_CHAIN, np.int32, words), "imm": (df.MAX_CHAIN, np.float32, imms),
+             "chain": (epilogue.MAX_CHAIN, np.int32, words), "imm": (epilogue.MAX_CHAIN, np.float32, imms),
              "acc": (acc, np.float32, None)}
 
     def body(x_in, w_in, y_out, bias_buf, oy, chain, imm, acc_buf, load_bias, conv, n_blocks, n_images):
@@ -225,12 +228,12 @@ def build(target: str, step, buffers: dict, params: dict):
                 w_in.release(1)
 
     lead = (bias, [wp[0] for wp, _ in w_core]) if has_bias else None
-    inputs = [df.Stream(x, x_t, x_core, follow=(res, r_core) if res is not None else None),
-              df.Stream(w, w_t, [wb for _, wb in w_core], lead)]
+    inputs = [per_core.Stream(x, x_t, x_core, follow=(res, r_core) if res is not None else None),
+              per_core.Stream(w, w_t, [wb for _, wb in w_core], lead)]
     params.update({"cout_block": cout_b, "blocks_per_core": mine, "band": band, "chunks": n_chunks,
                    "window": wc, "windows": n_win})
-    return df.per_core_design(target, "conv2d", inputs, df.Stream(out, y_t, y_core), kernels, state, body,
-                              [mine, B], params, step)
+    return per_core.per_core_design(target, "conv2d", inputs, per_core.Stream(out, y_t, y_core), kernels, state, body,
+                                    [mine, B], params, step)
 
 
 def edge_free(ho: int, sh: int, ph: int, kh: int, H: int) -> bool:
@@ -253,10 +256,10 @@ def plan(fits, block_cin, groups, per_out, bh, kh, kw, wo, widths, win_of, xb, o
             if found:
                 return found
     if not any(c * per_out * 2 <= W_BYTES for c in fits) and not may_chunk:
-        raise df.DesignError(f"one output channel's weights ({per_out * 2} bytes) exceed the {W_BYTES} byte block")
+        raise DesignError(f"one output channel's weights ({per_out * 2} bytes) exceed the {W_BYTES} byte block")
     narrowest = f"windows of {widths[-1]} columns" if widths else "windows (none of whole 32-bit words)"
-    raise df.DesignError(f"no chunk of a band ({bh} rows x {win_of(wo)}) fits L1 next to its output row ({wo} wide), "
-                         f"not even in {narrowest}: needs channel-chunked accumulation in smaller pieces")
+    raise DesignError(f"no chunk of a band ({bh} rows x {win_of(wo)}) fits L1 next to its output row ({wo} wide), "
+                      f"not even in {narrowest}: needs channel-chunked accumulation in smaller pieces")
 
 
 def _plan(fits, block_cin, groups, per_out, bh, kh, kw, cols, win_of, xb, ob, n_cores, rows_ok, may_chunk, packs,
@@ -286,4 +289,4 @@ def _plan(fits, block_cin, groups, per_out, bh, kh, kw, cols, win_of, xb, ob, n_
 
 
 if __name__ == "__main__":
-    df.main(build)
+    design_cli.main(build)

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kernels import dataflow as df
 from kernels import design_module, design_name
+from kernels.design_error import DesignError
 from sdk.program import Program
 from sdk.runtime.npu_artifacts import sequence_name
 
@@ -122,7 +122,7 @@ def build(program: Program, target: str | None = None) -> FusedDesign:
     """The fused design of a compiled Program. Raises DesignError naming every kernel no design expresses."""
     target = target or program.target
     if target != program.target:
-        raise df.DesignError(f"the program was compiled for {program.target}, not {target}")
+        raise DesignError(f"the program was compiled for {program.target}, not {target}")
     fused = FusedDesign(target, arenas={a: int(program.meta["arenas"].get(a, 0)) for a in ARENAS})
     keys: dict[str, str] = {}
     refused = []
@@ -136,7 +136,7 @@ def build(program: Program, target: str | None = None) -> FusedDesign:
             for k in step.body:
                 try:
                     device = _device_for(fused, keys, k, program, target)
-                except df.DesignError as e:
+                except DesignError as e:
                     refused.append(f"{k.op} {k.attrs.get('name', '')}: {e.message}")
                     continue
                 runs.append(run_of(program, k, device, fused.parameters[device]))
@@ -144,12 +144,12 @@ def build(program: Program, target: str | None = None) -> FusedDesign:
     for name, word in fused.scratchpad.items():
         try:
             fused.scratchpad[name] = _host_word(program, word)
-        except df.DesignError as e:
+        except DesignError as e:
             refused.append(f"scratchpad word {name}: {e.message}")
     if refused:
-        raise df.DesignError(f"{len(refused)} kernel steps have no design that expresses them: "
-                             + "; ".join(refused[:8]) + ("; ..." if len(refused) > 8 else ""),
-                             fix="see the list of what the designs refuse in kernels/README.md")
+        raise DesignError(f"{len(refused)} kernel steps have no design that expresses them: "
+                          + "; ".join(refused[:8]) + ("; ..." if len(refused) > 8 else ""),
+                          fix="see the list of what the designs refuse in kernels/README.md")
     return fused
 
 
@@ -158,8 +158,8 @@ def run_of(program: Program, k, device: str, params: dict) -> Run:
     device's runtime sequence declares them (`params`: what its design recorded, with params["sequence"])."""
     sequence = params.get("sequence")
     if sequence is None:
-        raise df.DesignError(f"design {design_name(k)} records no params['sequence'] (the position among the "
-                             "step's operands of each argument of its runtime sequence)")
+        raise DesignError(f"design {design_name(k)} records no params['sequence'] (the position among the "
+                          "step's operands of each argument of its runtime sequence)")
     return Run(device, [_placed(program, n) for n in (*k.inputs, *k.outputs) if n is not None], list(sequence))
 
 
@@ -182,8 +182,8 @@ def _host_word(program: Program, word: dict) -> dict:
         const = program.constants.get(other)
         if const is not None and const.shape == tuple(program.buffers[io_inputs[0]].shape):
             return {**word, "buffer": io_inputs[0], "add": int(np.asarray(const).reshape(-1)[word["element"]])}
-    raise df.DesignError(f"gather by indices the device computes ({name}) by a rule the host cannot follow: "
-                         "data-dependent DMA addresses")
+    raise DesignError(f"gather by indices the device computes ({name}) by a rule the host cannot follow: "
+                      "data-dependent DMA addresses")
 
 
 def _device_for(fused: FusedDesign, keys: dict, k, program: Program, target: str) -> str:

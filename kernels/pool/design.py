@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels import dataflow as df
+from kernels import design_cli, per_core
+from kernels.iron_program import iron, tensor
+from kernels.step_operands import is_f32, operand
 from sdk.compiler.hardware import TARGETS
 
 KINDS = ("pool",)
@@ -16,8 +18,8 @@ def build(target: str, step, buffers: dict, params: dict):
     hw = TARGETS[target]
     a = step.attrs["head"]["attrs"]
     k, s, p = a["kernel"], a["stride"], a.get("padding", 0)
-    x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
-    out = df.operand(step.outputs[0], buffers[step.outputs[0]])
+    x = operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
+    out = operand(step.outputs[0], buffers[step.outputs[0]])
     B, C, H, W = x.shape
     ho, wo = out.shape[2], out.shape[3]
     cb = max(c for c in range(1, C + 1) if C % c == 0 and c * k * W * x.dtype.itemsize <= BAND_BYTES)
@@ -32,11 +34,11 @@ def build(target: str, step, buffers: dict, params: dict):
         x_core.append(np.stack([x.index[b, j * cb:(j + 1) * cb][:, rows].transpose(1, 0, 2, 3)
                                 for b, j in mine]).reshape(-1, cb, bh, W))                   # one band per row
         y_core.append(np.stack([out.index[b, j * cb:(j + 1) * cb].transpose(1, 0, 2) for b, j in mine]).reshape(-1, cb, wo))
-    io = df.iron()
+    io = iron()
     i32 = np.int32
-    x_t, y_t, oy_t = df.tensor(cb * bh * W, x.dtype), df.tensor(cb * wo, out.dtype), df.tensor(1, np.int32)
+    x_t, y_t, oy_t = tensor(cb * bh * W, x.dtype), tensor(cb * wo, out.dtype), tensor(1, np.int32)
     kernel = io.Kernel("maxpool_row", "pool.o", [x_t, i32, y_t, i32, i32, i32, i32, i32, i32, i32, i32, i32, oy_t])
-    x_f32, y_f32 = df.is_f32(x), df.is_f32(out)
+    x_f32, y_f32 = is_f32(x), is_f32(out)
 
     def body(x_in, y_out, oy, pool, n_rows):
         for _ in io.range_(n_rows):
@@ -46,10 +48,11 @@ def build(target: str, step, buffers: dict, params: dict):
             y_out.release(1)
 
     params.update({"channels_per_call": cb, "items_per_core": len(items) // cores})
-    return df.per_core_design(target, "pool", [df.Stream(x, x_t, x_core)], df.Stream(out, y_t, y_core), [kernel],
-                              {"oy": (1, np.int32, np.zeros(1, np.int32))}, body,
-                              [len(items) // cores * ho], params, step)
+    return per_core.per_core_design(target, "pool", [per_core.Stream(x, x_t, x_core)],
+                                    per_core.Stream(out, y_t, y_core), [kernel],
+                                    {"oy": (1, np.int32, np.zeros(1, np.int32))}, body,
+                                    [len(items) // cores * ho], params, step)
 
 
 if __name__ == "__main__":
-    df.main(build)
+    design_cli.main(build)

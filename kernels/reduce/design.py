@@ -12,14 +12,17 @@ import math
 
 import numpy as np
 
-from kernels import dataflow as df
+from kernels import design_cli, epilogue, row_streaming
+from kernels.design_error import DesignError
+from kernels.iron_program import iron, tensor
+from kernels.step_operands import is_f32, operand
 
 KINDS = ("reduce",)
 
 
 def build(target: str, step, buffers: dict, params: dict):
-    x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
-    out = df.operand(step.outputs[0], buffers[step.outputs[0]])
+    x = operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
+    out = operand(step.outputs[0], buffers[step.outputs[0]])
     axes = step.attrs["head"]["attrs"]["axis"]
     axes = sorted({a % x.index.ndim for a in np.atleast_1d(axes)})
     nd = x.index.ndim
@@ -27,7 +30,7 @@ def build(target: str, step, buffers: dict, params: dict):
     if axes == list(range(axes[0], nd)):      # trailing axes
         rows, row = math.prod(x.shape[:axes[0]]), math.prod(x.shape[axes[0]:])
         if row > chunk:
-            raise df.DesignError(f"mean over {row} trailing elements: a row must fit the chunk {chunk}")
+            raise DesignError(f"mean over {row} trailing elements: a row must fit the chunk {chunk}")
         group = max(g for g in range(1, min(rows, 64) + 1) if rows % g == 0 and (g % 2 == 0 or g == rows))
         items, piece, out_row, count, mode = rows // group, row, group, row, "rows"
         x_rows = x.index.reshape(items, group * row)
@@ -35,26 +38,27 @@ def build(target: str, step, buffers: dict, params: dict):
         a = axes[0]
         outer, red, inner = math.prod(x.shape[:a]), x.shape[a], math.prod(x.shape[a + 1:])
         if inner > chunk:
-            raise df.DesignError(f"mean over axis {a} with rows of {inner}: a row must fit the chunk {chunk}")
+            raise DesignError(f"mean over axis {a} with rows of {inner}: a row must fit the chunk {chunk}")
         items, piece, out_row, count, mode = outer, inner, inner, red, "cols"
         x_rows = x.index.reshape(outer, red * inner)
     else:
-        raise df.DesignError(f"mean over axes {axes}: the design reduces trailing axes or one axis")
+        raise DesignError(f"mean over axes {axes}: the design reduces trailing axes or one axis")
     if out_row * out.dtype.itemsize % 4 or piece * x.dtype.itemsize % 4:
-        raise df.DesignError(f"a mean moving {out_row} values per work item is not whole 32-bit words: "
-                             f"pad rows to even")
+        raise DesignError(f"a mean moving {out_row} values per work item is not whole 32-bit words: "
+                          f"pad rows to even")
     operands = _item_operands(step, buffers, out, items, out_row)
     per_row = [x.rows(x_rows)] + operands
-    opmap = df.operand_map([("row", i) for i in range(len(per_row))], per_row, [], piece) if operands else None
-    bf, i32, x_f32 = df.joined_type(per_row, piece), np.int32, df.is_f32(x)  # the joined object
-    acc_t, at_t, out_t = df.tensor(out_row, np.float32), df.tensor(1, np.int32), df.tensor(out_row, out.dtype)
-    ch = [df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)]
+    opmap = row_streaming.operand_map([("row", i) for i in range(len(per_row))], per_row, [], piece) \
+        if operands else None
+    bf, i32, x_f32 = row_streaming.joined_type(per_row, piece), np.int32, is_f32(x)  # the joined object
+    acc_t, at_t, out_t = tensor(out_row, np.float32), tensor(1, np.int32), tensor(out_row, out.dtype)
+    ch = [tensor(epilogue.MAX_CHAIN, np.int32), tensor(epilogue.MAX_CHAIN, np.float32)]
     fns = {"zero": ("reduce_zero", [acc_t, i32, at_t]), "rows": ("reduce_rows", [bf, i32, acc_t, i32, i32, at_t]),
            "cols": ("reduce_cols", [bf, i32, acc_t, i32, i32]),
            "store": ("reduce_mean_store", [acc_t, out_t, i32, i32, i32, ch[0], i32, ch[1]]) if not operands else
            ("reduce_mean_store_operands", [acc_t, out_t, i32, i32, i32, ch[0], i32, ch[1], bf, ch[0]])}
     n_chain = len(step.attrs["chain"])
-    io = df.iron()
+    io = iron()
 
     def body(x_fifo, _shared, y_fifo, acc, at, chain, imm, *rest):
         opmap_buf, rest = (rest[0], rest[1:]) if operands else (None, rest)
@@ -77,34 +81,34 @@ def build(target: str, step, buffers: dict, params: dict):
                 piece_in(xs)
             y = y_fifo.acquire(1)
             if operands:
-                store(acc, y, df.is_f32(out), out_row, count, chain, n_chain, imm, xs, opmap_buf)
+                store(acc, y, is_f32(out), out_row, count, chain, n_chain, imm, xs, opmap_buf)
                 x_fifo.release(1)
             else:
-                store(acc, y, df.is_f32(out), out_row, count, chain, n_chain, imm)
+                store(acc, y, is_f32(out), out_row, count, chain, n_chain, imm)
             y_fifo.release(1)
 
-    state = {"acc": (out_row, np.float32, None), "at": (1, np.int32, None), **df.epilogue_state(step, 1, opmap)}
-    s = df.Streaming(items, x_rows.shape[1], piece, per_row, [], out.rows(out.index.reshape(items, out_row)),
-                     out_row=out_row, out_dtype=out.dtype, state=state)
+    state = {"acc": (out_row, np.float32, None), "at": (1, np.int32, None), **epilogue.epilogue_state(step, 1, opmap)}
+    s = row_streaming.Streaming(items, x_rows.shape[1], piece, per_row, [], out.rows(out.index.reshape(items, out_row)),
+                                out_row=out_row, out_dtype=out.dtype, state=state)
     params.update({"chunk": chunk, "mode": mode, "group": out_row})
-    return df.streaming(target, "reduce", s, fns, body, step.attrs["tiling"]["cores"], params, step)
+    return row_streaming.streaming(target, "reduce", s, fns, body, step.attrs["tiling"]["cores"], params, step)
 
 
 def _item_operands(step, buffers, out, items: int, out_row: int) -> list:
     """The chain's operands (kernel inputs 1, 2, ...) as fp32 scalars, one value per work item."""
     used = sorted({c["operand"] for c in step.attrs["chain"] if c["operand"] is not None})
     if used != list(range(1, len(used) + 1)):
-        raise df.DesignError("mean with an epilogue whose operands are not its inputs 1, 2, ...: not expressed")
+        raise DesignError("mean with an epilogue whose operands are not its inputs 1, 2, ...: not expressed")
     found = []
     for i in used:
-        o = df.operand(step.inputs[i], buffers[step.inputs[i]], step.attrs["views"][i])
+        o = operand(step.inputs[i], buffers[step.inputs[i]], step.attrs["views"][i])
         idx = np.broadcast_to(o.index, out.index.shape).reshape(items, out_row)
         if not (idx == idx[:, :1]).all() or o.dtype != np.float32:
-            raise df.DesignError("mean with an epilogue that reads an operand varying within a work item (or not "
-                                 "fp32): not expressed by this design")
+            raise DesignError("mean with an epilogue that reads an operand varying within a work item (or not "
+                              "fp32): not expressed by this design")
         found.append(o.rows(idx[:, :1], scalar=True))
     return found
 
 
 if __name__ == "__main__":
-    df.main(build)
+    design_cli.main(build)

@@ -5,25 +5,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels import dataflow as df
+from kernels import design_cli, epilogue, row_streaming
+from kernels.design_error import DesignError
+from kernels.iron_program import iron, tensor
+from kernels.step_operands import is_f32
 
 KINDS = ("rope",)
 
 
 def build(target: str, step, buffers: dict, params: dict):
     n_head = step.attrs.get("n_head", len(step.inputs))
-    rows, row, per_row, shared, slots, out = df.split_operands(step, buffers)
-    if df.row_piece(row, step.attrs["tiling"]["chunk"]) != row:
-        raise df.DesignError(f"rope over rows of {row}: a head dimension must fit one chunk")
+    rows, row, per_row, shared, slots, out = row_streaming.split_operands(step, buffers)
+    if row_streaming.row_piece(row, step.attrs["tiling"]["chunk"]) != row:
+        raise DesignError(f"rope over rows of {row}: a head dimension must fit one chunk")
     i32 = np.int32
-    rows_t = df.joined_type(per_row, row)
-    shared_t = df.joined_type(shared, row, rows_t)
-    opmap = df.operand_map(slots, per_row, shared, row)
-    y_t, y_f32 = df.tensor(row, out.dtype), df.is_f32(out)
-    vec_i, vec_f = df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
+    rows_t = row_streaming.joined_type(per_row, row)
+    shared_t = row_streaming.joined_type(shared, row, rows_t)
+    opmap = row_streaming.operand_map(slots, per_row, shared, row)
+    y_t, y_f32 = tensor(row, out.dtype), is_f32(out)
+    vec_i, vec_f = tensor(epilogue.MAX_CHAIN, np.int32), tensor(epilogue.MAX_CHAIN, np.float32)
     fns = {"rope": ("rope_row", [rows_t, shared_t, y_t, i32, i32, vec_i, vec_i, i32, vec_f])}
     n_chain = len(step.attrs["chain"])
-    io = df.iron()
+    io = iron()
 
     def body(rows_in, shared_in, y_out, chain, imm, opmap_buf, kernel, rows_per_core, npieces, passes):
         for _ in io.range_(rows_per_core):
@@ -36,10 +39,11 @@ def build(target: str, step, buffers: dict, params: dict):
                 shared_in.release(1)
             y_out.release(1)
 
-    s = df.Streaming(rows, row, row, per_row, shared, out, state=df.epilogue_state(step, n_head, opmap))
+    s = row_streaming.Streaming(rows, row, row, per_row, shared, out,
+                                state=epilogue.epilogue_state(step, n_head, opmap))
     params.update({"chunk": step.attrs["tiling"]["chunk"]})
-    return df.streaming(target, "rope", s, fns, body, step.attrs["tiling"]["cores"], params, step)
+    return row_streaming.streaming(target, "rope", s, fns, body, step.attrs["tiling"]["cores"], params, step)
 
 
 if __name__ == "__main__":
-    df.main(build)
+    design_cli.main(build)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels import dataflow as df
+from kernels import design_cli, epilogue, row_streaming
+from kernels.design_error import DesignError
+from kernels.iron_program import iron, tensor
+from kernels.step_operands import is_f32
 
 KINDS = ("softmax",)
 
@@ -14,22 +17,23 @@ def build(target: str, step, buffers: dict, params: dict):
     n_head = step.attrs.get("n_head", len(step.inputs))
     axis = step.attrs["head"]["attrs"].get("axis", -1)
     if axis not in (-1, len(buffers[step.outputs[0]].shape) - 1):
-        raise df.DesignError(f"softmax over axis {axis}: the kernel reduces the last axis")
-    rows, row, per_row, shared, slots, out = df.split_operands(step, buffers)
-    piece = df.row_piece(row, step.attrs["tiling"]["chunk"])
+        raise DesignError(f"softmax over axis {axis}: the kernel reduces the last axis")
+    rows, row, per_row, shared, slots, out = row_streaming.split_operands(step, buffers)
+    piece = row_streaming.row_piece(row, step.attrs["tiling"]["chunk"])
     log = int(step.attrs["head"]["op"] == "log_softmax")
     passes = 1 if piece == row else 3
     i32 = np.int32
-    rows_t = df.joined_type(per_row, piece)
-    shared_t = df.joined_type(shared, piece, rows_t)
-    opmap = df.operand_map(slots, per_row, shared, piece)
-    y_t, y_f32 = df.tensor(piece, out.dtype), df.is_f32(out)
-    st_t, vec_i, vec_f = df.tensor(2, np.float32), df.tensor(df.MAX_CHAIN, np.int32), df.tensor(df.MAX_CHAIN, np.float32)
+    rows_t = row_streaming.joined_type(per_row, piece)
+    shared_t = row_streaming.joined_type(shared, piece, rows_t)
+    opmap = row_streaming.operand_map(slots, per_row, shared, piece)
+    y_t, y_f32 = tensor(piece, out.dtype), is_f32(out)
+    st_t = tensor(2, np.float32)
+    vec_i, vec_f = tensor(epilogue.MAX_CHAIN, np.int32), tensor(epilogue.MAX_CHAIN, np.float32)
     fns = {"begin": ("softmax_begin", [st_t]), "max": ("softmax_max", [rows_t, shared_t, i32, vec_i, st_t]),
            "sum": ("softmax_sum", [rows_t, shared_t, i32, vec_i, st_t]),
            "store": ("softmax_store", [rows_t, shared_t, y_t, i32, i32, vec_i, st_t, i32, vec_i, i32, vec_f])}
     n_chain = len(step.attrs["chain"])
-    io = df.iron()
+    io = iron()
 
     def body(rows_in, shared_in, y_out, st, chain, imm, opmap_buf, begin, kmax, ksum, store,
              rows_per_core, npieces, n_passes):
@@ -65,11 +69,11 @@ def build(target: str, step, buffers: dict, params: dict):
                 give()
                 y_out.release(1)
 
-    state = {"st": (2, np.float32, None), **df.epilogue_state(step, n_head, opmap)}
-    s = df.Streaming(rows, row, piece, per_row, shared, out, passes=passes, state=state)
+    state = {"st": (2, np.float32, None), **epilogue.epilogue_state(step, n_head, opmap)}
+    s = row_streaming.Streaming(rows, row, piece, per_row, shared, out, passes=passes, state=state)
     params.update({"chunk": step.attrs["tiling"]["chunk"], "log": log})
-    return df.streaming(target, "softmax", s, fns, body, step.attrs["tiling"]["cores"], params, step)
+    return row_streaming.streaming(target, "softmax", s, fns, body, step.attrs["tiling"]["cores"], params, step)
 
 
 if __name__ == "__main__":
-    df.main(build)
+    design_cli.main(build)

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels import dataflow as df
+from kernels import design_cli, per_core
+from kernels.design_error import DesignError
+from kernels.iron_program import BF16, iron, tensor
+from kernels.step_operands import operand
 from sdk.compiler.hardware import TARGETS
 
 KINDS = ("transpose",)
@@ -18,10 +21,10 @@ TILE_BYTES = 8 * 1024
 
 def build(target: str, step, buffers: dict, params: dict):
     hw = TARGETS[target]
-    x = df.operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
-    out = df.operand(step.outputs[0], buffers[step.outputs[0]])
-    if x.dtype not in (df.BF16, np.float32) or out.dtype not in (df.BF16, x.dtype) or x.index.ndim != 3:
-        raise df.DesignError("the transpose kernel moves bf16 or fp32 [b, r, c] tensors into bf16, or fp32 into fp32")
+    x = operand(step.inputs[0], buffers[step.inputs[0]], step.attrs["views"][0])
+    out = operand(step.outputs[0], buffers[step.outputs[0]])
+    if x.dtype not in (BF16, np.float32) or out.dtype not in (BF16, x.dtype) or x.index.ndim != 3:
+        raise DesignError("the transpose kernel moves bf16 or fp32 [b, r, c] tensors into bf16, or fp32 into fp32")
     b, r, c = x.shape
     oi = out.index.reshape(b, c, r)
     # A tile of rt_ rows x all c columns writes rt_-long runs of each output row: whole 32-bit words when rt_ is
@@ -38,15 +41,15 @@ def build(target: str, step, buffers: dict, params: dict):
         rt_, ct_ = r, max(cols)
         items = [(i, 0, j * ct_) for i in range(b) for j in range(c // ct_)]
     else:
-        raise df.DesignError(f"transpose of bf16 [{b}, {r}, {c}]: no tile of {TILE_BYTES} bytes moves whole 32-bit "
-                             "words (an even number of rows, or all rows and an even number of columns)")
+        raise DesignError(f"transpose of bf16 [{b}, {r}, {c}]: no tile of {TILE_BYTES} bytes moves whole 32-bit "
+                          "words (an even number of rows, or all rows and an even number of columns)")
     cores = max(k for k in range(1, min(step.attrs["tiling"].get("cores", hw.columns), hw.columns, len(items)) + 1)
                 if len(items) % k == 0)
     x_core = [np.stack([x.index[i, j:j + rt_, q:q + ct_] for i, j, q in items[k::cores]]) for k in range(cores)]
     y_core = [np.stack([oi[i, q:q + ct_, j:j + rt_] for i, j, q in items[k::cores]]) for k in range(cores)]
-    io = df.iron()
+    io = iron()
     i32 = np.int32
-    t, t_x = df.tensor(rt_ * ct_, out.dtype), df.tensor(rt_ * ct_, x.dtype)
+    t, t_x = tensor(rt_ * ct_, out.dtype), tensor(rt_ * ct_, x.dtype)
     symbol = {(2, 2): "transpose_bf16", (4, 2): "transpose_f32_bf16", (4, 4): "transpose_f32"}[size, out.dtype.itemsize]
     kernel = io.Kernel(symbol, "transpose.o", [t_x, t, i32, i32, i32])
 
@@ -58,9 +61,10 @@ def build(target: str, step, buffers: dict, params: dict):
             y_out.release(1)
 
     params.update({"rows_per_call": rt_, "columns_per_call": ct_, "items_per_core": len(items) // cores})
-    return df.per_core_design(target, "transpose", [df.Stream(x, t_x, x_core)], df.Stream(out, t, y_core), [kernel],
-                              {}, body, [len(items) // cores], params, step)
+    return per_core.per_core_design(target, "transpose", [per_core.Stream(x, t_x, x_core)],
+                                    per_core.Stream(out, t, y_core), [kernel], {}, body, [len(items) // cores],
+                                    params, step)
 
 
 if __name__ == "__main__":
-    df.main(build)
+    design_cli.main(build)

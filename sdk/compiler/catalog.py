@@ -195,7 +195,7 @@ def tiling(kernel, shape_of, target: Target, bytes_of=None) -> dict:
 # always exists needs (one core row, as many columns as divide Nt), at least VECTOR_FLOOR, so that small GEMMs
 # keep their grids; a GEMV runs ceil(Nt / cores) tiles per core (kernels/gemv).
 VECTOR_FLOOR = 256
-CHAIN_BYTES = 2 * 8 * 4  # the epilogue's opcode words and immediates (kernels/dataflow.MAX_CHAIN each)
+CHAIN_BYTES = 2 * 8 * 4  # the epilogue's opcode words and immediates (kernels/epilogue.MAX_CHAIN each)
 CONV_L1 = 60 * KB        # what kernels/conv2d's bands, weights, rows, accumulator and biases may take
 STATE_BYTES = 256        # a streaming kernel's operand map and running statistics
 

@@ -165,7 +165,7 @@ def _shape(f: Fused, ref) -> tuple:
 
 # ---- element-granular transposes: through kernels/transpose --------------------------------------------------
 
-# kinds whose designs read every operand as rows through DMA access patterns (dataflow.taps): a bf16 operand
+# kinds whose designs read every operand as rows through DMA access patterns (kernels/access.taps): a bf16 operand
 # whose innermost access stride is not 1 needs a transpose through a core first
 ROW_READERS = {"eltwise", "softmax", "norm", "reduce", "rope", "argmax", "concat", "pad", "copy", "conv", "pool"}
 
@@ -237,7 +237,7 @@ def _transpose_kernel(f: Fused, r: Ref, split: tuple, position: int, target: Tar
     return name
 
 
-# kinds that stream rows and take a value per row as one word the kernel repeats (dataflow.split_operands)
+# kinds that stream rows and take a value per row as one word the kernel repeats (kernels/row_streaming.split_operands)
 ROW_KINDS = {"eltwise", "conv", "norm", "softmax", "rope", "reduce", "pool"}
 
 

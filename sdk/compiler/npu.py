@@ -101,9 +101,9 @@ KERNELS_DIR = Path(__file__).resolve().parents[2] / "kernels"
 
 def design_sources() -> str:
     """sha256 of every source a build reads under kernels/ (each kernel's .cc, its design, the shared include/
-    and dataflow.py, the fused design, the build itself), relative paths included: a kernel's design may live
-    in another kind's folder, so the whole tree is hashed. Reading bytes is not importing: sdk never imports
-    kernels."""
+    and modules such as access.py, the fused design, the build itself), relative paths included: a kernel's
+    design may live in another kind's folder, so the whole tree is hashed. Reading bytes is not importing: sdk
+    never imports kernels."""
     h = hashlib.sha256()
     for path in sorted(KERNELS_DIR.rglob("*")):
         if path.is_file() and path.suffix in (".cc", ".h", ".py") and "__pycache__" not in path.parts:
