@@ -41,9 +41,7 @@ class _Graph:
         self.current: dict[str, str] = {}  # buffer -> the value that holds it now
         self.reads: list[str] = []          # buffers read from the caller (inputs and state), in order
 
-    def value(self, buffer: str | None) -> str:
-        if buffer is None:
-            return ""
+    def value(self, buffer: str) -> str:
         if buffer not in self.current:
             self.current[buffer] = buffer
             buf = self.program.buffers[buffer]
@@ -76,17 +74,12 @@ def _i64(values) -> np.ndarray:
     return np.asarray(values, np.int64).reshape(-1)
 
 
-def _bounds(start, stop, step, n) -> tuple[int, int, int]:
-    """Python's slice bounds (None, negative, past the end) as ONNX Slice takes them."""
+def _slice(g, out, x, axis, start, stop, step, n) -> str:
+    """x[start:stop:step] along `axis` (of length n): Python's bounds (None, negative, past the end) made ONNX's."""
     start, stop, step = slice(start, stop, step).indices(n)
     if step < 0 and stop < 0:
         stop = -(1 << 63)  # before the first element: ONNX reads -1 as the last one
-    return start, stop, step
-
-
-def _slice(g, out, x, axes, starts, stops, steps):
-    return g.node("Slice", [x, g.const(_i64(starts)), g.const(_i64(stops)), g.const(_i64(axes)),
-                            g.const(_i64(steps))], out)
+    return g.node("Slice", [x, *(g.const(_i64(v)) for v in (start, stop, axis, step))], out)
 
 
 def _transposed(g, w) -> str:
@@ -96,36 +89,28 @@ def _transposed(g, w) -> str:
                      g.program.buffers[w].shape[::-1])
 
 
-def _linear(g, out, x, w, b=None, **_):
-    weight = g.program.buffers[w].usage is Usage.WEIGHTS
-    if weight and g.int8:
-        return _linear_int8(g, out, x, w, b)
-    wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
-    y = g.node("MatMul", [g.value(x), wt], None if b else out)
-    return g.node("Add", [y, g.value(b)], out) if b else y
-
-
 def _int8_scale(weight: np.ndarray) -> np.ndarray:
     """A weight [out, in]'s symmetric int8 scale per output (zero point 0)."""
     return (np.maximum(np.abs(weight).max(axis=1), np.float32(1e-30)) / np.float32(127)).astype(np.float32)
 
 
-def _int8_columns(weight: np.ndarray) -> np.ndarray:
-    """A weight [out, in] as int8 [in, out], C-ordered (ORT reads a C-ordered array in place)."""
-    return np.ascontiguousarray(np.clip(np.rint(weight.T / _int8_scale(weight)), -127, 127).astype(np.int8))
-
-
-def _linear_int8(g, out, x, w, b=None):
-    """x quantized per tensor at run time (uint8), the weight per output column at load (int8), an integer
-    GEMM: the pattern ORT's quantize_dynamic writes, which its optimizer fuses into one DynamicQuantizeMatMul."""
-    shape = g.program.buffers[w].shape
-    wq = g.derived(w, ".int8", lambda weights: _int8_columns(weights[w]), "int8", shape[::-1])
-    ws = g.derived(w, ".scale", lambda weights: _int8_scale(weights[w]), "float32", shape[:1])
-    quantized = [f"{out}.q", f"{out}.q_scale", f"{out}.q_zero"]
-    g.nodes.append(g.helper.make_node("DynamicQuantizeLinear", [g.value(x)], quantized))
-    product = g.node("MatMulInteger", [quantized[0], wq, quantized[2]])
-    y = g.node("Mul", [g.node("Cast", [product], to=g.tensor.FLOAT), g.node("Mul", [quantized[1], ws])],
-               None if b else out)
+def _linear(g, out, x, w, b=None, **_):
+    """int8 (a weight's linear in an int8 entry): x quantized per tensor at run time (uint8), the weight per
+    output column at load (int8 [in, out], C-ordered: ORT reads it in place), an integer GEMM: the pattern ORT's
+    quantize_dynamic writes, which its optimizer fuses into one DynamicQuantizeMatMul."""
+    shape, weight = g.program.buffers[w].shape, g.program.buffers[w].usage is Usage.WEIGHTS
+    if weight and g.int8:
+        wq = g.derived(w, ".int8", lambda weights: np.ascontiguousarray(np.clip(
+            np.rint(weights[w].T / _int8_scale(weights[w])), -127, 127).astype(np.int8)), "int8", shape[::-1])
+        ws = g.derived(w, ".scale", lambda weights: _int8_scale(weights[w]), "float32", shape[:1])
+        quantized = [f"{out}.q", f"{out}.q_scale", f"{out}.q_zero"]
+        g.nodes.append(g.helper.make_node("DynamicQuantizeLinear", [g.value(x)], quantized))
+        product = g.node("MatMulInteger", [quantized[0], wq, quantized[2]])
+        y = g.node("Mul", [g.node("Cast", [product], to=g.tensor.FLOAT), g.node("Mul", [quantized[1], ws])],
+                   None if b else out)
+    else:
+        wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
+        y = g.node("MatMul", [g.value(x), wt], None if b else out)
     return g.node("Add", [y, g.value(b)], out) if b else y
 
 
@@ -144,8 +129,7 @@ def _attention(g, out, q, k, v, mask=None, *, scale, shapes):
 def _cache_write(g, out, cache, value, pos, *, axis, shapes):
     """cache[..., pos:pos + n, ...] = value along `axis`, as a ScatterND over the leading axes up to `axis`;
     its output is bound to the cache's own memory, and ORT's ScatterND does not copy onto itself."""
-    lead = shapes[1][:axis + 1]
-    grid = np.stack(np.meshgrid(*[np.arange(n) for n in lead], indexing="ij"), axis=-1)
+    grid = np.stack(np.meshgrid(*[np.arange(n) for n in shapes[1][:axis + 1]], indexing="ij"), axis=-1)
     at = g.node("Mul", [g.node("Cast", [g.value(pos)], to=g.tensor.INT64), g.const(_i64(np.arange(axis + 1) == axis))])
     indices = g.node("Add", [g.const(grid.astype(np.int64)), at])
     return g.node("ScatterND", [g.value(cache), indices, g.value(value)], out)
@@ -161,16 +145,6 @@ def _embedding(g, out, table, ids, *, shapes):
 
 def _where_less(g, out, a, b, *, then, otherwise):
     return g.node("Where", [g.node("Less", [a, b]), g.f32(then), g.f32(otherwise)], out)
-
-
-def _causal_cache_mask(g, out, pos, *, n_new, size, **_):
-    # key j is hidden from query i when pos + i < j
-    query = g.node("Add", [g.const(np.arange(n_new, dtype=np.int32)[:, None]), g.value(pos)])
-    return _where_less(g, out, query, g.const(np.arange(size, dtype=np.int32)[None, :]), then=NEG_INF, otherwise=0)
-
-
-def _length_mask(g, out, length, *, size, **_):
-    return _where_less(g, out, g.const(np.arange(size, dtype=np.int32)), g.value(length), then=0, otherwise=NEG_INF)
 
 
 def _gelu(g, out, x, **_):  # the erf form exporters write; ORT fuses it into one Gelu
@@ -193,15 +167,15 @@ def _rms_norm(g, out, x, w, *, eps, **_):
 
 
 def _rotary(g, out, x, cos, sin, *, shapes):
-    x, half = g.value(x), shapes[0][-1] // 2
-    first, second = (_slice(g, None, x, [-1], [a], [b], [1]) for a, b in ((0, half), (half, 2 * half)))
+    x, n = g.value(x), shapes[0][-1]
+    first, second = (_slice(g, None, x, -1, a, b, 1, n) for a, b in ((0, n // 2), (n // 2, n)))
     rotated = g.node("Concat", [g.node("Neg", [second]), first], axis=-1)
     return g.node("Add", [g.node("Mul", [x, g.value(cos)]), g.node("Mul", [rotated, g.value(sin)])], out)
 
 
 def _glu(g, out, x, *, axis, shapes):
-    half = shapes[0][axis] // 2
-    a, b = (_slice(g, None, g.value(x), [axis], [s], [s + half], [1]) for s in (0, half))
+    n = shapes[0][axis]
+    a, b = (_slice(g, None, g.value(x), axis, s, e, 1, n) for s, e in ((0, n // 2), (n // 2, n)))
     return g.node("Mul", [a, g.node("Sigmoid", [b])], out)
 
 
@@ -242,7 +216,7 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "attention": _attention,
     "reshape": lambda g, out, x, *, shape, shapes: g.node("Reshape", [g.value(x), g.const(_i64(shapes[-1]))], out),
     "slice_axis": lambda g, out, x, *, axis, start, stop, step=1, shapes: _slice(
-        g, out, g.value(x), [axis], *zip(_bounds(start, stop, step, shapes[0][axis]))),
+        g, out, g.value(x), axis, start, stop, step, shapes[0][axis]),
     "pad": lambda g, out, x, *, pads, value=0.0, shapes: g.node(
         "Pad", [g.value(x), g.const(_i64([a for a, _ in pads] + [b for _, b in pads])), g.f32(value)], out),
     "rotary": _rotary,
@@ -252,8 +226,11 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
         "MaxPool", [g.value(x)], out, kernel_shape=[kernel] * 2, strides=[stride] * 2, pads=[padding] * 4),
     "positions": lambda g, out, pos, *, n, shapes: g.node(
         "Add", [g.const(np.arange(n, dtype=np.int32)), g.value(pos)], out),
-    "causal_cache_mask": _causal_cache_mask,
-    "length_mask": _length_mask,
+    "causal_cache_mask": lambda g, out, pos, *, n_new, size, shapes: _where_less(  # hidden when pos + i < key j
+        g, out, g.node("Add", [g.const(np.arange(n_new, dtype=np.int32)[:, None]), g.value(pos)]),
+        g.const(np.arange(size, dtype=np.int32)[None, :]), then=NEG_INF, otherwise=0),
+    "length_mask": lambda g, out, length, *, size, shapes: _where_less(
+        g, out, g.const(np.arange(size, dtype=np.int32)), g.value(length), then=0, otherwise=NEG_INF),
     "cache_write": _cache_write,
 }
 BOUND_READERS = {("MatMul", 1), ("Gather", 0)}
@@ -268,19 +245,17 @@ class EntryGraph:
 
     def __init__(self, program: Program, entry: Entry, precision: str = "fp32",
                  transposed: frozenset[str] = frozenset()):
-        g = _Graph(program, precision == "int8", transposed)
+        g, buffers = _Graph(program, precision == "int8", transposed), program.buffers
         for step in entry.steps:
             if step.op not in LOWERINGS:
                 raise SdkError(f"the cpu backend has no ONNX form for op {step.op}",
                                fix="add a lowering for it in sdk/runtime/cpu.py")
-            inputs = [i or None for i in step.inputs]
-            while inputs and inputs[-1] is None:
-                inputs.pop()  # absent optional inputs at the end
-            out = step.outputs[0]
-            shapes = [program.buffers[i].shape if i else None for i in inputs] + [program.buffers[out].shape]
-            value = f"{out}:{len(g.nodes)}" if out in g.current or program.buffers[out].usage is Usage.STATE else out
+            inputs, out = list(step.inputs), step.outputs[0]
+            while inputs and not inputs[-1]:
+                inputs.pop()  # an absent optional input (only ever the last)
+            shapes = [buffers[b].shape for b in inputs + [out]]
+            value = f"{out}:{len(g.nodes)}" if out in g.current or buffers[out].usage is Usage.STATE else out
             g.current[out] = LOWERINGS[step.op](g, value, *inputs, shapes=shapes, **step.attrs)
-        buffers = program.buffers
         self.writes = [b for b, v in g.current.items() if buffers[b].usage is Usage.STATE and v != b]
         self.returns = [b for b in dict.fromkeys(entry.outputs.values()) if buffers[b].usage is not Usage.STATE]
         self.reads, self.weights = g.reads, g.weights
@@ -296,25 +271,22 @@ class EntryGraph:
         kinds = {n: readers.get(n, {None}) for n in g.weights}
         self.bound = [n for n, r in kinds.items() if r <= BOUND_READERS]
         self.shared = [n for n, r in kinds.items() if r <= SHARED_READERS]
-        results = [g.current[b] for b in self.writes + self.returns]
-        self.outputs = dict(zip(self.writes + self.returns, results))
+        self.outputs = {b: g.current[b] for b in self.writes + self.returns}
         for b, v in list(self.outputs.items()):
             if v in self.reads or v in g.weights or list(self.outputs.values()).count(v) > 1:
                 self.outputs[b] = g.node("Identity", [v], f"{b}:out")  # an output ORT writes, not one it reads
 
-        from onnx import StringStringEntryProto
-
         def info(name, dtype, shape):
             return g.helper.make_tensor_value_info(name, _DTYPES[dtype], shape)
         externals = [g.tensor(name=n, data_type=_DTYPES[dtype], dims=shape, data_location=g.tensor.EXTERNAL,
-                              external_data=[StringStringEntryProto(key="location", value=_location(n))])
-                     for n, (_, dtype, shape) in g.weights.items() if n not in self.bound]  # data: see _session
+                              external_data=[{"key": "location", "value": _location(n)}])
+                     for n, (_, dtype, shape) in g.weights.items() if n not in self.bound]  # data: see _binding
         inputs = [info(b, buffers[b].dtype, buffers[b].shape) for b in self.reads] + \
             [info(n, *g.weights[n][1:]) for n in self.bound]
         outputs = [info(v, buffers[b].dtype, buffers[b].shape) for b, v in self.outputs.items()]
         graph = g.helper.make_graph(g.nodes, entry.name, inputs, outputs, externals + g.constants)
-        model = g.helper.make_model(graph, opset_imports=[g.helper.make_opsetid("", OPSET)], producer_name="aie-apps")
-        self.model = model.SerializeToString()
+        self.model = g.helper.make_model(graph, opset_imports=[g.helper.make_opsetid("", OPSET)],
+                                         producer_name="aie-apps").SerializeToString()
         self.key = hashlib.sha256(self.model).hexdigest()
 
 
@@ -377,10 +349,7 @@ class CpuExecutable:
                     array = weights[name].reshape(program.buffers[name].shape) if make is None else make(weights)
                     self.arrays[name] = array, onnxruntime.OrtValue.ortvalue_from_numpy(array)
         self.sessions: dict[str, object] = {}  # EntryGraph.key -> its session, built on the entry's first run
-        self.lock = threading.Lock()
-        self.local = threading.local()
-        self.counters = Counters()
-        self.closed = False
+        self.lock, self.local, self.counters, self.closed = threading.Lock(), threading.local(), Counters(), False
 
     def _options(self):
         """What every session is built with (bench/cpu_options.py varies it)."""
@@ -395,11 +364,15 @@ class CpuExecutable:
         options.enable_mem_pattern = False
         return options
 
-    def _session(self, graph: EntryGraph):
+    def _binding(self, graph: EntryGraph):
+        """This thread's IO binding for the entry, its weights bound once (inputs and outputs: at every run); the
+        entry's session is built by the first thread to run it."""
+        bindings = self.local.__dict__.setdefault("bindings", {})
+        if graph.key in bindings:
+            return bindings[graph.key]
         with self.lock:
             if graph.key not in self.sessions:
-                options = self._options()
-                names = [n for n in graph.weights if n not in graph.bound]
+                options, names = self._options(), [n for n in graph.weights if n not in graph.bound]
                 arrays = [self.arrays[n][0] for n in names]  # the external data: our arrays, read in place
                 options.add_external_initializers_from_files_in_memory([_location(n) for n in names], arrays,
                                                                        [a.nbytes for a in arrays])
@@ -407,19 +380,11 @@ class CpuExecutable:
                     options.add_initializer(name, self.arrays[name][1])
                 self.sessions[graph.key] = self.ort.InferenceSession(graph.model, options,
                                                                      providers=["CPUExecutionProvider"])
-            return self.sessions[graph.key]
-
-    def _binding(self, graph: EntryGraph):
-        """This thread's IO binding for the entry, with its weights bound once; inputs and outputs are bound
-        again at every run."""
-        bindings = self.local.__dict__.setdefault("bindings", {})
-        if graph.key not in bindings:
-            binding = self._session(graph).io_binding()
-            for name in graph.bound:
-                array = self.arrays[name][0]
-                binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-            bindings[graph.key] = binding
-        return bindings[graph.key]
+        binding = bindings[graph.key] = self.sessions[graph.key].io_binding()
+        for name in graph.bound:
+            array = self.arrays[name][0]
+            binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+        return binding
 
     def new_state(self) -> State:
         return State({n: np.zeros(b.shape, b.dtype) for n, b in self.program.buffers_of(Usage.STATE).items()})
