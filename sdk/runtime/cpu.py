@@ -48,9 +48,8 @@ def _int8_scale(weight: np.ndarray) -> np.ndarray:  # a weight [out, in]'s symme
 
 
 def _linear(g, out, x, w, b=None, **_):
-    """int8 (a weight's linear in an int8 entry): x quantized per tensor at run time (uint8), the weight per
-    output column at load (int8 [in, out], C-ordered: ORT reads it in place), an integer GEMM: the pattern ORT's
-    quantize_dynamic writes, which its optimizer fuses into one DynamicQuantizeMatMul."""
+    """int8 entries: x quantized per tensor at run time (uint8), a weight per output at load (int8 [in, out],
+    C-ordered: read in place), an integer GEMM: what ORT's quantize_dynamic writes, fused to DynamicQuantizeMatMul."""
     shape, weight = g.program.buffers[w].shape, g.program.buffers[w].usage is Usage.WEIGHTS
     if weight and g.int8:
         wq = g.derived(w, ".int8", lambda weights: np.ascontiguousarray(np.clip(
@@ -318,8 +317,7 @@ class CpuExecutable:
         transposed = transposed_only(program, self.precision)
         self.graphs = {name: EntryGraph(program, e, self.precision[name], transposed)
                        for name, e in program.entries.items()}
-        # every initializer made once, here; an original no session reads is not kept (once the caller lets go)
-        self.arrays: dict[str, tuple] = {}  # initializer name -> (array, OrtValue over it), shared by the sessions
+        self.arrays: dict[str, tuple] = {}  # initializer name -> (array, OrtValue over it), made once for all sessions
         for name, make in {n: m for graph in self.graphs.values() for n, (m, _, _) in graph.weights.items()}.items():
             # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
             array = weights[name].reshape(program.buffers[name].shape) if make is None else make(weights)
