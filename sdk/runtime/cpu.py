@@ -184,8 +184,7 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "cache_write": _cache_write,
 }
 BOUND_READERS = {("MatMul", 1), ("Gather", 0)}
-SHARED_READERS = {("MatMulInteger", 1), ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1),
-                  ("LayerNormalization", 2)}
+SHARED_READERS = {("MatMulInteger", 1), ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1), ("LayerNormalization", 2)}
 _DTYPES = {"float32": 1, "int8": 3, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
 
 
@@ -224,11 +223,10 @@ class EntryGraph:
         # bound where it lies, which ORT can neither copy nor rewrite. Read by ops ORT rewrites with constant weights
         # for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer shared with add_initializer. The rest
         # (biases, rotary tables: small) is copied per session: ORT's transpose pass may reshape such an
-        # initializer, and ran a shared one at its old shape.
+        # initializer, and ran a shared one at its old shape. Both are in-memory files (`_binding`) named by digest.
         kinds = {n: readers.get(n, {None}) for n in self.weights}
         self.bound = [n for n, r in kinds.items() if r <= BOUND_READERS]
         self.shared = [n for n, r in kinds.items() if r <= SHARED_READERS]
-        # the others' data is given at session build as in-memory files (`_binding`), named whatever the buffer is
         self.external = {n: hashlib.sha256(n.encode()).hexdigest()[:24] for n in self.weights if n not in self.bound}
         self.outputs = {b: self.current[b] for b in self.writes + self.returns}
         for b, v in list(self.outputs.items()):
@@ -390,8 +388,7 @@ class CpuExecutable:
         return {name: np.array(env[b]) if b not in results else results[b] for name, b in program_entry.outputs.items()}
 
     def close(self):
-        self.closed = True
-        self.sessions, self.arrays, self.local = {}, {}, threading.local()
+        self.closed, self.sessions, self.arrays, self.local = True, {}, {}, threading.local()
 
 
 class CpuBackend:
@@ -399,8 +396,7 @@ class CpuBackend:
 
     def __init__(self, threads: int | None = None, precision: str | Mapping[str, str] = "fp32"):
         """precision: "fp32", or "int8" (int8 weights, ORT's quantized matmuls), for every entry or per entry."""
-        self.threads = threads or load_settings().threads
-        self.precision = precision
+        self.threads, self.precision = threads or load_settings().threads, precision
 
     def load(self, program: Program, weights: Mapping[str, np.ndarray]) -> CpuExecutable:
         return CpuExecutable(program, weights, self.threads, self.precision)
