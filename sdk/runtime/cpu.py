@@ -1,11 +1,10 @@
 """The cpu backend: every entry of a program runs as one ONNX Runtime session built from the entry's steps.
 
-Each step is a few ONNX nodes written with the `onnx` helpers (one lowering per op, below). All entries of a
-program read one array per weight (see `EntryGraph.bound`); a linear's weight is kept as [in, out], made once
-at load, and where every reader takes that form (a tied embedding table too) the original is not kept.
-Runtime parameters (a decoder's position) are 0-d int32 inputs. State (KV caches, cross K/V) is the caller's
-arrays, bound with IO binding: a step that writes state has a graph output bound to the state's own memory,
-so a decoder step writes this token's K/V at `pos` and copies no cache. Results are fresh arrays ORT writes.
+Each step is a few ONNX nodes written with the `onnx` helpers (LOWERINGS). The entries of a program share one
+array per weight; a linear's weight is kept as [in, out], made once at load, and where every reader takes that
+form (a tied embedding table too) the original is not kept. Runtime parameters (a decoder's position) are 0-d
+int32 inputs. State (KV caches, cross K/V) is the caller's arrays, bound with IO binding as outputs over their
+own memory: a decoder step writes this token's K/V at `pos` and copies no cache. Results are fresh arrays.
 """
 from __future__ import annotations
 
@@ -23,70 +22,18 @@ from ..settings import load as load_settings
 from .backend import Counters, State, check_inputs, check_weights
 
 OPSET = 17
+PRECISIONS = ("fp32", "int8")
 # Intra-op threads that spin between ops take a core from anyone else: on a shared machine a spinning pool
 # collapses, one that sleeps degrades with the load (measured both: see the closing note of issue 24).
 SPIN = "0"
 
 
-class _Graph:
-    """The nodes and constants of one entry's ONNX graph. Buffers are SSA values: a state buffer written by a
-    step gets a new name, and readers after it read the newest one."""
-
-    def __init__(self, program: Program, int8: bool, transposed: frozenset[str]):
-        from onnx import TensorProto, helper, numpy_helper
-        self.helper, self.tensor, self.numpy_helper = helper, TensorProto, numpy_helper
-        self.program, self.int8, self.transposed = program, int8, transposed
-        self.nodes, self.constants = [], []
-        self.weights: dict[str, tuple] = {}  # initializer name -> (make(weights) or None for the weight, dtype, shape)
-        self.current: dict[str, str] = {}  # buffer -> the value that holds it now
-        self.reads: list[str] = []          # buffers read from the caller (inputs and state), in order
-
-    def value(self, buffer: str | None) -> str:
-        if buffer is None:
-            return ""
-        if buffer not in self.current:
-            self.current[buffer] = buffer
-            buf = self.program.buffers[buffer]
-            if buf.usage is Usage.WEIGHTS:
-                self.weights[buffer] = (None, buf.dtype, buf.shape)  # the weight itself, given by the executable
-            else:
-                self.reads.append(buffer)
-        return self.current[buffer]
-
-    def node(self, op_type: str, inputs, out: str | None = None, **attrs) -> str:
-        out = out or f"{op_type}.{len(self.nodes)}"
-        self.nodes.append(self.helper.make_node(op_type, list(inputs), [out], **attrs))
-        return out
-
-    def const(self, array) -> str:
-        name = f"const.{len(self.constants)}"
-        self.constants.append(self.numpy_helper.from_array(np.asarray(array), name))
-        return name
-
-    def f32(self, value) -> str:
-        return self.const(np.float32(value))
-
-    def derived(self, buffer: str, suffix: str, make, dtype: str, shape) -> str:
-        """An initializer made from a weight once, at load: make(weights) -> array of `dtype` and `shape`."""
-        self.weights.setdefault(f"{buffer}{suffix}", (make, dtype, tuple(shape)))
-        return f"{buffer}{suffix}"
-
-
-def _i64(values) -> np.ndarray:
-    return np.asarray(values, np.int64).reshape(-1)
-
-
-def _bounds(start, stop, step, n) -> tuple[int, int, int]:
-    """Python's slice bounds (None, negative, past the end) as ONNX Slice takes them."""
+def _slice(g, out, x, axis, start, stop, step, n) -> str:
+    """x[start:stop:step] along `axis` (of length n): Python's bounds (None, negative, past the end) made ONNX's."""
     start, stop, step = slice(start, stop, step).indices(n)
     if step < 0 and stop < 0:
         stop = -(1 << 63)  # before the first element: ONNX reads -1 as the last one
-    return start, stop, step
-
-
-def _slice(g, out, x, axes, starts, stops, steps):
-    return g.node("Slice", [x, g.const(_i64(starts)), g.const(_i64(stops)), g.const(_i64(axes)),
-                            g.const(_i64(steps))], out)
+    return g.node("Slice", [x, *(g.const([v], np.int64) for v in (start, stop, axis, step))], out)
 
 
 def _transposed(g, w) -> str:
@@ -96,36 +43,26 @@ def _transposed(g, w) -> str:
                      g.program.buffers[w].shape[::-1])
 
 
-def _linear(g, out, x, w, b=None, **_):
-    weight = g.program.buffers[w].usage is Usage.WEIGHTS
-    if weight and g.int8:
-        return _linear_int8(g, out, x, w, b)
-    wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
-    y = g.node("MatMul", [g.value(x), wt], None if b else out)
-    return g.node("Add", [y, g.value(b)], out) if b else y
-
-
-def _int8_scale(weight: np.ndarray) -> np.ndarray:
-    """A weight [out, in]'s symmetric int8 scale per output (zero point 0)."""
+def _int8_scale(weight: np.ndarray) -> np.ndarray:  # a weight [out, in]'s symmetric scale per output
     return (np.maximum(np.abs(weight).max(axis=1), np.float32(1e-30)) / np.float32(127)).astype(np.float32)
 
 
-def _int8_columns(weight: np.ndarray) -> np.ndarray:
-    """A weight [out, in] as int8 [in, out], C-ordered (ORT reads a C-ordered array in place)."""
-    return np.ascontiguousarray(np.clip(np.rint(weight.T / _int8_scale(weight)), -127, 127).astype(np.int8))
-
-
-def _linear_int8(g, out, x, w, b=None):
-    """x quantized per tensor at run time (uint8), the weight per output column at load (int8), an integer
-    GEMM: the pattern ORT's quantize_dynamic writes, which its optimizer fuses into one DynamicQuantizeMatMul."""
-    shape = g.program.buffers[w].shape
-    wq = g.derived(w, ".int8", lambda weights: _int8_columns(weights[w]), "int8", shape[::-1])
-    ws = g.derived(w, ".scale", lambda weights: _int8_scale(weights[w]), "float32", shape[:1])
-    quantized = [f"{out}.q", f"{out}.q_scale", f"{out}.q_zero"]
-    g.nodes.append(g.helper.make_node("DynamicQuantizeLinear", [g.value(x)], quantized))
-    product = g.node("MatMulInteger", [quantized[0], wq, quantized[2]])
-    y = g.node("Mul", [g.node("Cast", [product], to=g.tensor.FLOAT), g.node("Mul", [quantized[1], ws])],
-               None if b else out)
+def _linear(g, out, x, w, b=None, **_):
+    """int8 entries: x quantized per tensor at run time (uint8), a weight per output at load (int8 [in, out],
+    C-ordered: read in place), an integer GEMM: what ORT's quantize_dynamic writes, fused to DynamicQuantizeMatMul."""
+    shape, weight = g.program.buffers[w].shape, g.program.buffers[w].usage is Usage.WEIGHTS
+    if weight and g.int8:
+        wq = g.derived(w, ".int8", lambda weights: np.ascontiguousarray(np.clip(
+            np.rint(weights[w].T / _int8_scale(weights[w])), -127, 127).astype(np.int8)), "int8", shape[::-1])
+        ws = g.derived(w, ".scale", lambda weights: _int8_scale(weights[w]), "float32", shape[:1])
+        quantized = [f"{out}.q", f"{out}.q_scale", f"{out}.q_zero"]
+        g.nodes.append(g.helper.make_node("DynamicQuantizeLinear", [g.value(x)], quantized))
+        product = g.node("MatMulInteger", [quantized[0], wq, quantized[2]])
+        y = g.node("Mul", [g.node("Cast", [product], to=g.tensor.FLOAT), g.node("Mul", [quantized[1], ws])],
+                   None if b else out)
+    else:
+        wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
+        y = g.node("MatMul", [g.value(x), wt], None if b else out)
     return g.node("Add", [y, g.value(b)], out) if b else y
 
 
@@ -144,10 +81,9 @@ def _attention(g, out, q, k, v, mask=None, *, scale, shapes):
 def _cache_write(g, out, cache, value, pos, *, axis, shapes):
     """cache[..., pos:pos + n, ...] = value along `axis`, as a ScatterND over the leading axes up to `axis`;
     its output is bound to the cache's own memory, and ORT's ScatterND does not copy onto itself."""
-    lead = shapes[1][:axis + 1]
-    grid = np.stack(np.meshgrid(*[np.arange(n) for n in lead], indexing="ij"), axis=-1)
-    at = g.node("Mul", [g.node("Cast", [g.value(pos)], to=g.tensor.INT64), g.const(_i64(np.arange(axis + 1) == axis))])
-    indices = g.node("Add", [g.const(grid.astype(np.int64)), at])
+    grid = np.stack(np.meshgrid(*[np.arange(n) for n in shapes[1][:axis + 1]], indexing="ij"), axis=-1)
+    at = g.node("Mul", [g.node("Cast", [g.value(pos)], to=g.tensor.INT64), g.const(np.eye(axis + 1)[axis], np.int64)])
+    indices = g.node("Add", [g.const(grid, np.int64), at])
     return g.node("ScatterND", [g.value(cache), indices, g.value(value)], out)
 
 
@@ -161,16 +97,6 @@ def _embedding(g, out, table, ids, *, shapes):
 
 def _where_less(g, out, a, b, *, then, otherwise):
     return g.node("Where", [g.node("Less", [a, b]), g.f32(then), g.f32(otherwise)], out)
-
-
-def _causal_cache_mask(g, out, pos, *, n_new, size, **_):
-    # key j is hidden from query i when pos + i < j
-    query = g.node("Add", [g.const(np.arange(n_new, dtype=np.int32)[:, None]), g.value(pos)])
-    return _where_less(g, out, query, g.const(np.arange(size, dtype=np.int32)[None, :]), then=NEG_INF, otherwise=0)
-
-
-def _length_mask(g, out, length, *, size, **_):
-    return _where_less(g, out, g.const(np.arange(size, dtype=np.int32)), g.value(length), then=0, otherwise=NEG_INF)
 
 
 def _gelu(g, out, x, **_):  # the erf form exporters write; ORT fuses it into one Gelu
@@ -193,15 +119,15 @@ def _rms_norm(g, out, x, w, *, eps, **_):
 
 
 def _rotary(g, out, x, cos, sin, *, shapes):
-    x, half = g.value(x), shapes[0][-1] // 2
-    first, second = (_slice(g, None, x, [-1], [a], [b], [1]) for a, b in ((0, half), (half, 2 * half)))
+    x, n = g.value(x), shapes[0][-1]
+    first, second = (_slice(g, None, x, -1, a, b, 1, n) for a, b in ((0, n // 2), (n // 2, n)))
     rotated = g.node("Concat", [g.node("Neg", [second]), first], axis=-1)
     return g.node("Add", [g.node("Mul", [x, g.value(cos)]), g.node("Mul", [rotated, g.value(sin)])], out)
 
 
 def _glu(g, out, x, *, axis, shapes):
-    half = shapes[0][axis] // 2
-    a, b = (_slice(g, None, g.value(x), [axis], [s], [s + half], [1]) for s in (0, half))
+    n = shapes[0][axis]
+    a, b = (_slice(g, None, g.value(x), axis, s, e, 1, n) for s, e in ((0, n // 2), (n // 2, n)))
     return g.node("Mul", [a, g.node("Sigmoid", [b])], out)
 
 
@@ -217,10 +143,9 @@ def _same(op_type):  # the ONNX op of the same meaning, attributes and all
 
 
 LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes..., output shape], **attrs)
-    **{op: _same(t) for op, t in [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"),
-                                  ("sigmoid", "Sigmoid"), ("relu", "Relu"), ("tanh", "Tanh"), ("exp", "Exp"),
-                                  ("softmax", "Softmax"), ("log_softmax", "LogSoftmax"), ("concat", "Concat"),
-                                  ("transpose", "Transpose")]},
+    **{op: _same(t) for op, t in [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"), ("relu", "Relu"),
+                                  ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), ("exp", "Exp"), ("concat", "Concat"),
+                                  ("softmax", "Softmax"), ("log_softmax", "LogSoftmax"), ("transpose", "Transpose")]},
     "embedding": _embedding,
     "assign": lambda g, out, dst, value, *, shapes: g.node("Identity", [g.value(value)], out),
     "scale": lambda g, out, x, *, factor, shapes: g.node("Mul", [g.value(x), g.f32(factor)], out),
@@ -228,9 +153,8 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "gelu_tanh": _gelu_tanh,
     "silu": lambda g, out, x, *, shapes: g.node("Mul", [g.value(x), g.node("Sigmoid", [g.value(x)])], out),
     "glu": _glu,
-    "layer_norm": lambda g, out, x, w, b=None, *, eps, shapes: g.node(
-        "LayerNormalization", [g.value(x), g.value(w)] + ([g.value(b)] if b else []), out, axis=-1,
-        epsilon=float(eps)),
+    "layer_norm": lambda g, out, *xs, eps, shapes: g.node(  # x, w and an optional b
+        "LayerNormalization", [g.value(x) for x in xs], out, axis=-1, epsilon=float(eps)),
     "rms_norm": _rms_norm,
     "mean": lambda g, out, x, *, axis, keepdims=False, shapes: g.node(
         "ReduceMean", [g.value(x)], out, axes=[int(a) for a in np.atleast_1d(axis)], keepdims=int(keepdims)),
@@ -240,11 +164,11 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "matmul": lambda g, out, a, b, *, transpose_b=False, shapes: g.node(
         "MatMul", [g.value(a), _swap_last(g, b, len(shapes[1])) if transpose_b else g.value(b)], out),
     "attention": _attention,
-    "reshape": lambda g, out, x, *, shape, shapes: g.node("Reshape", [g.value(x), g.const(_i64(shapes[-1]))], out),
+    "reshape": lambda g, out, x, *, shape, shapes: g.node("Reshape", [g.value(x), g.const(shapes[-1], np.int64)], out),
     "slice_axis": lambda g, out, x, *, axis, start, stop, step=1, shapes: _slice(
-        g, out, g.value(x), [axis], *zip(_bounds(start, stop, step, shapes[0][axis]))),
+        g, out, g.value(x), axis, start, stop, step, shapes[0][axis]),
     "pad": lambda g, out, x, *, pads, value=0.0, shapes: g.node(
-        "Pad", [g.value(x), g.const(_i64([a for a, _ in pads] + [b for _, b in pads])), g.f32(value)], out),
+        "Pad", [g.value(x), g.const([a for a, _ in pads] + [b for _, b in pads], np.int64), g.f32(value)], out),
     "rotary": _rotary,
     "conv1d": _conv,
     "conv2d": _conv,
@@ -252,74 +176,103 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
         "MaxPool", [g.value(x)], out, kernel_shape=[kernel] * 2, strides=[stride] * 2, pads=[padding] * 4),
     "positions": lambda g, out, pos, *, n, shapes: g.node(
         "Add", [g.const(np.arange(n, dtype=np.int32)), g.value(pos)], out),
-    "causal_cache_mask": _causal_cache_mask,
-    "length_mask": _length_mask,
+    "causal_cache_mask": lambda g, out, pos, *, n_new, size, shapes: _where_less(  # hidden when pos + i < key j
+        g, out, g.node("Add", [g.const(np.arange(n_new, dtype=np.int32)[:, None]), g.value(pos)]),
+        g.const(np.arange(size, dtype=np.int32)[None, :]), then=NEG_INF, otherwise=0),
+    "length_mask": lambda g, out, length, *, size, shapes: _where_less(
+        g, out, g.const(np.arange(size, dtype=np.int32)), g.value(length), then=0, otherwise=NEG_INF),
     "cache_write": _cache_write,
 }
 BOUND_READERS = {("MatMul", 1), ("Gather", 0)}
-SHARED_READERS = {("MatMulInteger", 1), ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1),
-                  ("LayerNormalization", 2)}
+SHARED_READERS = {("MatMulInteger", 1), ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1), ("LayerNormalization", 2)}
 _DTYPES = {"float32": 1, "int8": 3, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
 
 
 class EntryGraph:
-    """One entry written as an ONNX model: which buffers it reads from the caller, which it writes back
-    (state, bound in place) and which it returns; `model` is the serialised ModelProto, `key` its digest."""
+    """One entry as an ONNX model (`model`, serialised; `key`, its digest): the buffers it reads from the caller,
+    writes back (state, bound in place) and returns. The lowerings write it with `value`, `node` and `const`; buffers
+    are SSA values: a state buffer written by a step gets a new name, and readers after it read the newest one."""
 
     def __init__(self, program: Program, entry: Entry, precision: str = "fp32",
                  transposed: frozenset[str] = frozenset()):
-        g = _Graph(program, precision == "int8", transposed)
+        from onnx import TensorProto, helper, numpy_helper
+        self.helper, self.tensor, self.numpy_helper = helper, TensorProto, numpy_helper
+        self.program, self.int8, self.transposed = program, precision == "int8", transposed
+        self.nodes, self.constants = [], []
+        self.weights: dict[str, tuple] = {}  # initializer name -> (make(weights) or None for the weight, dtype, shape)
+        self.current: dict[str, str] = {}  # buffer -> the value that holds it now
+        self.reads: list[str] = []          # buffers read from the caller (inputs and state), in order
+        buffers = program.buffers
         for step in entry.steps:
             if step.op not in LOWERINGS:
                 raise SdkError(f"the cpu backend has no ONNX form for op {step.op}",
                                fix="add a lowering for it in sdk/runtime/cpu.py")
-            inputs = [i or None for i in step.inputs]
-            while inputs and inputs[-1] is None:
-                inputs.pop()  # absent optional inputs at the end
-            out = step.outputs[0]
-            shapes = [program.buffers[i].shape if i else None for i in inputs] + [program.buffers[out].shape]
-            value = f"{out}:{len(g.nodes)}" if out in g.current or program.buffers[out].usage is Usage.STATE else out
-            g.current[out] = LOWERINGS[step.op](g, value, *inputs, shapes=shapes, **step.attrs)
-        buffers = program.buffers
-        self.writes = [b for b, v in g.current.items() if buffers[b].usage is Usage.STATE and v != b]
+            inputs, out = list(step.inputs), step.outputs[0]
+            while inputs and not inputs[-1]:
+                inputs.pop()  # an absent optional input (only ever the last)
+            shapes = [buffers[b].shape for b in inputs + [out]]
+            value = f"{out}:{len(self.nodes)}" if out in self.current or buffers[out].usage is Usage.STATE else out
+            self.current[out] = LOWERINGS[step.op](self, value, *inputs, shapes=shapes, **step.attrs)
+        self.writes = [b for b, v in self.current.items() if buffers[b].usage is Usage.STATE and v != b]
         self.returns = [b for b in dict.fromkeys(entry.outputs.values()) if buffers[b].usage is not Usage.STATE]
-        self.reads, self.weights = g.reads, g.weights
         readers = {}
-        for node in g.nodes:
+        for node in self.nodes:
             for i, name in enumerate(node.input):
                 readers.setdefault(name, set()).add((node.op_type, i))
         # How each weight reaches the session. Read only by MatMul or Gather (nearly all the bytes): a graph input
-        # bound where it lies, which ORT can neither copy nor rewrite. Read by ops ORT rewrites with constant
-        # weights for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer shared with add_initializer.
-        # The rest (biases, rotary tables: small) is copied per session: ORT's transpose pass may reshape such an
-        # initializer, and ran a shared one at its old shape.
-        kinds = {n: readers.get(n, {None}) for n in g.weights}
+        # bound where it lies, which ORT can neither copy nor rewrite. Read by ops ORT rewrites with constant weights
+        # for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer shared with add_initializer. The rest
+        # (biases, rotary tables: small) is copied per session: ORT's transpose pass may reshape such an
+        # initializer, and ran a shared one at its old shape. Both are in-memory files (`_binding`) named by digest.
+        kinds = {n: readers.get(n, {None}) for n in self.weights}
         self.bound = [n for n, r in kinds.items() if r <= BOUND_READERS]
         self.shared = [n for n, r in kinds.items() if r <= SHARED_READERS]
-        results = [g.current[b] for b in self.writes + self.returns]
-        self.outputs = dict(zip(self.writes + self.returns, results))
+        self.external = {n: hashlib.sha256(n.encode()).hexdigest()[:24] for n in self.weights if n not in self.bound}
+        self.outputs = {b: self.current[b] for b in self.writes + self.returns}
         for b, v in list(self.outputs.items()):
-            if v in self.reads or v in g.weights or list(self.outputs.values()).count(v) > 1:
-                self.outputs[b] = g.node("Identity", [v], f"{b}:out")  # an output ORT writes, not one it reads
-
-        from onnx import StringStringEntryProto
+            if v in self.reads or v in self.weights or list(self.outputs.values()).count(v) > 1:
+                self.outputs[b] = self.node("Identity", [v], f"{b}:out")  # an output ORT writes, not one it reads
 
         def info(name, dtype, shape):
-            return g.helper.make_tensor_value_info(name, _DTYPES[dtype], shape)
-        externals = [g.tensor(name=n, data_type=_DTYPES[dtype], dims=shape, data_location=g.tensor.EXTERNAL,
-                              external_data=[StringStringEntryProto(key="location", value=_location(n))])
-                     for n, (_, dtype, shape) in g.weights.items() if n not in self.bound]  # data: see _session
+            return helper.make_tensor_value_info(name, _DTYPES[dtype], shape)
+        externals = [TensorProto(name=n, data_type=_DTYPES[self.weights[n][1]], dims=self.weights[n][2],
+                                 data_location=TensorProto.EXTERNAL, external_data=[{"key": "location", "value": f}])
+                     for n, f in self.external.items()]
         inputs = [info(b, buffers[b].dtype, buffers[b].shape) for b in self.reads] + \
-            [info(n, *g.weights[n][1:]) for n in self.bound]
+            [info(n, *self.weights[n][1:]) for n in self.bound]
         outputs = [info(v, buffers[b].dtype, buffers[b].shape) for b, v in self.outputs.items()]
-        graph = g.helper.make_graph(g.nodes, entry.name, inputs, outputs, externals + g.constants)
-        model = g.helper.make_model(graph, opset_imports=[g.helper.make_opsetid("", OPSET)], producer_name="aie-apps")
-        self.model = model.SerializeToString()
+        graph = helper.make_graph(self.nodes, entry.name, inputs, outputs, externals + self.constants)
+        self.model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                       producer_name="aie-apps").SerializeToString()
         self.key = hashlib.sha256(self.model).hexdigest()
 
+    def value(self, buffer: str) -> str:
+        if buffer not in self.current:
+            self.current[buffer] = buffer
+            buf = self.program.buffers[buffer]
+            if buf.usage is Usage.WEIGHTS:
+                self.weights[buffer] = (None, buf.dtype, buf.shape)  # the weight itself, given by the executable
+            else:
+                self.reads.append(buffer)
+        return self.current[buffer]
 
-def _location(initializer: str) -> str:
-    return hashlib.sha256(initializer.encode()).hexdigest()[:24]  # a file name whatever the buffer is called
+    def node(self, op_type: str, inputs, out: str | None = None, **attrs) -> str:
+        out = out or f"{op_type}.{len(self.nodes)}"
+        self.nodes.append(self.helper.make_node(op_type, list(inputs), [out], **attrs))
+        return out
+
+    def const(self, array, dtype=None) -> str:
+        name = f"const.{len(self.constants)}"
+        self.constants.append(self.numpy_helper.from_array(np.asarray(array, dtype), name))
+        return name
+
+    def f32(self, value) -> str:
+        return self.const(np.float32(value))
+
+    def derived(self, buffer: str, suffix: str, make, dtype: str, shape) -> str:
+        """An initializer made from a weight once, at load: make(weights) -> array of `dtype` and `shape`."""
+        self.weights.setdefault(f"{buffer}{suffix}", (make, dtype, tuple(shape)))
+        return f"{buffer}{suffix}"
 
 
 def transposed_only(program: Program, precision: Mapping[str, str]) -> frozenset[str]:
@@ -339,9 +292,6 @@ def transposed_only(program: Program, precision: Mapping[str, str]) -> frozenset
     return frozenset(linear - other)
 
 
-PRECISIONS = ("fp32", "int8")
-
-
 def entry_precisions(program: Program, precision: str | Mapping[str, str]) -> dict[str, str]:
     """Each entry's precision: one for all, or entry name -> precision (entries not named stay fp32)."""
     named = dict.fromkeys(program.entries, precision) if isinstance(precision, str) else dict(precision)
@@ -356,10 +306,8 @@ def entry_precisions(program: Program, precision: str | Mapping[str, str]) -> di
 class CpuExecutable:
     def __init__(self, program: Program, weights: Mapping[str, np.ndarray], threads: int,
                  precision: str | Mapping[str, str] = "fp32"):
-        bad = [s.op for e in program.entries.values() for s in e.steps if s.kind != "host"]
-        if bad:
-            raise ValueError(f"the cpu backend runs host steps only; this program has {bad[:3]} (target "
-                             f"{program.target})")
+        if any(s.kind != "host" for e in program.entries.values() for s in e.steps):
+            raise ValueError(f"the cpu backend runs host steps only; this program was compiled for {program.target}")
         import onnxruntime  # here, not at import: commands that run no model never load it
         self.ort, self.program, self.threads = onnxruntime, program, threads
         self.precision = entry_precisions(program, precision)
@@ -367,20 +315,13 @@ class CpuExecutable:
         transposed = transposed_only(program, self.precision)
         self.graphs = {name: EntryGraph(program, e, self.precision[name], transposed)
                        for name, e in program.entries.items()}
-        # every initializer made once, here; an original no session reads is not kept (freed once the caller
-        # lets go of it too)
-        self.arrays: dict[str, tuple] = {}  # initializer name -> (array, OrtValue over it), shared by the sessions
-        for graph in self.graphs.values():
-            for name, (make, _, _) in graph.weights.items():
-                if name not in self.arrays:
-                    # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
-                    array = weights[name].reshape(program.buffers[name].shape) if make is None else make(weights)
-                    self.arrays[name] = array, onnxruntime.OrtValue.ortvalue_from_numpy(array)
+        self.arrays: dict[str, tuple] = {}  # initializer name -> (array, OrtValue over it), made once for all sessions
+        for name, make in {n: m for graph in self.graphs.values() for n, (m, _, _) in graph.weights.items()}.items():
+            # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
+            array = weights[name].reshape(program.buffers[name].shape) if make is None else make(weights)
+            self.arrays[name] = array, onnxruntime.OrtValue.ortvalue_from_numpy(array)
         self.sessions: dict[str, object] = {}  # EntryGraph.key -> its session, built on the entry's first run
-        self.lock = threading.Lock()
-        self.local = threading.local()
-        self.counters = Counters()
-        self.closed = False
+        self.lock, self.local, self.counters, self.closed = threading.Lock(), threading.local(), Counters(), False
 
     def _options(self):
         """What every session is built with (bench/cpu_options.py varies it)."""
@@ -390,36 +331,30 @@ class CpuExecutable:
         options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
         # a prepacked weight is a copy per session (and every entry of a program has one)
         options.add_session_config_entry("session.disable_prepacking", "1")
-        # the memory pattern is one block per session for all of a run's activations, taken from the arena
-        # beside the chunks the first run left there: twice an encoder's activations, kept
+        # the memory pattern (one block per session for a run's activations, taken from the arena beside the
+        # chunks the first run left there) keeps twice an encoder's activations
         options.enable_mem_pattern = False
         return options
 
-    def _session(self, graph: EntryGraph):
+    def _binding(self, graph: EntryGraph):
+        """This thread's IO binding for the entry, its weights bound once (inputs and outputs: at every run); the
+        entry's session is built by the first thread to run it."""
+        bindings = self.local.__dict__.setdefault("bindings", {})
+        if graph.key in bindings:
+            return bindings[graph.key]
         with self.lock:
             if graph.key not in self.sessions:
-                options = self._options()
-                names = [n for n in graph.weights if n not in graph.bound]
-                arrays = [self.arrays[n][0] for n in names]  # the external data: our arrays, read in place
-                options.add_external_initializers_from_files_in_memory([_location(n) for n in names], arrays,
+                options, arrays = self._options(), [self.arrays[n][0] for n in graph.external]  # read in place
+                options.add_external_initializers_from_files_in_memory(list(graph.external.values()), arrays,
                                                                        [a.nbytes for a in arrays])
                 for name in graph.shared:
                     options.add_initializer(name, self.arrays[name][1])
                 self.sessions[graph.key] = self.ort.InferenceSession(graph.model, options,
                                                                      providers=["CPUExecutionProvider"])
-            return self.sessions[graph.key]
-
-    def _binding(self, graph: EntryGraph):
-        """This thread's IO binding for the entry, with its weights bound once; inputs and outputs are bound
-        again at every run."""
-        bindings = self.local.__dict__.setdefault("bindings", {})
-        if graph.key not in bindings:
-            binding = self._session(graph).io_binding()
-            for name in graph.bound:
-                array = self.arrays[name][0]
-                binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-            bindings[graph.key] = binding
-        return bindings[graph.key]
+        binding = bindings[graph.key] = self.sessions[graph.key].io_binding()
+        for name in graph.bound:
+            binding.bind_ortvalue_input(name, self.arrays[name][1])  # the OrtValue over our array: no copy
+        return binding
 
     def new_state(self) -> State:
         return State({n: np.zeros(b.shape, b.dtype) for n, b in self.program.buffers_of(Usage.STATE).items()})
@@ -429,9 +364,7 @@ class CpuExecutable:
             raise UsageError("this cpu session is closed", fix="open a new Session")
         program_entry = self.program.entry(entry)
         graph = self.graphs[program_entry.name]
-        env = check_inputs(self.program, entry, inputs)
-        if state is not None:
-            env.update(state.buffers)
+        env = check_inputs(self.program, entry, inputs) | (state.buffers if state is not None else {})
         missing = [b for b in graph.reads + graph.writes if b not in env]
         if missing:
             raise ValueError(f"entry {program_entry.name} reads or writes state {missing[0]}: it needs a State "
@@ -455,18 +388,15 @@ class CpuExecutable:
         return {name: np.array(env[b]) if b not in results else results[b] for name, b in program_entry.outputs.items()}
 
     def close(self):
-        self.closed = True
-        self.sessions, self.arrays, self.local = {}, {}, threading.local()
+        self.closed, self.sessions, self.arrays, self.local = True, {}, {}, threading.local()
 
 
 class CpuBackend:
-    name = "cpu"
-    target = "cpu"
+    name = target = "cpu"
 
     def __init__(self, threads: int | None = None, precision: str | Mapping[str, str] = "fp32"):
         """precision: "fp32", or "int8" (int8 weights, ORT's quantized matmuls), for every entry or per entry."""
-        self.threads = threads or load_settings().threads
-        self.precision = precision
+        self.threads, self.precision = threads or load_settings().threads, precision
 
     def load(self, program: Program, weights: Mapping[str, np.ndarray]) -> CpuExecutable:
         return CpuExecutable(program, weights, self.threads, self.precision)
