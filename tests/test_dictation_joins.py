@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from pipelines.dictation import DictationOptions, FileSource, Final, Stream
-from tests.dictation_support import RATE, deleted_words, long_session, short_pause_session, wer
+from tests.dictation_support import (RATE, alignment, clip_session, deleted_words, long_session, short_pause_session,
+                                     wer)
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +25,8 @@ def _lost_words(reference: str, finals: list[Final]) -> list[tuple[int, str]]:
     return deleted_words(reference, " ".join(f.text for f in finals))
 
 
-def _dictate(transcriber, audio: np.ndarray, pace: str) -> list[Final]:
-    stream = Stream(transcriber, FileSource(audio, RATE, pace=pace), DictationOptions(partials=False))
+def _dictate(transcriber, audio: np.ndarray, pace: str, options=DictationOptions(partials=False)) -> list[Final]:
+    stream = Stream(transcriber, FileSource(audio, RATE, pace=pace), options)
     finals = [e for e in stream.start().events() if isinstance(e, Final)]
     assert stream.dropped_blocks == 0
     return finals
@@ -52,3 +53,18 @@ def test_a_short_pause_and_speech_in_the_first_50_ms_lose_nothing(transcriber, p
     finals = _dictate(transcriber, audio, pace)
     assert _lost_words(reference, finals) == [], [(round(f.start, 2), f.text) for f in finals]
     assert wer(reference, " ".join(f.text for f in finals)) <= 0.05, [f.text for f in finals]
+
+
+@pytest.mark.parametrize("pace", ["simulated", "fast"])
+def test_a_talker_who_resumes_after_an_emitted_final_continues_it_without_a_lost_or_repeated_word(transcriber, pace):
+    """Two clips 0.35 s apart (less than the hangover): the first clip's final is emitted at commit_quiet, then the
+    talker resumes and the same utterance goes on; the next final holds exactly the words after it."""
+    audio, reference = clip_session([0.35, 1.0], tight=(0,))
+    resumed = len(clip_session([0.0], tight=(0,))[0]) / RATE + 0.35   # the first clip ends at its last word
+    options = DictationOptions(partials=True, commit_quiet=0.3)
+    finals = _dictate(transcriber, audio, pace, options)
+    live = " ".join(f.text for f in finals)
+    assert len(finals) >= 2 and _lost_words(reference, finals) == [], [(round(f.start, 2), f.text) for f in finals]
+    assert [j for i, j in alignment(reference, live) if i is None] == [], live   # no word twice
+    if pace == "fast":   # the stream's clock is the audio consumed: the first final went out before the resume
+        assert finals[0].at < resumed <= finals[1].start + 0.1, [(f.start, f.end, f.at) for f in finals]

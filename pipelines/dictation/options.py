@@ -34,7 +34,9 @@ class DictationOptions:
     commit_quiet: float | None = None # s of quiet after which a decode that heard the end is emitted as final, before
                                       # the hangover; if speech resumes within the hangover, the utterance goes on
                                       # and later finals hold only the words after it (transcribers with prefix=,
-                                      # Whisper; others wait for the hangover). None: finals wait for the hangover
+                                      # Whisper; others wait for the hangover). Off by default: at a comma pause the
+                                      # emitted half is read without the audio after it, which tiny.en needs for
+                                      # some words, and emitted text is never revised (bench/dictation_hangover.py)
     final_tail: float = 0.09          # s of quiet after the last loud frame a decode must have heard to serve
                                       # as the final; partials wait for such a gap, so that the last one can
     partial_every: float = 1.0        # s of new audio between partial decodes of an open utterance ...
