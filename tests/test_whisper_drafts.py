@@ -146,7 +146,8 @@ def test_a_prefix_decode_is_the_plain_decodes_continuation(transcriber, entries,
     elif cut == "mid-segment":
         assert continued_texts[0] != texts[1] and texts[1].endswith(continued_texts[0]) and continued_texts[1:] == texts[2:]
     elif cut == "all":
-        assert continued_texts == [] and ran[1:] == ["decode_64_t2000"], ran   # EOT chosen in the one pass
+        # EOT chosen in the one pass; nothing new is what a short window's silence is, so the full window decides
+        assert continued_texts == [] and ran == ["encode_t2000", "decode_64_t2000", "encode", "decode_64"], ran
     else:
         assert len(tokens) > 70 and _passes(ran)[:2] == ["decode_64_t2000", "decode_32_t2000"], ran
 
