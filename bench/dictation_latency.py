@@ -104,13 +104,14 @@ class TimedTranscriber:
     def last_tokens(self):
         return self.transcriber.last_tokens
 
-    def decode_window(self, samples, *, offset=0.0, fallback=True, stop=None, draft=()):
+    def decode_window(self, samples, *, offset=0.0, fallback=True, stop=None, draft=(), prefix=()):
         d = Decode(audio_end=offset + len(samples) / 16000, start=self.clock())
         self.decodes.append(d)
         self.history.append(d)
         started = time.perf_counter()
         try:
-            return self.transcriber.decode_window(samples, offset=offset, fallback=fallback, stop=stop, draft=draft)
+            return self.transcriber.decode_window(samples, offset=offset, fallback=fallback, stop=stop, draft=draft,
+                                                  prefix=prefix)
         finally:
             d.wall, d.end = time.perf_counter() - started, self.clock()
 

@@ -75,11 +75,14 @@ class Transcriber:
                           str(source) if isinstance(source, (str, Path)) else "", report)
 
     def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True,
-                      stop: Callable[[], bool] | None = None, draft: Sequence[int] = ()) -> list[Segment] | None:
+                      stop: Callable[[], bool] | None = None, draft: Sequence[int] = (),
+                      prefix: Sequence[int] = ()) -> list[Segment] | None:
         """Segments of one window of at most `window_seconds` of mono 16 kHz audio (see WhisperRecognizer;
-        `draft`, Whisper's only: the `last_tokens` of the previous decode of the same audio start)."""
-        if draft:
-            return self.recognizer.decode_window(samples_16k, offset=offset, fallback=fallback, stop=stop, draft=draft)
+        `draft` and `prefix`, Whisper's only: the `last_tokens` of the previous decode of the same audio start, and
+        of the decode whose text was emitted, which this one continues)."""
+        if draft or prefix:
+            return self.recognizer.decode_window(samples_16k, offset=offset, fallback=fallback, stop=stop, draft=draft,
+                                                 prefix=prefix)
         return self.recognizer.decode_window(samples_16k, offset=offset, fallback=fallback, stop=stop)
 
     @property

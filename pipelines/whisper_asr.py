@@ -10,7 +10,8 @@ independently (no previous-text prompt), as transformers does by default.
 
 Greedy steps run `decode_greedy` (filters and argmax on the device, a few scalars back); the first step of
 each window and sampled steps read full logits from `decode_step` (see sdk/models/whisper.py). A live decode
-given its previous decode's tokens verifies them in one `decode_{n}` pass first (pipelines/whisper_drafts.py).
+given its previous decode's tokens verifies them in one `decode_{n}` pass first (pipelines/whisper_drafts.py), and
+one given a forced prefix (a continued utterance's emitted tokens) feeds it the same way and decodes what follows.
 
 Audio shorter than 30 s (a short file, the last window of a long one, a dictation utterance) may run in a short
 encoder window (whisper.ENCODER_WINDOWS, the shortest that holds it with 1 s to spare), where the model's WER
@@ -63,8 +64,8 @@ LIVE_SHORTEST_WINDOW = {"whisper-tiny.en": 20.0}
 
 @dataclass
 class _Result:
-    tokens: list[int]                 # sampled tokens, end-of-text removed
-    avg_logprob: float
+    tokens: list[int]                 # sampled tokens, end-of-text removed (a forced prefix's included)
+    avg_logprob: float                # (this and text: of the tokens after the prefix, which was judged before)
     no_speech_prob: float
     temperature: float
     text: str
@@ -150,14 +151,18 @@ class WhisperRecognizer:
                           report)
 
     def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True,
-                      stop: Callable[[], bool] | None = None, draft: Sequence[int] = ()) -> list[Segment] | None:
+                      stop: Callable[[], bool] | None = None, draft: Sequence[int] = (),
+                      prefix: Sequence[int] = ()) -> list[Segment] | None:
         """Segments of ONE window of at most 30 s of mono 16 kHz float audio, with times in seconds from
         `offset` (no seek loop: text after the last timestamp is kept as a segment ending at the window's
         end). Silence gives []. Stable API for live dictation, which calls it on a growing buffer: it passes
         fallback=False for partial hypotheses (one greedy pass, no temperature retries) and `stop`, polled
         before the encoder and every decoder step: once it says True, the decode is given up (None). `draft`: the
         `last_tokens` of its previous decode of the same audio start, which the greedy pass verifies in one decoder
-        pass (options.verify_drafts): the same tokens as without it, in fewer steps."""
+        pass (options.verify_drafts): the same tokens as without it, in fewer steps. `prefix`: tokens taken as already
+        decoded (the `last_tokens` of an earlier decode of the same audio start, whose text was emitted): the decode
+        continues after them and returns only the segments (or the part of one) after them; `last_tokens` then holds
+        prefix + continuation."""
         samples = audio.float_samples(samples_16k)
         if samples.ndim != 1 or len(samples) > audio.WHISPER_CHUNK:
             raise UsageError(f"decode_window takes mono audio of at most 30 s, got shape {samples.shape}",
@@ -167,7 +172,7 @@ class WhisperRecognizer:
         size = len(samples) // audio.WHISPER_HOP
         with self._lock:
             found = self._window(samples, size, offset, None, keep_tail=True, fallback=fallback, stop=stop, live=True,
-                                 draft=draft)
+                                 draft=draft, prefix=list(prefix))
         return None if found is None else found[0]
 
     def report(self) -> dict:
@@ -188,7 +193,7 @@ class WhisperRecognizer:
     def _window(self, samples: np.ndarray, size: int, offset: float, language: str | None, keep_tail: bool = False,
                 fallback: bool = True, stop: Callable[[], bool] | None = None,
                 zero_mel_past_audio: bool = False, live: bool = False,
-                draft: Sequence[int] = ()) -> tuple[list[Segment], int, str] | None:
+                draft: Sequence[int] = (), prefix: list[int] | None = None) -> tuple[list[Segment], int, str] | None:
         """Decode one window: (segments, mel frames to advance, language), or None once `stop()` is True.
         live: a dictation window (decode_window), which may run shorter encoder windows (LIVE_SHORTEST_WINDOW).
         zero_mel_past_audio: the mel after the window's audio is zeros, not silence, as OpenAI's transcribe
@@ -209,7 +214,7 @@ class WhisperRecognizer:
             language = language or o.language or ("en" if self.english_only else self._detect_language())
             # A short window gets one greedy pass; one that went wrong moves to the next window (a short audio
             # context is what makes Whisper repeat itself), and only the full window retries hotter.
-            result = self._fallback_decode(language, max_tokens, fallback and window.full, stop, draft)
+            result = self._fallback_decode(language, max_tokens, fallback and window.full, stop, draft, prefix or [])
             if result is None:
                 return None
             if window.full or self._plausible(result, size * FRAME_SECONDS, max_tokens):
@@ -218,7 +223,7 @@ class WhisperRecognizer:
         if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
                 and not (o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold)):
             return [], size, language
-        segments, advance = self._segments(result.tokens, size, offset, keep_tail)
+        segments, advance = self._segments(result.tokens, size, offset, keep_tail, after=len(prefix or []))
         return segments, advance, language
 
     def windows_for(self, size: int, live: bool = False) -> list[whisper.Window]:
@@ -255,8 +260,9 @@ class WhisperRecognizer:
         return o.logprob_threshold is not None and result.avg_logprob < o.logprob_threshold
 
     def _fallback_decode(self, language: str, max_tokens: int, fallback: bool,
-                         stop: Callable[[], bool] | None, draft: Sequence[int] = ()) -> _Result | None:
-        """Decode the encoded window, greedy first, hotter while the checks fail (fallback=True)."""
+                         stop: Callable[[], bool] | None, draft: Sequence[int] = (),
+                         prefix: list[int] = ()) -> _Result | None:
+        """Decode the encoded window after `prefix`, greedy first, hotter while the checks fail (fallback=True)."""
         o = self.options
         prompt = [self.tokenizer.sot]
         if not self.english_only:
@@ -266,7 +272,7 @@ class WhisperRecognizer:
             prompt.append(self.tokenizer.no_timestamps)
         result, tried = None, []
         for temperature in o.temperatures if fallback else o.temperatures[:1]:
-            result = self._decode(prompt, temperature, max_tokens, stop, draft)
+            result = self._decode(prompt, temperature, max_tokens, stop, draft, prefix)
             if result is None:
                 return None
             looping = self._looping(result)
@@ -295,10 +301,12 @@ class WhisperRecognizer:
         return list(self.tokenizer.languages)[int(np.argmax(logits[ids]))]
 
     def _decode(self, prompt: list[int], temperature: float, max_tokens: int,
-                stop: Callable[[], bool] | None = None, draft: Sequence[int] = ()) -> _Result | None:
-        """Sample at most `max_tokens` of one window's tokens at `temperature` (0 = greedy) after `prompt`;
-        cross K/V are in state. None once `stop()` is True. A greedy decode verifies `draft` (the tokens an earlier
-        decode of nearly this audio gave) in one pass where this window has one (pipelines/whisper_drafts.py)."""
+                stop: Callable[[], bool] | None = None, draft: Sequence[int] = (),
+                prefix: list[int] = ()) -> _Result | None:
+        """Sample at most `max_tokens` of one window's tokens (`prefix` included) at `temperature` (0 = greedy) after
+        `prompt` + `prefix`; cross K/V are in state. None once `stop()` is True. A greedy decode feeds `prefix` and
+        verifies `draft` (the tokens an earlier decode of nearly this audio gave; those past the prefix, when it
+        starts with it) in one pass where this window has one (pipelines/whisper_drafts.py), else step by step."""
         tok, rng = self.tokenizer, np.random.default_rng(self.options.seed)
         no_speech_prob = 0.0
 
@@ -310,22 +318,26 @@ class WhisperRecognizer:
                 no_speech_prob = _probability(logits, tok.no_speech)
             return logits
 
-        tokens, sum_logprob = list(prompt), 0.0
+        prefix = list(prefix)
+        tokens, sum_logprob = list(prompt) + prefix, 0.0
         limit = min(self.cfg.max_target_positions // 2, self.cfg.max_target_positions - len(prompt), max_tokens)
-        passes = self._draft_passes() if temperature == 0 and draft else ()
-        if passes:  # the first steps verified in one pass; greedy goes on after them
+        limit -= len(prefix)
+        draft = list(draft[len(prefix):]) if list(draft[:len(prefix)]) == prefix else []
+        passes = self._draft_passes() if temperature == 0 and (draft or prefix) and limit > 0 else ()
+        if passes:  # the prefix fed and the first steps verified in one pass; greedy goes on after them
             verified = whisper_drafts.verify(
-                lambda inputs: self.session.run(self._active.entry(f"decode_{inputs.shape[1]}"), self.state,
-                                                tokens=inputs, pos=0)["logits"][0],
+                lambda inputs, pos: self.session.run(self._active.entry(f"decode_{inputs.shape[1]}"), self.state,
+                                                     tokens=inputs, pos=pos)["logits"][0],
                 passes, prompt, draft, limit, tok.eot,
-                lambda logits, sampled: self._choose(logits, int(not sampled), self._ranges(sampled), 0.0, rng))
+                lambda logits, sampled: self._choose(logits, int(not sampled), self._ranges(sampled), 0.0, rng),
+                forced=prefix)
             no_speech_prob = _probability(verified.no_speech_logits, tok.no_speech)
             sum_logprob, limit = sum(verified.logprobs), limit - len(verified.choices)
             tokens += [t for t in verified.choices if t != tok.eot]
             if verified.choices[-1] == tok.eot:
                 limit = 0
         else:
-            for pos, t in enumerate(prompt[:-1]):
+            for pos, t in enumerate(tokens[:-1]):
                 logits_at(t, pos)
         for _ in range(limit):
             if stop is not None and stop():
@@ -346,8 +358,8 @@ class WhisperRecognizer:
             if token == tok.eot:
                 break
             tokens.append(token)
-        sampled = tokens[len(prompt):]
-        return _Result(sampled, sum_logprob / (len(sampled) + 1), no_speech_prob, temperature, tok.decode(sampled))
+        sampled, new = tokens[len(prompt):], tokens[len(prompt) + len(prefix):]
+        return _Result(sampled, sum_logprob / (len(new) + 1), no_speech_prob, temperature, tok.decode(new))
 
     # -- Whisper's logit rules
 
@@ -408,12 +420,15 @@ class WhisperRecognizer:
         self._table = table
         return table
 
-    def _segments(self, tokens: list[int], size: int, offset: float, keep_tail: bool) -> tuple[list[Segment], int]:
-        """Cut sampled tokens into timed segments at timestamp pairs; returns (segments, frames to advance)."""
+    def _segments(self, tokens: list[int], size: int, offset: float, keep_tail: bool,
+                  after: int = 0) -> tuple[list[Segment], int]:
+        """Cut sampled tokens into timed segments at timestamp pairs; returns (segments, frames to advance). Only
+        the text of tokens from index `after` on (a forced prefix's continuation) is kept: a segment the prefix
+        ends inside keeps its times and the rest of its text."""
         tb, tok = self.tokenizer.timestamp_begin, self.tokenizer
         window_seconds = size * FRAME_SECONDS
         if not self.options.timestamps:
-            return _nonempty([Segment(offset, offset + window_seconds, tok.decode(tokens))]), size
+            return _nonempty([Segment(offset, offset + window_seconds, tok.decode(tokens[after:]))]), size
         is_ts = [t >= tb for t in tokens]
         single_ending = is_ts[-2:] == [False, True]
         cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
@@ -426,13 +441,15 @@ class WhisperRecognizer:
                 piece = tokens[last:cut]
                 start = (piece[0] - tb) * TIME_PRECISION if piece and piece[0] >= tb else 0.0
                 end = (piece[-1] - tb) * TIME_PRECISION if piece[-1] >= tb else window_seconds
-                segments.append(Segment(round(offset + start, 3), round(offset + end, 3), tok.decode(piece)))
+                if cut > after:
+                    text = tok.decode(tokens[max(last, after):cut])
+                    segments.append(Segment(round(offset + start, 3), round(offset + end, 3), text))
                 last = cut
             advance = size if single_ending or keep_tail else (tokens[last - 1] - tb) * 2  # 2 mel frames per token
         else:
             stamps = [t for t in tokens if t >= tb]
             end = (stamps[-1] - tb) * TIME_PRECISION if stamps and stamps[-1] != tb else window_seconds
-            segments.append(Segment(round(offset, 3), round(offset + end, 3), tok.decode(tokens)))
+            segments.append(Segment(round(offset, 3), round(offset + end, 3), tok.decode(tokens[after:])))
             advance = size
         return _nonempty(segments), advance
 

@@ -7,6 +7,9 @@ logits after every input. Greedy's choice after each prefix is made on the host 
 that differs (or the one after the whole draft) is greedy's own next token, so the decode continues from there with
 ordinary steps, and the result is the plain greedy decode's token for token. The pass also wrote the KV cache rows
 of every accepted token; rows past them are overwritten by the steps that follow.
+
+A forced prefix (a continued dictation utterance's emitted tokens) goes before the draft: it is fed as already
+decoded, never checked, in passes at positions 0, n, 2n... when it is longer than one pass.
 """
 from __future__ import annotations
 
@@ -28,21 +31,28 @@ def pass_length(passes: Sequence[int], inputs: int) -> int:
     return min((n for n in passes if n >= inputs), default=max(passes))
 
 
-def verify(run_pass: Callable[[np.ndarray], np.ndarray], passes: Sequence[int], prompt: list[int],
+def verify(run_pass: Callable[[np.ndarray, int], np.ndarray], passes: Sequence[int], prompt: list[int],
            draft: Sequence[int], limit: int, pad: int,
-           choose: Callable[[np.ndarray, list[int]], tuple[int, float]]) -> Verified:
-    """One pass over prompt + draft (cut to the longest pass); `run_pass(tokens [1, n])` -> logits [n, vocab];
-    `choose(logits, sampled so far)` is greedy's filtered pick. At most `limit` choices (the decode's token limit)."""
-    n = pass_length(passes, len(prompt) + len(draft))
-    draft = list(draft[:n - len(prompt)])
+           choose: Callable[[np.ndarray, list[int]], tuple[int, float]], forced: Sequence[int] = ()) -> Verified:
+    """Passes over prompt + forced + draft (the draft cut to what the last pass holds); `run_pass(tokens [1, n],
+    pos)` -> logits [n, vocab]; `choose(logits, sampled so far)` is greedy's filtered pick (sampled: forced + the
+    choices). At most `limit` choices (the decode's token limit); the forced tokens are not choices."""
+    head, longest, start, no_speech = list(prompt) + list(forced), max(passes), 0, None
+    while len(head) - start > longest:   # a head longer than a pass: whole passes first, their logits unread
+        logits = run_pass(np.array([head[start:start + longest]], np.int32), start)
+        no_speech = logits[0] if no_speech is None else no_speech
+        start += longest
+    n = pass_length(passes, len(head) - start + len(draft))
+    draft = list(draft[:n - (len(head) - start)])
     inputs = np.full((1, n), pad, np.int32)  # the pad's rows are never read: the mask is causal
-    inputs[0, :len(prompt) + len(draft)] = prompt + draft
-    logits = run_pass(inputs)
+    inputs[0, :len(head) - start + len(draft)] = head[start:] + draft
+    logits = run_pass(inputs, start)
+    no_speech = logits[0] if no_speech is None else no_speech
     choices, logprobs = [], []
     for j in range(min(len(draft) + 1, limit)):
-        token, logprob = choose(logits[len(prompt) - 1 + j], choices)
+        token, logprob = choose(logits[len(head) - start - 1 + j], list(forced) + choices)
         choices.append(token)
         logprobs.append(logprob)
         if j == len(draft) or token != draft[j]:
             break
-    return Verified(choices, logprobs, logits[0])
+    return Verified(choices, logprobs, no_speech)

@@ -236,6 +236,45 @@ def test_the_final_is_decoded_before_the_hangover_ends_and_not_again():
     assert [e.text for _, e in events] == ["word word"] and len(model.decoded_until) == 2
 
 
+class _ContinuingBurstCounter(_BurstCounter):
+    """_BurstCounter with tokens (one per burst) and a forced prefix: it says "word" once per burst after the
+    prefix's bursts, and logs each decode's prefix."""
+
+    def __init__(self):
+        super().__init__()
+        self.last_tokens: list[int] = []
+        self.prefixes = []
+
+    def decode_window(self, samples, *, offset=0.0, fallback=True, stop=None, draft=(), prefix=()):
+        from pipelines.asr import Segment
+        segments = super().decode_window(samples, offset=offset, fallback=fallback, stop=stop)
+        bursts = len(segments[0].text.split()) if segments else 0
+        self.prefixes.append(list(prefix))
+        self.last_tokens = [1] * bursts
+        new = bursts - len(prefix)
+        return [Segment(offset, segments[0].end, " ".join(["word"] * new))] if new > 0 else []
+
+
+def test_a_final_goes_out_at_commit_quiet_and_a_resumed_talker_continues_after_it():
+    """commit_quiet: the decode that heard the end is final after that much quiet, before the hangover; a talker
+    who resumes within the hangover continues the same utterance: later decodes continue after the emitted tokens,
+    and the partials and the next final hold only the new words. A model without tokens waits for the hangover."""
+    options = DictationOptions(partial_every=0.3, vad="energy", commit_quiet=0.3)
+    audio = np.concatenate([_quiet(1), _tone(1.0), _quiet(0.4), _tone(1.0), _quiet(2)])
+    model = _ContinuingBurstCounter()
+    events = _run(Recognizer(model, options), audio)
+    finals = [(at, e) for at, e in events if isinstance(e, Final)]
+    assert [e.text for _, e in finals] == ["word", "word"]
+    (at1, first), (at2, second) = finals
+    assert at1 <= first.end + options.commit_quiet + 0.13 and at1 <= 2.4   # before the talker resumed at 2.4 s
+    assert at2 <= second.end + options.commit_quiet + 0.13 and second.start == pytest.approx(2.4, abs=0.1)
+    assert [1] in model.prefixes and model.prefixes[-1] == [1]   # the decodes after the first final continued it
+    assert all(e.text == "word" for at, e in events if isinstance(e, Partial) and at > at1)   # new words only
+
+    events = _run(Recognizer(_BurstCounter(), options), audio)
+    assert [e.text for _, e in events if isinstance(e, Final)] == ["word word"]
+
+
 def test_a_partial_that_heard_the_end_is_the_final():
     """Partials start in pauses; the one that started after the last words is the final (one decode fewer)."""
     options = DictationOptions(partial_every=0.3, vad="energy")

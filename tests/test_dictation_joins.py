@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from pipelines.dictation import DictationOptions, FileSource, Final, Stream
-from tests.dictation_support import RATE, deleted_words, long_session, short_pause_session, wer
+from tests.dictation_support import (RATE, alignment, clip_session, deleted_words, long_session, short_pause_session,
+                                     wer)
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +25,8 @@ def _lost_words(reference: str, finals: list[Final]) -> list[tuple[int, str]]:
     return deleted_words(reference, " ".join(f.text for f in finals))
 
 
-def _dictate(transcriber, audio: np.ndarray, pace: str) -> list[Final]:
-    stream = Stream(transcriber, FileSource(audio, RATE, pace=pace), DictationOptions(partials=False))
+def _dictate(transcriber, audio: np.ndarray, pace: str, options=DictationOptions(partials=False)) -> list[Final]:
+    stream = Stream(transcriber, FileSource(audio, RATE, pace=pace), options)
     finals = [e for e in stream.start().events() if isinstance(e, Final)]
     assert stream.dropped_blocks == 0
     return finals
@@ -52,3 +53,21 @@ def test_a_short_pause_and_speech_in_the_first_50_ms_lose_nothing(transcriber, p
     finals = _dictate(transcriber, audio, pace)
     assert _lost_words(reference, finals) == [], [(round(f.start, 2), f.text) for f in finals]
     assert wer(reference, " ".join(f.text for f in finals)) <= 0.05, [f.text for f in finals]
+
+
+@pytest.mark.parametrize("pace", ["simulated", "fast"])
+def test_a_talker_who_resumes_after_an_emitted_final_continues_it_without_a_lost_or_repeated_word(transcriber, pace):
+    """Three clips, the second and third 0.3 s apart between speech ("young man, | unless": the talker resumes
+    0.35-0.4 s after the last word as the VAD hears it, within the hangover): the words before the pause are final
+    at commit_quiet, the same utterance goes on, and the next final holds exactly the words after them."""
+    audio, reference = clip_session([1.0, 0.3, 1.0], tight=(1,))
+    options = DictationOptions(partials=True, commit_quiet=0.3)
+    finals = _dictate(transcriber, audio, pace, options)
+    live = " ".join(f.text for f in finals)
+    assert _lost_words(reference, finals) == [], [(round(f.start, 2), f.text) for f in finals]
+    assert [j for i, j in alignment(reference, live) if i is None] == [], live   # no word twice
+    # less quiet than the hangover between two finals: one utterance, continued after the first
+    continued = [(a, b) for a, b in zip(finals, finals[1:]) if b.start - a.end < options.hangover]
+    assert continued, [(f.start, f.end, f.at, f.text) for f in finals]
+    if pace == "fast":   # the stream's clock is the audio consumed: the first went out before the talker resumed
+        assert all(a.at < b.start for a, b in continued), [(f.start, f.end, f.at) for f in finals]

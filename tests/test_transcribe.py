@@ -205,8 +205,8 @@ def test_decode_window_bounds_its_tokens_and_partials_skip_fallback(transcriber,
     calls = []
     real = rec._decode
 
-    def logged(prompt, temperature, max_tokens, stop=None, draft=()):
-        result = real(prompt, temperature, max_tokens, stop, draft)
+    def logged(prompt, temperature, max_tokens, stop=None, draft=(), prefix=()):
+        result = real(prompt, temperature, max_tokens, stop, draft, prefix)
         calls.append((temperature, max_tokens, None if result is None else len(result.tokens)))
         return result
     monkeypatch.setattr(rec, "_decode", logged)
@@ -237,9 +237,9 @@ def test_a_short_window_that_loops_falls_back_to_the_next_window(transcriber, mo
             encoded.append(entry)
         return real_run(entry, state, **inputs)
 
-    def decode(prompt, temperature, max_tokens, stop=None, draft=()):
+    def decode(prompt, temperature, max_tokens, stop=None, draft=(), prefix=()):
         decodes.append((rec._active.entry("encode"), temperature))
-        return real_decode(prompt, temperature, max_tokens, stop, draft)
+        return real_decode(prompt, temperature, max_tokens, stop, draft, prefix)
     monkeypatch.setattr(rec.session, "run", run)
     monkeypatch.setattr(rec, "_decode", decode)
     # every decode hits its limit, and every full-window decode calls for a retry

@@ -122,3 +122,44 @@ def test_a_dictation_session_has_the_same_events_with_and_without_drafts(transcr
     assert _passes(ran_on) and not _passes(ran_off)
     steps = [sum(e.startswith("decode") for e in ran) for ran in (ran_on, ran_off)]
     assert steps[0] < 0.8 * steps[1], steps  # 226 vs 326: an utterance's first decode has no draft
+
+
+def _prefixed(transcriber, entries, audio, prefix, draft=()):
+    entries.clear()
+    segments = transcriber.decode_window(audio, prefix=prefix, draft=draft)
+    return list(transcriber.last_tokens), [s.text for s in segments], list(entries)
+
+
+@pytest.mark.parametrize("cut", ["segment end", "mid-segment", "longer than a pass", "all"])
+def test_a_prefix_decode_is_the_plain_decodes_continuation(transcriber, entries, cut):
+    """A continued utterance's decode: the plain decode's first tokens as the forced prefix give the plain decode's
+    tokens, and only the segments (or the rest of the one) after the prefix."""
+    audio = _clips(0, 2, 3) if cut == "longer than a pass" else _clips(0, 1)
+    tokens, texts, _ = _decode(transcriber, entries, audio)
+    tb = transcriber.recognizer.tokenizer.timestamp_begin
+    pairs = [i + 1 for i in range(len(tokens) - 1) if tokens[i] >= tb and tokens[i + 1] >= tb]
+    n = {"segment end": pairs[0], "mid-segment": pairs[0] + 4, "longer than a pass": 70, "all": len(tokens)}[cut]
+    continued, continued_texts, ran = _prefixed(transcriber, entries, audio, tokens[:n])
+    assert continued == tokens
+    if cut == "segment end":
+        assert continued_texts == texts[1:]
+    elif cut == "mid-segment":
+        assert continued_texts[0] != texts[1] and texts[1].endswith(continued_texts[0]) and continued_texts[1:] == texts[2:]
+    elif cut == "all":
+        # EOT chosen in the one pass; nothing new is what a short window's silence is, so the full window decides
+        assert continued_texts == [] and ran == ["encode_t2000", "decode_64_t2000", "encode", "decode_64"], ran
+    else:
+        assert len(tokens) > 70 and _passes(ran)[:2] == ["decode_64_t2000", "decode_32_t2000"], ran
+
+
+def test_a_prefix_without_passes_is_fed_step_by_step(transcriber, entries):
+    audio = _clips(0, 1)
+    tokens, texts, _ = _decode(transcriber, entries, audio)
+    options = transcriber.recognizer.options
+    transcriber.recognizer.options = replace(options, verify_drafts=False)
+    try:
+        continued, continued_texts, ran = _prefixed(transcriber, entries, audio, tokens[:20])
+    finally:
+        transcriber.recognizer.options = options
+    assert continued == tokens and not _passes(ran) and len(ran) >= len(tokens) + 1
+    assert " ".join(continued_texts) in " ".join(texts) and continued_texts[-1] == texts[-1]

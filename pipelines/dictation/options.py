@@ -31,6 +31,12 @@ class DictationOptions:
     hangover: float = 0.6             # s of quiet that ends an utterance
     early_final: float = 0.2          # s of quiet after which the final's decode starts, before the hangover
                                       # confirms the end (if speech resumes, it served as a partial)
+    commit_quiet: float | None = None # s of quiet after which a decode that heard the end is emitted as final, before
+                                      # the hangover; if speech resumes within the hangover, the utterance goes on
+                                      # and later finals hold only the words after it (transcribers with prefix=,
+                                      # Whisper; others wait for the hangover). Off by default: at a comma pause the
+                                      # emitted half is read without the audio after it, which tiny.en needs for
+                                      # some words, and emitted text is never revised (bench/dictation_hangover.py)
     final_tail: float = 0.09          # s of quiet after the last loud frame a decode must have heard to serve
                                       # as the final; partials wait for such a gap, so that the last one can
     partial_every: float = 1.0        # s of new audio between partial decodes of an open utterance ...
@@ -61,6 +67,8 @@ class DictationOptions:
                      "min_voiced", "stop_delay"):
             if getattr(self, name) < 0:
                 raise UsageError(f"{name} must be >= 0")
+        if self.commit_quiet is not None and not 0 <= self.commit_quiet:
+            raise UsageError(f"commit_quiet must be >= 0 s or None, got {self.commit_quiet}")
         if self.ring_seconds < 5:
             raise UsageError("ring_seconds must be at least 5")
         for name, flag in (("silence_timeout", "--silence-timeout"), ("max_duration", "--max-duration")):

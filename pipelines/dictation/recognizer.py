@@ -57,7 +57,9 @@ class Recognizer:
     """The streaming engine without threads: `accept(samples_16k)` -> events, `finish()` at the end.
 
     `transcriber` is anything with `decode_window(samples_16k, *, offset, fallback, stop) -> [Segment(start, end, text)]`
-    (`stop`, when given, is polled during the decode; once it says True the decode returns None).
+    (`stop`, when given, is polled during the decode; once it says True the decode returns None). One that also has
+    `last_tokens` (Whisper) takes `draft=` and `prefix=` (tokens to continue after) as well: its finals are emitted
+    at `commit_quiet` and a resumed talker continues the same utterance (see _commit_heard).
     One call to accept() runs at most one partial decode, so when decoding is slower than real time the
     caller simply hands over bigger chunks and partials get rarer; finals are never skipped.
     """
@@ -86,6 +88,7 @@ class Recognizer:
         self._past = deque(maxlen=max(1, self._preroll_frames + self._context_frames))  # audio before the utterance
         self._last_final: list[str] = []      # words of the last final, to drop them if the context repeats them
         self._draft: tuple[float | None, list[int]] = (None, [])  # the last decode's audio start and tokens
+        self._continues = getattr(transcriber, "last_tokens", None) is not None   # takes draft= and prefix=
         self._onset_run: list[np.ndarray] = []
         self._onset_voiced = 0
         self._reset_utterance()
@@ -108,8 +111,8 @@ class Recognizer:
         events: list[Event] = []
         for frame, is_loud, is_voiced in zip(frames, loud, voiced):
             events += self._frame(frame, bool(is_loud), bool(is_voiced))
-        if not (self.in_utterance and self._enough_voice()):
-            return events
+        if not (self.in_utterance and self._enough_voice()) or any(isinstance(e, Final) for e in events):
+            return events   # a final goes out now, not after a decode (the next call runs it)
         # A decode cannot be interrupted, and the final must not wait for one that missed the last words. So
         # when the talker seems to be stopping, decode at once: once the hangover confirms the end, that decode
         # is the final. Partials start in a pause (or when two intervals overdue), so that the one running
@@ -165,9 +168,15 @@ class Recognizer:
             self.last_speech = now
             if self._loud_run * FRAME_SECONDS >= self.options.onset - 1e-9:
                 self._last_words = now    # as long as an onset: a word, not a click or a breath
+                if self._next_start is None:          # the talker resumed after an emitted final
+                    self._next_start = now - self._loud_run * FRAME_SECONDS
         events: list[Event] = []
         if self.options.vad and now - self.last_speech >= self.options.hangover:
             return self._end_utterance()
+        commit = self.options.commit_quiet
+        if (commit is not None and self._continues and self.options.vad and now - self.last_speech >= commit - 1e-9
+                and self._latest is not None and self._latest.words and self._heard_end()):
+            return self._commit_heard()
         if self._duration() >= self._max_utterance:
             events += self._hard_cut()
         return events
@@ -176,14 +185,16 @@ class Recognizer:
         pre = [self._past.pop() for _ in range(min(self._preroll_frames, len(self._past)))][::-1]
         self._chunks = pre + self._onset_run
         self._buffer_start = self._committed_until = speech_start - len(pre) * FRAME_SECONDS
-        self._speech_start = speech_start
+        self._speech_start = self._next_start = speech_start
         self._onset_run = []
         self._since_decode = len(self._chunks) * FRAME_SECONDS
 
     def _reset_utterance(self):
         self._chunks: list[np.ndarray] | None = None
         self._buffer_start = self._speech_start = 0.0
+        self._next_start: float | None = 0.0      # where the next final's speech starts (None: not heard yet)
         self._committed_until = 0.0               # audio time up to which finals hold the speech
+        self._prefix: tuple[float, list[int]] | None = None   # the emitted decode's audio start and tokens
         self._voiced = 0
         self._since_decode = 0.0
         self._previous: _Hypothesis | None = None
@@ -213,11 +224,8 @@ class Recognizer:
         return len(pending) / SAMPLE_RATE >= self.options.early_final and \
             self.vad.quiet_tail(pending) >= self.options.early_final - 1e-9
 
-    def _decode(self, fallback: bool = True, stoppable: bool = False) -> _Hypothesis | None:
-        """Decode left context + the utterance buffer; keep the segments that reach into the buffer. When the
-        first of them claims to start inside the context (Whisper's segment times are loose, and it may merge
-        context and utterance into one segment), its leading words that re-transcribe the end of the recent
-        finals are dropped (a fuzzy match: tiny models re-transcribe with small differences)."""
+    def _window_audio(self) -> tuple[np.ndarray, float, list]:
+        """Left context + the utterance buffer (+ silence for a missing pre-roll): (audio, its audio start, context)."""
         room = int(self._window / FRAME_SECONDS) - len(self._chunks)
         context = list(self._past)[-min(self._context_frames, room):] if self._context_frames and room > 0 else []
         audio = np.concatenate(context + self._chunks) if self._chunks else np.zeros(FRAME, np.float32)
@@ -229,15 +237,30 @@ class Recognizer:
         if pad >= FRAME_SECONDS:
             audio = np.concatenate([np.zeros(round(pad * SAMPLE_RATE), np.float32), audio])
             offset -= pad
+        return audio, offset, context
+
+    def _decode(self, fallback: bool = True, stoppable: bool = False) -> _Hypothesis | None:
+        """Decode left context + the utterance buffer; keep the segments that reach into the buffer. When the
+        first of them claims to start inside the context (Whisper's segment times are loose, and it may merge
+        context and utterance into one segment), its leading words that re-transcribe the end of the recent
+        finals are dropped (a fuzzy match: tiny models re-transcribe with small differences). After a final of
+        this utterance was emitted, the decode continues after that decode's tokens, and only its new words count."""
+        audio, offset, context = self._window_audio()
+        if self._prefix is not None and self._prefix[0] != offset:
+            # the window no longer starts where the emitted decode's did (a long utterance's context shrank), so its
+            # tokens cannot continue here: the emitted words become committed audio, as an early commit's are
+            self._slide(self._committed_until)
+            audio, offset, context = self._window_audio()
         self.decodes += 1
         self._since_decode = 0.0
         started = time.perf_counter()
         stop = self._talker_stopped if stoppable and self.unheard is not None and self.options.vad else None
         # the previous decode from the same audio start is a draft the transcriber verifies in one pass
-        drafts = getattr(self.transcriber, "last_tokens", None) is not None
-        draft = {"draft": self._draft[1]} if drafts and self._draft[0] == offset else {}
+        draft = {"draft": self._draft[1]} if self._continues and self._draft[0] == offset else {}
+        if self._prefix is not None:
+            draft["prefix"] = self._prefix[1]
         segments = self.transcriber.decode_window(audio, offset=offset, fallback=fallback, stop=stop, **draft)
-        if drafts and segments is not None:
+        if self._continues and segments is not None:
             self._draft = (offset, list(self.transcriber.last_tokens))
         if segments is None:
             self.stopped_decodes += 1
@@ -249,7 +272,7 @@ class Recognizer:
         hyp = _Hypothesis.from_segments(own, window_end)
         first = hyp.segments[0] if hyp.segments else None
         heard_final_audio = bool(context) or self._committed_until > self._buffer_start
-        if heard_final_audio and first is not None and first.start < self._committed_until - 0.2:
+        if self._prefix is None and heard_final_audio and first is not None and first.start < self._committed_until - 0.2:
             hyp = hyp.without_prefix(overlap_words(self._last_final, hyp.words))
         self._latest, self._latest_end = hyp, window_end
         return hyp
@@ -286,26 +309,52 @@ class Recognizer:
             return []
         seg_end = float(hyp.segments[cut].end)
         words = hyp.words[:hyp.ends[cut]]
-        final = self._final(words, self._speech_start, seg_end)
-        drop = max(0, int(round((seg_end - SLIDE_OVERLAP - self._buffer_start) / FRAME_SECONDS)))
+        final = self._final(words, self._start(), seg_end)
+        self._slide(seg_end)
+        self._next_start = seg_end
+        rest = hyp.words[hyp.ends[cut]:]
+        self._previous = _Hypothesis([], rest, [len(rest)]) if rest else None
+        self._agreed = max(0, self._agreed - len(words))
+        return [final]
+
+    def _slide(self, committed: float):
+        """Finals hold the speech up to `committed`: the buffer keeps SLIDE_OVERLAP s before it, the rest goes to
+        the past (left context), and decodes start afresh from there (no prefix)."""
+        drop = max(0, int(round((committed - SLIDE_OVERLAP - self._buffer_start) / FRAME_SECONDS)))
         self._past.extend(self._chunks[:drop])
         self._chunks = self._chunks[drop:]
         self._buffer_start += drop * FRAME_SECONDS
-        self._speech_start = self._committed_until = seg_end
-        rest = hyp.words[hyp.ends[cut]:]
-        self._previous = _Hypothesis([], rest, [len(rest)]) if rest else None
-        self._latest = None                       # it decoded the buffer before the slide
-        self._agreed = max(0, self._agreed - len(words))
+        self._speech_start = self._committed_until = committed
+        self._latest, self._prefix = None, None   # they decoded the buffer before the slide
+
+    def _commit_heard(self) -> list[Event]:
+        """`commit_quiet` s of quiet and the last decode heard the end: its words become final now, before the
+        hangover confirms the end. The utterance stays open: if the talker resumes before the hangover, the next
+        decodes hear the whole utterance as before and continue after that decode's tokens (a forced prefix), so
+        the next final holds only the words after them: nothing emitted is revised or decoded apart from the rest
+        (a shorter hangover splits utterances at comma pauses, and their halves decoded apart read worse)."""
+        end = min(self._last_words, self._now())
+        final = self._final(self._latest.words, self._start(), max(end, self._start()))
+        self._prefix = self._draft                # the tokens of the decode `_latest` came from
+        self._committed_until = end
+        self._latest = _Hypothesis([], [], [])    # it still heard the end; its words are out
+        self._previous, self._agreed, self._next_start = None, 0, None
         return [final]
+
+    def _start(self) -> float:
+        """Where the next final's speech starts: after an emitted final, where the talker resumed (or, if no word
+        was heard since, where the emitted final ended)."""
+        return self._next_start if self._next_start is not None else self._committed_until
 
     def _hard_cut(self) -> list[Event]:
         """The window is full and nothing agreed: everything decoded so far becomes final."""
         hyp = self._decode() if self._enough_voice() else None
         end = self._now()
-        events = [self._final(hyp.words, self._speech_start, end)] if hyp and hyp.words else []
+        events = [self._final(hyp.words, self._start(), end)] if hyp and hyp.words else []
         self._past.extend(self._chunks)
         self._chunks, self._buffer_start, self._speech_start, self._committed_until = [], end, end, end
         self._previous, self._agreed, self._voiced, self._latest = None, 0, 0, None
+        self._next_start, self._prefix = end, None
         return events
 
     def _end_utterance(self) -> list[Event]:
@@ -314,7 +363,7 @@ class Recognizer:
             hyp = self._latest if self._heard_end() else self._decode()
             end = min(self._last_words, self._now()) if self.options.vad else self._now()   # not a click after them
             if hyp.words:
-                events.append(self._final(hyp.words, self._speech_start, max(end, self._speech_start)))
+                events.append(self._final(hyp.words, self._start(), max(end, self._start())))
         self._past.extend(self._chunks or [])
         self._reset_utterance()
         return events
