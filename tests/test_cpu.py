@@ -138,9 +138,36 @@ def test_sessions_are_built_once_per_entry_on_its_first_run():
     assert not exe.sessions and not exe.arrays
 
 
+def test_a_linear_weight_has_one_packed_copy_and_other_sessions_read_the_array():
+    """ONNX Runtime packs a constant GEMM weight once per session: the first session of an entry that reads a linear's
+    weight with PACK_ROWS rows or more takes that copy; later sessions (other buckets) and one-row entries read the
+    one array in place. Which session reads what shows in their results when the array is changed in place."""
+    program = compiler.compile([bert.graph(bert.TINY, 1, 8), bert.graph(bert.TINY, 1, 16), bert.graph(bert.TINY, 1, 32)])
+    rng = np.random.default_rng(2)
+    weights = _rand(program, rng)
+    exe = CpuBackend(2).load(program, weights)
+    try:
+        names = [program.entry(f"forward_b1_t{t}").name for t in (8, 32, 16)]   # built in this order
+        inputs = {name: _inputs(program, name, rng) for name in names}
+        before = {name: exe.run(name, inputs[name])["hidden"] for name in names}
+        packed = [packed for _, packed in exe.sessions.values()]
+        linears = {n for n in exe.arrays if n.endswith(".weight.T")}
+        assert linears and packed == [frozenset(), frozenset(linears), frozenset()]  # 8 rows < PACK_ROWS = 16
+        for name in names:
+            ref = oracle(program, name, weights, inputs[name], {})["hidden"]
+            assert rel_l2(before[name], ref) <= TOL, name
+        for name in linears:
+            exe.arrays[name][0][...] *= 2
+        after = {name: exe.run(name, inputs[name])["hidden"] for name in names}
+        assert np.array_equal(after[names[1]], before[names[1]])   # the packed copy, made before the change
+        assert not np.allclose(after[names[0]], before[names[0]]) and not np.allclose(after[names[2]], before[names[2]])
+    finally:
+        exe.close()
+
+
 def test_every_session_reads_the_one_copy_of_a_weight():
-    """ONNX Runtime copies initializers it is given with add_external_initializers and prepacks a copy of a
-    MatMul weight per session: either would make a program's entries hold the weights once each. A weight
+    """ONNX Runtime copies initializers it is given with add_external_initializers: that would make a program's
+    entries hold the weights once each. Apart from the one packed copy above (the encoder's linears here), a weight
     changed in place after the sessions exist must change what every entry computes."""
     program = compiler.compile(whisper.graphs(whisper.TINY, timestamp_begin=90))
     rng = np.random.default_rng(2)
@@ -206,7 +233,7 @@ def test_the_written_model_is_valid_onnx():
     import onnx
     program = compiler.compile(whisper.graphs(whisper.TINY, timestamp_begin=90))
     for entry in program.entries.values():
-        model = onnx.load_from_string(EntryGraph(program, entry).model)
+        model = onnx.load_from_string(EntryGraph(program, entry).model())
         weights = [t for t in model.graph.initializer if t.name in program.buffers or t.name.endswith(".T")]
         assert all(t.data_location == onnx.TensorProto.EXTERNAL for t in weights)  # none copied in
         assert weights or entry.name == "set_suppress"
@@ -305,7 +332,7 @@ def test_int8_entries_run_quantized_matmuls_close_to_fp32(record_parity):
     quantized, plain = program.entry("forward_b1_t16").name, program.entry("forward_b1_t8").name
     exe = CpuBackend(2, precision={quantized: "int8"}).load(program, weights)
     try:
-        ops_of = {name: {n.op_type for n in onnx.load_from_string(g.model).graph.node} for name, g in exe.graphs.items()}
+        ops_of = {name: {n.op_type for n in onnx.load_from_string(g.model()).graph.node} for name, g in exe.graphs.items()}
         assert "MatMulInteger" in ops_of[quantized] and "MatMulInteger" not in ops_of[plain]
         inputs = _inputs(program, quantized, rng)
         ours = exe.run(quantized, inputs)["hidden"]

@@ -2,7 +2,9 @@
 
 Each step is a few ONNX nodes written with the `onnx` helpers (LOWERINGS). The entries of a program share one
 array per weight; a linear's weight is kept as [in, out], made once at load, and where every reader takes that
-form (a tied embedding table too) the original is not kept. Runtime parameters (a decoder's position) are 0-d
+form (a tied embedding table too) the original is not kept. A linear's weight that an entry reads with many rows
+also gets ONE packed copy, in the first session built that can use it (ONNX Runtime's prepacked GEMM layout; the
+other sessions read the array). Runtime parameters (a decoder's position) are 0-d
 int32 inputs. State (KV caches, cross K/V) is the caller's arrays, bound with IO binding as outputs over their
 own memory: a decoder step writes this token's K/V at `pos` and copies no cache. Results are fresh arrays.
 """
@@ -26,6 +28,10 @@ PRECISIONS = ("fp32", "int8")
 # Intra-op threads that spin between ops take a core from anyone else: on a shared machine a spinning pool
 # collapses, one that sleeps degrades with the load (measured both: see the closing note of issue 24).
 SPIN = "0"
+# Unpacked, ORT packs a GEMM weight on every run: a cost per weight byte that the rows then share (about half of
+# BERT-base's linear time at 128 rows, a few percent at Whisper's 1500); one row is a matrix-vector product, which
+# it never packs. An entry reading a weight with at least this many rows takes the packed copy if none exists yet.
+PACK_ROWS = 16
 
 
 def _slice(g, out, x, axis, start, stop, step, n) -> str:
@@ -47,7 +53,7 @@ def _int8_scale(weight: np.ndarray) -> np.ndarray:  # a weight [out, in]'s symme
     return (np.maximum(np.abs(weight).max(axis=1), np.float32(1e-30)) / np.float32(127)).astype(np.float32)
 
 
-def _linear(g, out, x, w, b=None, **_):
+def _linear(g, out, x, w, b=None, *, shapes):
     """int8 entries: x quantized per tensor at run time (uint8), a weight per output at load (int8 [in, out],
     C-ordered: read in place), an integer GEMM: what ORT's quantize_dynamic writes, fused to DynamicQuantizeMatMul."""
     shape, weight = g.program.buffers[w].shape, g.program.buffers[w].usage is Usage.WEIGHTS
@@ -62,6 +68,7 @@ def _linear(g, out, x, w, b=None, **_):
                    None if b else out)
     else:
         wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
+        g.rows[wt] = max(g.rows.get(wt, 0), math.prod(shapes[0][:-1]))
         y = g.node("MatMul", [g.value(x), wt], None if b else out)
     return g.node("Add", [y, g.value(b)], out) if b else y
 
@@ -189,7 +196,7 @@ _DTYPES = {"float32": 1, "int8": 3, "int32": 6, "int64": 7}  # onnx.TensorProto.
 
 
 class EntryGraph:
-    """One entry as an ONNX model (`model`, serialised; `key`, its digest): the buffers it reads from the caller,
+    """One entry as an ONNX model (`model()`, serialised; `key`, its digest): the buffers it reads from the caller,
     writes back (state, bound in place) and returns. The lowerings write it with `value`, `node` and `const`; buffers
     are SSA values: a state buffer written by a step gets a new name, and readers after it read the newest one."""
 
@@ -202,6 +209,7 @@ class EntryGraph:
         self.weights: dict[str, tuple] = {}  # initializer name -> (make(weights) or None for the weight, dtype, shape)
         self.current: dict[str, str] = {}  # buffer -> the value that holds it now
         self.reads: list[str] = []          # buffers read from the caller (inputs and state), in order
+        self.rows: dict[str, int] = {}      # weight -> the most rows a linear reads it with
         buffers = program.buffers
         for step in entry.steps:
             if step.op not in LOWERINGS:
@@ -220,31 +228,41 @@ class EntryGraph:
             for i, name in enumerate(node.input):
                 readers.setdefault(name, set()).add((node.op_type, i))
         # How each weight reaches the session. Read only by MatMul or Gather (nearly all the bytes): a graph input
-        # bound where it lies, which ORT can neither copy nor rewrite. Read by ops ORT rewrites with constant weights
-        # for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer shared with add_initializer. The rest
-        # (biases, rotary tables: small) is copied per session: ORT's transpose pass may reshape such an
-        # initializer, and ran a shared one at its old shape. Both are in-memory files (`_binding`) named by digest.
+        # bound where it lies, which ORT can neither copy nor rewrite, unless the session takes its packed copy. Read
+        # by ops ORT rewrites with constant weights for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer
+        # shared with add_initializer. The rest (biases, rotary tables: small) is copied per session: ORT's transpose
+        # pass may reshape such an initializer, and ran a shared one at its old shape. Both are in-memory files
+        # (`_binding`) named by digest.
         kinds = {n: readers.get(n, {None}) for n in self.weights}
         self.bound = [n for n, r in kinds.items() if r <= BOUND_READERS]
         self.shared = [n for n, r in kinds.items() if r <= SHARED_READERS]
-        self.external = {n: hashlib.sha256(n.encode()).hexdigest()[:24] for n in self.weights if n not in self.bound}
+        # a weight that only linears read, with enough rows to pay for a packed copy (a tied table, which a Gather
+        # reads too, stays out: vocabulary-sized, and only a live decode's draft passes read it with many rows)
+        self.packable = [n for n in self.bound if kinds[n] == {("MatMul", 1)} and self.rows.get(n, 0) >= PACK_ROWS]
+        self.location = {n: hashlib.sha256(n.encode()).hexdigest()[:24] for n in self.weights}
         self.outputs = {b: self.current[b] for b in self.writes + self.returns}
         for b, v in list(self.outputs.items()):
             if v in self.reads or v in self.weights or list(self.outputs.values()).count(v) > 1:
                 self.outputs[b] = self.node("Identity", [v], f"{b}:out")  # an output ORT writes, not one it reads
+        self.name = entry.name
+        self.key = hashlib.sha256(self.model()).hexdigest()
+
+    def model(self, packed: frozenset[str] = frozenset()) -> bytes:
+        """The serialised model; the `packed` weights (of `packable`) are constant initializers, not inputs."""
+        helper, buffers = self.helper, self.program.buffers
 
         def info(name, dtype, shape):
             return helper.make_tensor_value_info(name, _DTYPES[dtype], shape)
-        externals = [TensorProto(name=n, data_type=_DTYPES[self.weights[n][1]], dims=self.weights[n][2],
-                                 data_location=TensorProto.EXTERNAL, external_data=[{"key": "location", "value": f}])
-                     for n, f in self.external.items()]
+        externals = [self.tensor(name=n, data_type=_DTYPES[self.weights[n][1]], dims=self.weights[n][2],
+                                 data_location=self.tensor.EXTERNAL,
+                                 external_data=[{"key": "location", "value": self.location[n]}])
+                     for n in self.weights if n not in self.bound or n in packed]
         inputs = [info(b, buffers[b].dtype, buffers[b].shape) for b in self.reads] + \
-            [info(n, *self.weights[n][1:]) for n in self.bound]
+            [info(n, *self.weights[n][1:]) for n in self.bound if n not in packed]
         outputs = [info(v, buffers[b].dtype, buffers[b].shape) for b, v in self.outputs.items()]
-        graph = helper.make_graph(self.nodes, entry.name, inputs, outputs, externals + self.constants)
-        self.model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                       producer_name="aie-apps").SerializeToString()
-        self.key = hashlib.sha256(self.model).hexdigest()
+        graph = helper.make_graph(self.nodes, self.name, inputs, outputs, externals + self.constants)
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                                 producer_name="aie-apps").SerializeToString()
 
     def value(self, buffer: str) -> str:
         if buffer not in self.current:
@@ -320,17 +338,18 @@ class CpuExecutable:
             # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
             array = weights[name].reshape(program.buffers[name].shape) if make is None else make(weights)
             self.arrays[name] = array, onnxruntime.OrtValue.ortvalue_from_numpy(array)
-        self.sessions: dict[str, object] = {}  # EntryGraph.key -> its session, built on the entry's first run
+        self.sessions: dict[str, tuple] = {}  # EntryGraph.key -> (session, weights it packed), built at first run
+        self.packed: set[str] = set()          # the weights some session holds a packed copy of
         self.lock, self.local, self.counters, self.closed = threading.Lock(), threading.local(), Counters(), False
 
-    def _options(self):
-        """What every session is built with (bench/cpu_options.py varies it)."""
+    def _options(self, pack: bool):
+        """What every session is built with (bench/cpu_options.py varies it); `pack`: it packs its constant weights."""
         options = self.ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
         options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
         options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
-        # a prepacked weight is a copy per session (and every entry of a program has one)
-        options.add_session_config_entry("session.disable_prepacking", "1")
+        # a packed weight is a copy per session: only a session given packable weights packs (Conv's too, then)
+        options.add_session_config_entry("session.disable_prepacking", "0" if pack else "1")
         # the memory pattern (one block per session for a run's activations, taken from the arena beside the
         # chunks the first run left there) keeps twice an encoder's activations
         options.enable_mem_pattern = False
@@ -344,16 +363,22 @@ class CpuExecutable:
             return bindings[graph.key]
         with self.lock:
             if graph.key not in self.sessions:
-                options, arrays = self._options(), [self.arrays[n][0] for n in graph.external]  # read in place
-                options.add_external_initializers_from_files_in_memory(list(graph.external.values()), arrays,
+                packed = frozenset(n for n in graph.packable if n not in self.packed)
+                self.packed |= packed
+                options, files = self._options(pack=bool(packed)), [n for n in graph.location if n not in graph.bound
+                                                                    or n in packed]
+                arrays = [self.arrays[n][0] for n in files]  # read in place
+                options.add_external_initializers_from_files_in_memory([graph.location[n] for n in files], arrays,
                                                                        [a.nbytes for a in arrays])
-                for name in graph.shared:
+                for name in [*graph.shared, *packed]:
                     options.add_initializer(name, self.arrays[name][1])
-                self.sessions[graph.key] = self.ort.InferenceSession(graph.model, options,
-                                                                     providers=["CPUExecutionProvider"])
-        binding = bindings[graph.key] = self.sessions[graph.key].io_binding()
+                self.sessions[graph.key] = self.ort.InferenceSession(graph.model(packed), options,
+                                                                     providers=["CPUExecutionProvider"]), packed
+        session, packed = self.sessions[graph.key]
+        binding = bindings[graph.key] = session.io_binding()
         for name in graph.bound:
-            binding.bind_ortvalue_input(name, self.arrays[name][1])  # the OrtValue over our array: no copy
+            if name not in packed:
+                binding.bind_ortvalue_input(name, self.arrays[name][1])  # the OrtValue over our array: no copy
         return binding
 
     def new_state(self) -> State:
@@ -378,7 +403,7 @@ class CpuExecutable:
             array = env[buffer] if buffer in graph.writes else results[buffer]  # state: written where it lives
             binding.bind_output(value, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
         try:
-            self.sessions[graph.key].run_with_iobinding(binding)
+            self.sessions[graph.key][0].run_with_iobinding(binding)
         except RuntimeError as e:  # what ORT raises for data its kernels refuse (an index past a table, ...)
             raise InputError(f"entry {program_entry.name} refused its inputs: {str(e).strip().splitlines()[-1]}",
                              fix="check the token ids against the vocabulary and the position against the "
@@ -388,7 +413,7 @@ class CpuExecutable:
         return {name: np.array(env[b]) if b not in results else results[b] for name, b in program_entry.outputs.items()}
 
     def close(self):
-        self.closed, self.sessions, self.arrays, self.local = True, {}, {}, threading.local()
+        self.closed, self.sessions, self.arrays, self.packed, self.local = True, {}, {}, set(), threading.local()
 
 
 class CpuBackend:
