@@ -3,9 +3,9 @@
     python bench/memory.py [transcribe] [phases] [long] [embed-text] [classify VIT_FOLDER]
 (default: transcribe long embed-text)
 `transcribe`: the 7.1 s Austen clip (LibriVox, Debian's pocketsphinx-testdata) with tiny.en; `phases`: the same
-transcription in one process, phase by phase, with each phase's own high-water mark (which one sets the peak); `long`: a 2-hour
-48 kHz stereo WAV made from it with sox (padded to 17.1 s, 420 copies: 7182 s), the #26 target (< 500 MB);
-`embed-text`: 1000 lines through all-MiniLM-L6-v2; `classify`: skimage's astronaut through a ViT folder
+transcription in one process, phase by phase, with each phase's own high-water mark (which phase sets the peak);
+`long`: a 2-hour 48 kHz stereo WAV made from it with sox (padded to 17.1 s, 420 copies: 7182 s), the #26 target
+(< 500 MB); `embed-text`: 1000 lines through all-MiniLM-L6-v2; `classify`: skimage's astronaut through a ViT folder
 (no ViT weights are offline: e.g. a random-init ViTForImageClassification saved with save_pretrained).
 Needs sox and GNU time (Debian `sox time`).
 """
@@ -38,7 +38,8 @@ import sys, time
 def mark(phase, since):
     status = dict(line.split(":", 1) for line in open("/proc/self/status"))
     mb = {k: int(status[k].split()[0]) // 1024 for k in ("VmRSS", "VmHWM")}
-    print(f"  {phase:26s} RSS {mb['VmRSS']:4d} MB, peak within {mb['VmHWM']:4d} MB ({time.perf_counter() - since:.1f} s)")
+    seconds = time.perf_counter() - since
+    print(f"  {phase:26s} RSS {mb['VmRSS']:4d} MB, peak within {mb['VmHWM']:4d} MB ({seconds:.1f} s)")
     open("/proc/self/clear_refs", "w").write("5")  # the next phase's high-water mark starts from its RSS
     return time.perf_counter()
 t = time.perf_counter()

@@ -132,8 +132,8 @@ def _ct2_file(variables: dict[str, np.ndarray]) -> bytes:
         return struct.pack("<H", len(s) + 1) + s.encode() + b"\0"
     out = [struct.pack("<I", 6), string("WhisperSpec"), struct.pack("<II", 3, len(variables))]
     for name, a in variables.items():
-        out += [string(name), struct.pack(f"<B{a.ndim}I", a.ndim, *a.shape), struct.pack("<BI", codes[a.dtype], a.nbytes),
-                a.tobytes()]
+        out += [string(name), struct.pack(f"<B{a.ndim}I", a.ndim, *a.shape),
+                struct.pack("<BI", codes[a.dtype], a.nbytes), a.tobytes()]
     return b"".join(out) + struct.pack("<I", 0)
 
 
