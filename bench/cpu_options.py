@@ -57,8 +57,8 @@ def variant(config: dict, profile: bool):
             finally:
                 cpu.BOUND_READERS, cpu.SHARED_READERS = saved
 
-        def _options(self):
-            options = super()._options()
+        def _options(self, prepack=False):
+            options = super()._options(prepack)
             for key, value in config.items():
                 if "." in key:
                     options.add_session_config_entry(key, value)

@@ -43,26 +43,37 @@ def _transposed(g, w) -> str:
                      g.program.buffers[w].shape[::-1])
 
 
-def _int8_scale(weight: np.ndarray) -> np.ndarray:  # a weight [out, in]'s symmetric scale per output
-    return (np.maximum(np.abs(weight).max(axis=1), np.float32(1e-30)) / np.float32(127)).astype(np.float32)
+INT8_BLOCK = 32  # inputs per int8 weight block (its own scale), and per block of activations quantized at run time
+
+
+def _int8_blocks(weight: np.ndarray, scale_only: bool = False) -> np.ndarray:
+    """A weight [out, in] in MatMulNBits' 8-bit form, the values ORT's symmetric quantizer writes: per output, blocks
+    of INT8_BLOCK inputs (zero-padded), each block's signed extreme at -128 (scale [out, blocks]), stored + 128."""
+    blocks = np.pad(weight, ((0, 0), (0, -weight.shape[1] % INT8_BLOCK))).reshape(len(weight), -1, INT8_BLOCK)
+    scale = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0] / np.float32(-128)
+    if scale_only:
+        return scale
+    q = np.rint(blocks / np.where(scale == 0, np.float32(1), scale)[..., None]) + 128
+    return np.clip(q, 0, 255).astype(np.uint8)
+
+
+def _int8(g, w) -> tuple[str, str]:
+    """A weight's int8 blocks [out, blocks, INT8_BLOCK] and their scales [out, blocks], made at load."""
+    n, k = g.program.buffers[w].shape
+    blocks = -(-k // INT8_BLOCK)
+    wq = g.derived(w, ".q8", lambda weights: _int8_blocks(weights[w]), "uint8", (n, blocks, INT8_BLOCK))
+    return wq, g.derived(w, ".q8scale2", lambda weights: _int8_blocks(weights[w], True), "float32", (n, blocks))
 
 
 def _linear(g, out, x, w, b=None, **_):
-    """int8 entries: x quantized per tensor at run time (uint8), a weight per output at load (int8 [in, out],
-    C-ordered: read in place), an integer GEMM: what ORT's quantize_dynamic writes, fused to DynamicQuantizeMatMul."""
+    """int8 entries: ORT's MatMulNBits, 8 bits: the weight quantized per block of inputs at load, and (accuracy level
+    4) the activations per block at run time, multiplied in int8 (VNNI)."""
     shape, weight = g.program.buffers[w].shape, g.program.buffers[w].usage is Usage.WEIGHTS
     if weight and g.int8:
-        wq = g.derived(w, ".int8", lambda weights: np.ascontiguousarray(np.clip(
-            np.rint(weights[w].T / _int8_scale(weights[w])), -127, 127).astype(np.int8)), "int8", shape[::-1])
-        ws = g.derived(w, ".scale", lambda weights: _int8_scale(weights[w]), "float32", shape[:1])
-        quantized = [f"{out}.q", f"{out}.q_scale", f"{out}.q_zero"]
-        g.nodes.append(g.helper.make_node("DynamicQuantizeLinear", [g.value(x)], quantized))
-        product = g.node("MatMulInteger", [quantized[0], wq, quantized[2]])
-        y = g.node("Mul", [g.node("Cast", [product], to=g.tensor.FLOAT), g.node("Mul", [quantized[1], ws])],
-                   None if b else out)
-    else:
-        wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
-        y = g.node("MatMul", [g.value(x), wt], None if b else out)
+        return g.node("MatMulNBits", [g.value(x), *_int8(g, w), "", "", g.value(b) if b else ""], out,
+                      domain="com.microsoft", K=shape[1], N=shape[0], bits=8, block_size=INT8_BLOCK, accuracy_level=4)
+    wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
+    y = g.node("MatMul", [g.value(x), wt], None if b else out)
     return g.node("Add", [y, g.value(b)], out) if b else y
 
 
@@ -184,8 +195,9 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "cache_write": _cache_write,
 }
 BOUND_READERS = {("MatMul", 1), ("Gather", 0)}
-SHARED_READERS = {("MatMulInteger", 1), ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1), ("LayerNormalization", 2)}
-_DTYPES = {"float32": 1, "int8": 3, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
+SHARED_READERS = {("MatMulNBits", 1), ("MatMulNBits", 2), ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1),
+                  ("LayerNormalization", 2)}
+_DTYPES = {"float32": 1, "uint8": 2, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
 
 
 class EntryGraph:
@@ -242,8 +254,8 @@ class EntryGraph:
             [info(n, *self.weights[n][1:]) for n in self.bound]
         outputs = [info(v, buffers[b].dtype, buffers[b].shape) for b, v in self.outputs.items()]
         graph = helper.make_graph(self.nodes, entry.name, inputs, outputs, externals + self.constants)
-        self.model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                       producer_name="aie-apps").SerializeToString()
+        opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid("com.microsoft", 1)] * self.int8
+        self.model = helper.make_model(graph, opset_imports=opsets, producer_name="aie-apps").SerializeToString()
         self.key = hashlib.sha256(self.model).hexdigest()
 
     def value(self, buffer: str) -> str:
@@ -323,14 +335,15 @@ class CpuExecutable:
         self.sessions: dict[str, object] = {}  # EntryGraph.key -> its session, built on the entry's first run
         self.lock, self.local, self.counters, self.closed = threading.Lock(), threading.local(), Counters(), False
 
-    def _options(self):
-        """What every session is built with (bench/cpu_options.py varies it)."""
+    def _options(self, prepack: bool = False):
+        """What every session is built with (bench/cpu_options.py varies it); prepack: an int8 entry's."""
         options = self.ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
         options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
         options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
-        # a prepacked weight is a copy per session (and every entry of a program has one)
-        options.add_session_config_entry("session.disable_prepacking", "1")
+        # a prepacked weight is a copy per session (and every entry of a program has one); MatMulNBits (int8)
+        # without its packed weight dequantizes the whole weight at every run
+        options.add_session_config_entry("session.disable_prepacking", "0" if prepack else "1")
         # the memory pattern (one block per session for a run's activations, taken from the arena beside the
         # chunks the first run left there) keeps twice an encoder's activations
         options.enable_mem_pattern = False
@@ -344,7 +357,8 @@ class CpuExecutable:
             return bindings[graph.key]
         with self.lock:
             if graph.key not in self.sessions:
-                options, arrays = self._options(), [self.arrays[n][0] for n in graph.external]  # read in place
+                options = self._options(graph.int8)
+                arrays = [self.arrays[n][0] for n in graph.external]  # read in place
                 options.add_external_initializers_from_files_in_memory(list(graph.external.values()), arrays,
                                                                        [a.nbytes for a in arrays])
                 for name in graph.shared:
