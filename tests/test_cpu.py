@@ -329,6 +329,36 @@ def test_int8_entries_run_matmul_nbits_with_ort_quantizer_weights(record_parity)
     assert 1e-5 < rel <= 2e-2  # quantized (not the fp32 graph), and close: 8-bit weights and activations
 
 
+def test_an_int8_decoder_gathers_its_tied_table_from_the_int8_head(record_parity):
+    """Whisper's token table is also its output head: int8 decoder entries read both from one int8 form (the float
+    table is not kept), and their logits stay close to fp32's."""
+    import onnx
+    program = compiler.compile(whisper.graphs(whisper.TINY))
+    rng = np.random.default_rng(11)
+    weights, table = _rand(program, rng), "model.decoder.embed_tokens.weight"
+    mel = rng.normal(size=(1, whisper.TINY.num_mel_bins, whisper.TINY.n_frames)).astype(np.float32)
+    logits = {}
+    for precision in ("fp32", "int8"):
+        exe = CpuBackend(2, precision=precision).load(program, weights)
+        try:
+            state = exe.new_state()
+            exe.run("encode", {"mel": mel}, state)
+            logits[precision] = np.concatenate([exe.run("decode_step", {"tokens": np.array([[t]], np.int32),
+                                                                        "pos": np.int32(i)}, state)["logits"]
+                                                for i, t in enumerate([1, 7, 30, 95])], axis=1)
+            nodes = onnx.load_from_string(exe.graphs["decode_step"].model).graph.node
+            gathers = [list(n.input) for n in nodes if n.op_type == "GatherBlockQuantized"]
+            if precision == "int8":
+                assert gathers == [[f"{table}.q8", "decode_step/tokens", f"{table}.q8scale3"]]
+                assert table not in exe.arrays and f"{table}.T" not in exe.arrays
+            else:
+                assert not gathers and f"{table}.T" in exe.arrays
+        finally:
+            exe.close()
+    _, rel = record_parity("whisper.tiny.int8-vs-fp32.logits", logits["int8"], logits["fp32"])
+    assert 1e-5 < rel <= 3e-2
+
+
 def test_an_unknown_precision_is_a_usage_error():
     program = compiler.compile([bert.graph(bert.TINY, 1, 8)])
     weights = _rand(program, np.random.default_rng(8))

@@ -57,12 +57,14 @@ def _int8_blocks(weight: np.ndarray, scale_only: bool = False) -> np.ndarray:
     return np.clip(q, 0, 255).astype(np.uint8)
 
 
-def _int8(g, w) -> tuple[str, str]:
-    """A weight's int8 blocks [out, blocks, INT8_BLOCK] and their scales [out, blocks], made at load."""
+def _int8(g, w, scale_axes: int = 2) -> tuple[str, str]:
+    """A weight's int8 blocks [out, blocks, INT8_BLOCK] and their scales ([out, blocks], or with scale_axes=3
+    [out, blocks, 1]: GatherBlockQuantized's form), made at load."""
     n, k = g.program.buffers[w].shape
     blocks = -(-k // INT8_BLOCK)
     wq = g.derived(w, ".q8", lambda weights: _int8_blocks(weights[w]), "uint8", (n, blocks, INT8_BLOCK))
-    return wq, g.derived(w, ".q8scale2", lambda weights: _int8_blocks(weights[w], True), "float32", (n, blocks))
+    return wq, g.derived(w, f".q8scale{scale_axes}", lambda weights: _int8_blocks(weights[w], True).reshape(
+        n, blocks, *[1] * (scale_axes - 2)), "float32", (n, blocks, 1)[:scale_axes])
 
 
 def _linear(g, out, x, w, b=None, **_):
@@ -99,6 +101,13 @@ def _cache_write(g, out, cache, value, pos, *, axis, shapes):
 
 
 def _embedding(g, out, table, ids, *, shapes):
+    if g.int8 and shapes[0][1] % INT8_BLOCK == 0 and any(
+            s.op == "linear" and s.inputs[1] == table for e in g.program.entries.values() for s in e.steps):
+        # a table tied to a linear, in an int8 entry: rows of the linear's int8 blocks (the float table not kept)
+        blocks, scales = _int8(g, table, 3)
+        rows = g.node("GatherBlockQuantized", [blocks, g.value(ids), scales], domain="com.microsoft", bits=8,
+                      block_size=INT8_BLOCK, gather_axis=0, quantize_axis=2)
+        return g.node("Reshape", [rows, g.const(shapes[-1], np.int64)], out)
     if table not in g.transposed:
         return g.node("Gather", [g.value(table), g.value(ids)], out)
     # a table tied to a linear is kept as [d, vocab] only: gather its columns, move d last
@@ -195,8 +204,8 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "cache_write": _cache_write,
 }
 BOUND_READERS = {("MatMul", 1), ("Gather", 0)}
-SHARED_READERS = {("MatMulNBits", 1), ("MatMulNBits", 2), ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1),
-                  ("LayerNormalization", 2)}
+SHARED_READERS = {("MatMulNBits", 1), ("MatMulNBits", 2), ("GatherBlockQuantized", 0), ("GatherBlockQuantized", 2),
+                  ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1), ("LayerNormalization", 2)}
 _DTYPES = {"float32": 1, "uint8": 2, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
 
 
