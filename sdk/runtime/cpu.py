@@ -43,28 +43,23 @@ def _transposed(g, w) -> str:
                      g.program.buffers[w].shape[::-1])
 
 
-INT8_BLOCK = 32  # inputs per int8 weight block (its own scale), and per block of activations quantized at run time
+INT8_BLOCK = 32  # inputs per int8 weight block, each with its own scale; at run time, per block of activations too
 
 
-def _int8_blocks(weight: np.ndarray, scale_only: bool = False) -> np.ndarray:
-    """A weight [out, in] in MatMulNBits' 8-bit form, the values ORT's symmetric quantizer writes: per output, blocks
-    of INT8_BLOCK inputs (zero-padded), each block's signed extreme at -128 (scale [out, blocks]), stored + 128."""
-    blocks = np.pad(weight, ((0, 0), (0, -weight.shape[1] % INT8_BLOCK))).reshape(len(weight), -1, INT8_BLOCK)
-    scale = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1)[..., 0] / np.float32(-128)
-    if scale_only:
-        return scale
-    q = np.rint(blocks / np.where(scale == 0, np.float32(1), scale)[..., None]) + 128
-    return np.clip(q, 0, 255).astype(np.uint8)
+def _int8(g, w, gather: bool = False) -> tuple[str, str]:
+    """A weight [out, in] as MatMulNBits' 8-bit blocks [out, blocks, INT8_BLOCK] and scales [out, blocks] ([out,
+    blocks, 1] for GatherBlockQuantized), made at load: ORT's symmetric quantizer's values (each block's signed
+    extreme is -128, zero-padded, stored + 128)."""
+    (n, k), pad = g.program.buffers[w].shape, -g.program.buffers[w].shape[1] % INT8_BLOCK
+    scale_shape = (n, (k + pad) // INT8_BLOCK, 1)[:2 + gather]
 
-
-def _int8(g, w, scale_axes: int = 2) -> tuple[str, str]:
-    """A weight's int8 blocks [out, blocks, INT8_BLOCK] and their scales ([out, blocks], or with scale_axes=3
-    [out, blocks, 1]: GatherBlockQuantized's form), made at load."""
-    n, k = g.program.buffers[w].shape
-    blocks = -(-k // INT8_BLOCK)
-    wq = g.derived(w, ".q8", lambda weights: _int8_blocks(weights[w]), "uint8", (n, blocks, INT8_BLOCK))
-    return wq, g.derived(w, f".q8scale{scale_axes}", lambda weights: _int8_blocks(weights[w], True).reshape(
-        n, blocks, *[1] * (scale_axes - 2)), "float32", (n, blocks, 1)[:scale_axes])
+    def quantize(weights, scale_only=False):
+        blocks = np.pad(weights[w], ((0, 0), (0, pad))).reshape(n, -1, INT8_BLOCK)
+        scale = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1) / np.float32(-128)
+        return scale.reshape(scale_shape) if scale_only else np.clip(
+            np.rint(blocks / np.where(scale == 0, np.float32(1), scale)) + 128, 0, 255).astype(np.uint8)
+    return (g.derived(w, ".q8", quantize, "uint8", (*scale_shape[:2], INT8_BLOCK)),
+            g.derived(w, f".q8scale{2 + gather}", lambda weights: quantize(weights, True), "float32", scale_shape))
 
 
 def _linear(g, out, x, w, b=None, **_):
@@ -104,7 +99,7 @@ def _embedding(g, out, table, ids, *, shapes):
     if g.int8 and shapes[0][1] % INT8_BLOCK == 0 and any(
             s.op == "linear" and s.inputs[1] == table for e in g.program.entries.values() for s in e.steps):
         # a table tied to a linear, in an int8 entry: rows of the linear's int8 blocks (the float table not kept)
-        blocks, scales = _int8(g, table, 3)
+        blocks, scales = _int8(g, table, gather=True)
         rows = g.node("GatherBlockQuantized", [blocks, g.value(ids), scales], domain="com.microsoft", bits=8,
                       block_size=INT8_BLOCK, gather_axis=0, quantize_axis=2)
         return g.node("Reshape", [rows, g.const(shapes[-1], np.int64)], out)
@@ -350,8 +345,8 @@ class CpuExecutable:
         options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
         options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
         options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
-        # a prepacked weight is a copy per session (and every entry of a program has one); MatMulNBits (int8)
-        # without its packed weight dequantizes the whole weight at every run
+        # a prepacked weight is a copy per session (and every entry of a program has one); int8's MatMulNBits
+        # needs one (unpacked, it dequantizes the whole weight at every run)
         options.add_session_config_entry("session.disable_prepacking", "0" if prepack else "1")
         # the memory pattern (one block per session for a run's activations, taken from the arena beside the
         # chunks the first run left there) keeps twice an encoder's activations
@@ -366,8 +361,7 @@ class CpuExecutable:
             return bindings[graph.key]
         with self.lock:
             if graph.key not in self.sessions:
-                options = self._options(graph.int8)
-                arrays = [self.arrays[n][0] for n in graph.external]  # read in place
+                options, arrays = self._options(graph.int8), [self.arrays[n][0] for n in graph.external]  # read in place
                 options.add_external_initializers_from_files_in_memory(list(graph.external.values()), arrays,
                                                                        [a.nbytes for a in arrays])
                 for name in graph.shared:
