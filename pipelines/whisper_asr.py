@@ -99,12 +99,14 @@ class WhisperRecognizer:
             raise UsageError(f"{self.source.name} is an English-only model; it cannot transcribe {options.language!r}",
                              fix="use a multilingual model (e.g. whisper-base, or openai/whisper-tiny when online) or --language en")
         self.windows = whisper.windows(self.cfg, whisper.ENCODER_WINDOWS)  # shortest first, the full one last
-        # INT8_ENTRIES names an entry of every window: a short window runs int8 as the full one does
-        precision = ({w.entry(name): "int8" for w in self.windows for name in whisper.INT8_ENTRIES}
+        graphs = whisper.program_graphs(self.cfg, tok.timestamp_begin)
+        drafts = whisper.draft_graphs(self.cfg) if options.verify_drafts else []
+        # INT8_ENTRIES names entries of every window (a short window runs int8 as the full one does) that this
+        # session may not have (the draft passes)
+        int8 = {w.entry(name) for w in self.windows for name in whisper.INT8_ENTRIES}
+        precision = ({g.name: "int8" for g in graphs + drafts if g.name in int8}
                      if options.precision == "int8" else options.precision)
-        self.session = Session(whisper.program_graphs(self.cfg, tok.timestamp_begin), weights, device=device,
-                               precision=precision,
-                               cpu_graphs=whisper.draft_graphs(self.cfg) if options.verify_drafts else ())
+        self.session = Session(graphs, weights, device=device, precision=precision, cpu_graphs=drafts)
         self.state = self.session.new_state()
         self.session.run("set_suppress", self.state, bias=self._suppress_table(folder))
         self._active = self.windows[-1]  # the window whose cross K/V the state holds

@@ -88,13 +88,40 @@ def test_librivox_wer(results, record_result):
         assert len(r.segments) == 1 and r.segments[0].start == 0 and r.segments[0].end == pytest.approx(r.duration, abs=0.02)
 
 
-def test_librivox_wer_int8_is_within_half_a_point_of_fp32(transcriber, record_result):
+@pytest.fixture(scope="module")
+def int8_transcriber():
+    with Transcriber("whisper-tiny.en", device="cpu", options=TranscribeOptions(precision="int8")) as t:
+        yield t
+
+
+def int8_gate_speech(name: str, folder: Path) -> list[tuple[np.ndarray | Path, str]]:
+    """(audio, reference) of one set of the int8 gate: the LibriVox clips, the long file (the clips twice with
+    4 s pauses), the dictation tests' long session (the clips five times as recorded, 124 s), flite's sentences."""
+    from tests import dictation_support as support
+    clips = support.librivox_clips()
+    if name == "clips":
+        return clips
+    if name == "long file":
+        pause = np.zeros(4 * 16000, np.float32)
+        return [(np.concatenate([x for _ in range(2) for wav, _ in clips for x in (load_audio(wav), pause)]),
+                 " ".join(ref for _ in range(2) for _, ref in clips))]
+    if name == "long session":
+        return [support.long_session()]
+    if reason := support.need("flite"):
+        pytest.skip(reason)
+    return support.gate_speech(folder)[len(clips):]
+
+
+@pytest.mark.parametrize("name", ["clips", "long file", "long session", "flite"])
+def test_int8_wer_is_within_half_a_point_of_fp32(name, transcriber, int8_transcriber, tmp_path, record_result):
     """The gate that lets whisper.INT8_ENTRIES run with int8 weights (--precision int8 on the cpu backend), in
     the default mode (timestamps on, the model's own windows), the one the bench and the CLI run."""
-    with Transcriber("whisper-tiny.en", device="cpu", options=TranscribeOptions(precision="int8")) as t:
-        int8, _, _ = wer({c.stem: t.transcribe(c).text for c in CLIPS})
-    fp32, _, _ = wer({c.stem: transcriber.transcribe(c).text for c in CLIPS})
-    record_result(f"WER tiny.en int8 on 5 LibriVox clips: {int8:.1%} (fp32 {fp32:.1%})", wer_int8=int8, wer_fp32=fp32)
+    from tests.dictation_support import wer as wer_of
+    speech = int8_gate_speech(name, tmp_path)
+    reference = " ".join(ref for _, ref in speech)
+    fp32, int8 = (wer_of(reference, " ".join(t.transcribe(audio).text for audio, _ in speech))
+                  for t in (transcriber, int8_transcriber))
+    record_result(f"WER tiny.en int8 on the {name}: {int8:.2%} (fp32 {fp32:.2%})", wer_int8=int8, wer_fp32=fp32)
     assert int8 <= fp32 + 0.005
 
 

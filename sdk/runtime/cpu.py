@@ -49,27 +49,35 @@ def _transposed(g, w) -> str:
                      g.program.buffers[w].shape[::-1])
 
 
-def _int8_scale(weight: np.ndarray) -> np.ndarray:  # a weight [out, in]'s symmetric scale per output
-    return (np.maximum(np.abs(weight).max(axis=1), np.float32(1e-30)) / np.float32(127)).astype(np.float32)
+INT8_BLOCK = 16  # inputs per int8 block with its own scale (weights and activations): MatMulNBits' smallest, most exact
+
+
+def _int8(g, w, gather: bool = False) -> tuple[str, str]:
+    """A weight [out, in] as MatMulNBits' 8-bit blocks [out, blocks, INT8_BLOCK] and scales [out, blocks] ([out,
+    blocks, 1] for GatherBlockQuantized), made at load: ORT's symmetric quantizer's values (each block's signed
+    extreme is -128, zero-padded, stored + 128)."""
+    (n, k), pad = g.program.buffers[w].shape, -g.program.buffers[w].shape[1] % INT8_BLOCK
+    scale_shape = (n, (k + pad) // INT8_BLOCK, 1)[:2 + gather]
+
+    def quantize(weights, scale_only=False):
+        blocks = np.pad(weights[w], ((0, 0), (0, pad))).reshape(n, -1, INT8_BLOCK)
+        scale = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1) / np.float32(-128)
+        return scale.reshape(scale_shape) if scale_only else np.clip(
+            np.rint(blocks / np.where(scale == 0, np.float32(1), scale)) + 128, 0, 255).astype(np.uint8)
+    return (g.derived(w, ".q8", quantize, "uint8", (*scale_shape[:2], INT8_BLOCK)),
+            g.derived(w, f".q8scale{2 + gather}", lambda weights: quantize(weights, True), "float32", scale_shape))
 
 
 def _linear(g, out, x, w, b=None, *, shapes):
-    """int8 entries: x quantized per tensor at run time (uint8), a weight per output at load (int8 [in, out],
-    C-ordered: read in place), an integer GEMM: what ORT's quantize_dynamic writes, fused to DynamicQuantizeMatMul."""
+    """int8 entries: ORT's MatMulNBits, 8 bits: the weight quantized per block of inputs at load, and (accuracy level
+    4) the activations per block at run time, multiplied in int8 (VNNI)."""
     shape, weight = g.program.buffers[w].shape, g.program.buffers[w].usage is Usage.WEIGHTS
     if weight and g.int8:
-        wq = g.derived(w, ".int8", lambda weights: np.ascontiguousarray(np.clip(
-            np.rint(weights[w].T / _int8_scale(weights[w])), -127, 127).astype(np.int8)), "int8", shape[::-1])
-        ws = g.derived(w, ".scale", lambda weights: _int8_scale(weights[w]), "float32", shape[:1])
-        quantized = [f"{out}.q", f"{out}.q_scale", f"{out}.q_zero"]
-        g.nodes.append(g.helper.make_node("DynamicQuantizeLinear", [g.value(x)], quantized))
-        product = g.node("MatMulInteger", [quantized[0], wq, quantized[2]])
-        y = g.node("Mul", [g.node("Cast", [product], to=g.tensor.FLOAT), g.node("Mul", [quantized[1], ws])],
-                   None if b else out)
-    else:
-        wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
-        g.rows[wt] = max(g.rows.get(wt, 0), math.prod(shapes[0][:-1]))
-        y = g.node("MatMul", [g.value(x), wt], None if b else out)
+        return g.node("MatMulNBits", [g.value(x), *_int8(g, w), "", "", g.value(b) if b else ""], out,
+                      domain="com.microsoft", K=shape[1], N=shape[0], bits=8, block_size=INT8_BLOCK, accuracy_level=4)
+    wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
+    g.rows[wt] = max(g.rows.get(wt, 0), math.prod(shapes[0][:-1]))
+    y = g.node("MatMul", [g.value(x), wt], None if b else out)
     return g.node("Add", [y, g.value(b)], out) if b else y
 
 
@@ -95,6 +103,13 @@ def _cache_write(g, out, cache, value, pos, *, axis, shapes):
 
 
 def _embedding(g, out, table, ids, *, shapes):
+    if g.int8 and shapes[0][1] % INT8_BLOCK == 0 and any(
+            s.op == "linear" and s.inputs[1] == table for e in g.program.entries.values() for s in e.steps):
+        # a table tied to a linear, in an int8 entry: rows of the linear's int8 blocks (the float table not kept)
+        blocks, scales = _int8(g, table, gather=True)
+        rows = g.node("GatherBlockQuantized", [blocks, g.value(ids), scales], domain="com.microsoft", bits=8,
+                      block_size=INT8_BLOCK, gather_axis=0, quantize_axis=2)
+        return g.node("Reshape", [rows, g.const(shapes[-1], np.int64)], out)
     if table not in g.transposed:
         return g.node("Gather", [g.value(table), g.value(ids)], out)
     # a table tied to a linear is kept as [d, vocab] only: gather its columns, move d last
@@ -191,8 +206,9 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "cache_write": _cache_write,
 }
 BOUND_READERS = {("MatMul", 1), ("Gather", 0)}
-SHARED_READERS = {("MatMulInteger", 1), ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1), ("LayerNormalization", 2)}
-_DTYPES = {"float32": 1, "int8": 3, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
+SHARED_READERS = {("MatMulNBits", 1), ("MatMulNBits", 2), ("GatherBlockQuantized", 0), ("GatherBlockQuantized", 2),
+                  ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1), ("LayerNormalization", 2)}
+_DTYPES = {"float32": 1, "uint8": 2, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
 
 
 class EntryGraph:
@@ -261,8 +277,8 @@ class EntryGraph:
             [info(n, *self.weights[n][1:]) for n in self.bound if n not in packed]
         outputs = [info(v, buffers[b].dtype, buffers[b].shape) for b, v in self.outputs.items()]
         graph = helper.make_graph(self.nodes, self.name, inputs, outputs, externals + self.constants)
-        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                 producer_name="aie-apps").SerializeToString()
+        opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid("com.microsoft", 1)] * self.int8
+        return helper.make_model(graph, opset_imports=opsets, producer_name="aie-apps").SerializeToString()
 
     def value(self, buffer: str) -> str:
         if buffer not in self.current:
@@ -363,7 +379,8 @@ class CpuExecutable:
         options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
         options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
         options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
-        # a packed weight is a copy per session: only a session given packable weights packs (Conv's too, then)
+        # a packed weight is a copy per session: only a session given packable weights packs (Conv's too, then);
+        # int8's MatMulNBits always does (unpacked, it dequantizes the whole weight at every run)
         options.add_session_config_entry("session.disable_prepacking", "0" if pack else "1")
         # the memory pattern (one block per session for a run's activations, taken from the arena beside the
         # chunks the first run left there) keeps twice an encoder's activations
@@ -382,7 +399,7 @@ class CpuExecutable:
             if graph.key not in self.sessions:
                 packed = frozenset(n for n in graph.packable if n not in self.packed)
                 self.packed |= packed
-                options, files = self._options(pack=bool(packed)), [n for n in graph.location if n not in graph.bound
+                options, files = self._options(pack=bool(packed) or graph.int8), [n for n in graph.location if n not in graph.bound
                                                                     or n in packed]
                 arrays = [self.arrays[n][0] for n in files]  # read in place
                 options.add_external_initializers_from_files_in_memory([graph.location[n] for n in files], arrays,
