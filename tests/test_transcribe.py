@@ -96,7 +96,8 @@ def int8_transcriber():
 
 def int8_gate_speech(name: str, folder: Path) -> list[tuple[np.ndarray | Path, str]]:
     """(audio, reference) of one set of the int8 gate: the LibriVox clips, the long file (the clips twice with
-    4 s pauses), the dictation tests' long session (the clips five times as recorded, 124 s), flite's sentences."""
+    4 s pauses), the dictation tests' long session (the clips five times as recorded, 124 s), flite's sentences
+    (the Harvard ones and the everyday ones in two voices: 521 words, one word 0.19 points)."""
     from tests import dictation_support as support
     clips = support.librivox_clips()
     if name == "clips":
@@ -109,7 +110,7 @@ def int8_gate_speech(name: str, folder: Path) -> list[tuple[np.ndarray | Path, s
         return [support.long_session()]
     if reason := support.need("flite"):
         pytest.skip(reason)
-    return support.gate_speech(folder)[len(clips):]
+    return support.gate_speech(folder)[len(clips):] + support.flite_speech(folder, support.EVERYDAY, ["slt", "rms"], "e")
 
 
 @pytest.mark.parametrize("name", ["clips", "long file", "long session", "flite"])
