@@ -22,6 +22,7 @@ One WhisperRecognizer holds one session (weights resident) and one decoding stat
 """
 from __future__ import annotations
 
+import re
 import threading
 import zlib
 from dataclasses import dataclass
@@ -65,10 +66,11 @@ LIVE_SHORTEST_WINDOW = {"whisper-tiny.en": 20.0}
 @dataclass
 class _Result:
     tokens: list[int]                 # sampled tokens, end-of-text removed (a forced prefix's included)
-    avg_logprob: float                # (this and text: of the tokens after the prefix, which was judged before)
+    avg_logprob: float                # (this, logprobs and text: of the tokens after the prefix, judged before)
     no_speech_prob: float
     temperature: float
     text: str
+    logprobs: list[float]             # the log-prob of each token after the prefix, as it was chosen
 
     @property
     def compression_ratio(self) -> float:
@@ -110,6 +112,7 @@ class WhisperRecognizer:
         self._active = self.windows[-1]  # the window whose cross K/V the state holds
         self.last_window: whisper.Window | None = None  # the encoder window the last decode kept (bench reads it)
         self.last_tokens: list[int] = []  # ... and its tokens: the draft for the next decode of the same audio
+        self.last_word_logprobs: list[list[float]] = []  # ... and how sure it was of each word (decode_window)
         self._lock = threading.Lock()
 
     # -- public API
@@ -199,7 +202,7 @@ class WhisperRecognizer:
         zero_mel_past_audio: the mel after the window's audio is zeros, not silence, as OpenAI's transcribe
         (and faster-whisper) pad a file's last window; live windows (decode_window) keep the silence."""
         o = self.options
-        self.last_tokens = []
+        self.last_tokens, self.last_word_logprobs = [], []
         if float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) < o.silence_rms:
             return [], size, language or o.language or "en"
         max_tokens = int(o.tokens_per_second * len(samples) / audio.SAMPLE_RATE) + 16
@@ -223,7 +226,8 @@ class WhisperRecognizer:
         if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
                 and not (o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold)):
             return [], size, language
-        segments, advance = self._segments(result.tokens, size, offset, keep_tail, after=len(prefix or []))
+        segments, advance, self.last_word_logprobs = self._segments(
+            result.tokens, size, offset, keep_tail, after=len(prefix or []), logprobs=result.logprobs if live else None)
         return segments, advance, language
 
     def windows_for(self, size: int, live: bool = False) -> list[whisper.Window]:
@@ -319,7 +323,7 @@ class WhisperRecognizer:
             return logits
 
         prefix = list(prefix)
-        tokens, sum_logprob = list(prompt) + prefix, 0.0
+        tokens, logprobs = list(prompt) + prefix, []   # logprobs: of each choice (an end-of-text's included)
         limit = min(self.cfg.max_target_positions // 2, self.cfg.max_target_positions - len(prompt), max_tokens)
         limit -= len(prefix)
         draft = list(draft[len(prefix):]) if list(draft[:len(prefix)]) == prefix else []
@@ -332,7 +336,7 @@ class WhisperRecognizer:
                 lambda logits, sampled: self._choose(logits, int(not sampled), self._ranges(sampled), 0.0, rng),
                 forced=prefix)
             no_speech_prob = _probability(verified.no_speech_logits, tok.no_speech)
-            sum_logprob, limit = sum(verified.logprobs), limit - len(verified.choices)
+            logprobs, limit = list(verified.logprobs), limit - len(verified.choices)
             tokens += [t for t in verified.choices if t != tok.eot]
             if verified.choices[-1] == tok.eot:
                 limit = 0
@@ -354,12 +358,13 @@ class WhisperRecognizer:
                     token, logprob = tok.timestamp_begin + int(out["ts_token"][0]), float(out["ts_logprob"][0])
             else:
                 token, logprob = self._choose(logits_at(tokens[-1], pos), first, ranges, temperature, rng)
-            sum_logprob += logprob
+            logprobs.append(logprob)
             if token == tok.eot:
                 break
             tokens.append(token)
         sampled, new = tokens[len(prompt):], tokens[len(prompt) + len(prefix):]
-        return _Result(sampled, sum_logprob / (len(new) + 1), no_speech_prob, temperature, tok.decode(new))
+        return _Result(sampled, sum(logprobs) / (len(new) + 1), no_speech_prob, temperature, tok.decode(new),
+                       logprobs[:len(new)])
 
     # -- Whisper's logit rules
 
@@ -420,47 +425,75 @@ class WhisperRecognizer:
         self._table = table
         return table
 
-    def _segments(self, tokens: list[int], size: int, offset: float, keep_tail: bool,
-                  after: int = 0) -> tuple[list[Segment], int]:
-        """Cut sampled tokens into timed segments at timestamp pairs; returns (segments, frames to advance). Only
-        the text of tokens from index `after` on (a forced prefix's continuation) is kept: a segment the prefix
-        ends inside keeps its times and the rest of its text."""
+    def _segments(self, tokens: list[int], size: int, offset: float, keep_tail: bool, after: int = 0,
+                  logprobs: list[float] | None = None) -> tuple[list[Segment], int, list[list[float]]]:
+        """Cut sampled tokens into timed segments at timestamp pairs; returns (segments, frames to advance, word
+        log-probs). Only the text of tokens from index `after` on (a forced prefix's continuation) is kept: a segment
+        the prefix ends inside keeps its times and the rest of its text. Given `logprobs` (of tokens[after:]), each
+        segment's words get theirs (see _word_logprobs); else the third value is []."""
         tb, tok = self.tokenizer.timestamp_begin, self.tokenizer
         window_seconds = size * FRAME_SECONDS
+        pieces: list[tuple[Segment, int, int]] = []   # each segment and the tokens [from, to) of its text
         if not self.options.timestamps:
-            return _nonempty([Segment(offset, offset + window_seconds, tok.decode(tokens[after:]))]), size
-        is_ts = [t >= tb for t in tokens]
-        single_ending = is_ts[-2:] == [False, True]
-        cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
-        segments: list[Segment] = []
-        if cuts:
-            if (single_ending or keep_tail) and cuts[-1] < len(tokens):
-                cuts.append(len(tokens))
-            last = 0
-            for cut in cuts:
-                piece = tokens[last:cut]
-                start = (piece[0] - tb) * TIME_PRECISION if piece and piece[0] >= tb else 0.0
-                end = (piece[-1] - tb) * TIME_PRECISION if piece[-1] >= tb else window_seconds
-                if cut > after:
-                    text = tok.decode(tokens[max(last, after):cut])
-                    segments.append(Segment(round(offset + start, 3), round(offset + end, 3), text))
-                last = cut
-            advance = size if single_ending or keep_tail else (tokens[last - 1] - tb) * 2  # 2 mel frames per token
-        else:
-            stamps = [t for t in tokens if t >= tb]
-            end = (stamps[-1] - tb) * TIME_PRECISION if stamps and stamps[-1] != tb else window_seconds
-            segments.append(Segment(round(offset, 3), round(offset + end, 3), tok.decode(tokens[after:])))
+            pieces.append((Segment(offset, offset + window_seconds, tok.decode(tokens[after:])), after, len(tokens)))
             advance = size
-        return _nonempty(segments), advance
+        else:
+            is_ts = [t >= tb for t in tokens]
+            single_ending = is_ts[-2:] == [False, True]
+            cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
+            if cuts:
+                if (single_ending or keep_tail) and cuts[-1] < len(tokens):
+                    cuts.append(len(tokens))
+                last = 0
+                for cut in cuts:
+                    piece = tokens[last:cut]
+                    start = (piece[0] - tb) * TIME_PRECISION if piece and piece[0] >= tb else 0.0
+                    end = (piece[-1] - tb) * TIME_PRECISION if piece[-1] >= tb else window_seconds
+                    if cut > after:
+                        text = tok.decode(tokens[max(last, after):cut])
+                        pieces.append((Segment(round(offset + start, 3), round(offset + end, 3), text),
+                                       max(last, after), cut))
+                    last = cut
+                advance = size if single_ending or keep_tail else (tokens[last - 1] - tb) * 2  # 2 mel frames a token
+            else:
+                stamps = [t for t in tokens if t >= tb]
+                end = (stamps[-1] - tb) * TIME_PRECISION if stamps and stamps[-1] != tb else window_seconds
+                pieces.append((Segment(round(offset, 3), round(offset + end, 3), tok.decode(tokens[after:])),
+                               after, len(tokens)))
+                advance = size
+        kept = [(Segment(s.start, s.end, s.text.strip()), a, b) for s, a, b in pieces if s.text.strip() and s.end > s.start]
+        sure = [] if logprobs is None else [
+            self._word_logprobs(tokens[a:b], logprobs[a - after:b - after]) for _, a, b in kept]
+        return [s for s, _, _ in kept], advance, sure
+
+    def _word_logprobs(self, tokens: list[int], logprobs: list[float]) -> list[float]:
+        """For each word of the tokens' text (split on whitespace, as text.split() does), the lowest log-prob of its
+        tokens that hold a letter or digit (punctuation changes no word: a word of punctuation alone gets 0.0).
+        Tokens are read in groups that decode to whole characters (a byte-level token may hold part of one)."""
+        words: list[float] = []
+        group, low, open_word = [], 0.0, False     # open_word: the last word may go on in the next group
+        for token, logprob in zip(tokens, logprobs):
+            if token >= self.tokenizer.eot:        # timestamps
+                continue
+            group.append(token)
+            low = min(low, logprob)
+            text = self.tokenizer.decode(group)
+            if "\ufffd" in text:                   # a character split across tokens: read on
+                continue
+            for k, word in enumerate(re.finditer(r"\S+", text)):
+                sure = low if re.search(r"\w", word.group()) else 0.0
+                if k == 0 and open_word and not text[0].isspace():
+                    words[-1] = min(words[-1], sure)
+                else:
+                    words.append(sure)
+            open_word = bool(words) and not text[-1:].isspace()
+            group, low = [], 0.0
+        return words
 
 
 def _probability(logits: np.ndarray, token: int) -> float:
     p = np.exp(logits - logits.max())
     return float(p[token] / p.sum())
-
-
-def _nonempty(segments: list[Segment]) -> list[Segment]:
-    return [Segment(s.start, s.end, s.text.strip()) for s in segments if s.text.strip() and s.end > s.start]
 
 
 def _read_json(path: Path) -> dict:
