@@ -162,10 +162,12 @@ class WhisperRecognizer:
         fallback=False for partial hypotheses (one greedy pass, no temperature retries) and `stop`, polled
         before the encoder and every decoder step: once it says True, the decode is given up (None). `draft`: the
         `last_tokens` of its previous decode of the same audio start, which the greedy pass verifies in one decoder
-        pass (options.verify_drafts): the same tokens as without it, in fewer steps. `prefix`: tokens taken as already
-        decoded (the `last_tokens` of an earlier decode of the same audio start, whose text was emitted): the decode
-        continues after them and returns only the segments (or the part of one) after them; `last_tokens` then holds
-        prefix + continuation."""
+        pass (options.verify_drafts): the same tokens as without it, in fewer steps. `prefix`: the `last_tokens` of an
+        earlier decode of the same audio start whose words were emitted: the decode continues after its last word
+        (what it wrote where its audio ended, the closing punctuation and timestamps, is decoded again, for the talker
+        went on and the sentence may too) and returns only the words after it (the segments, or the part of one,
+        after it, without punctuation in place of the emitted one); `last_tokens` then holds the tokens up to that
+        word + the continuation."""
         samples = audio.float_samples(samples_16k)
         if samples.ndim != 1 or len(samples) > audio.WHISPER_CHUNK:
             raise UsageError(f"decode_window takes mono audio of at most 30 s, got shape {samples.shape}",
@@ -175,7 +177,7 @@ class WhisperRecognizer:
         size = len(samples) // audio.WHISPER_HOP
         with self._lock:
             found = self._window(samples, size, offset, None, keep_tail=True, fallback=fallback, stop=stop, live=True,
-                                 draft=draft, prefix=list(prefix))
+                                 draft=draft, prefix=self._to_last_word(prefix))
         return None if found is None else found[0]
 
     def report(self) -> dict:
@@ -243,15 +245,15 @@ class WhisperRecognizer:
 
     def _plausible(self, result: _Result, seconds: float, max_tokens: int) -> bool:
         """A short window's greedy decode is kept unless it looks like a repeat loop or a failure: it ran into
-        its token limit, a timestamp lies well past the audio's end, it heard no speech (whisper-base hears none in
-        robotic German at 10 s that it transcribes at 30 s: the full window decides what is silence), or the
-        fallback checks would retry it."""
+        its token limit, a timestamp lies well past the audio's end, it heard no words (whisper-base hears none in
+        robotic German at 10 s that it transcribes at 30 s: the full window decides what is silence; after a prefix,
+        only the punctuation it ended with), or the fallback checks would retry it."""
         o, tb = self.options, self.tokenizer.timestamp_begin
         stamps = [t for t in result.tokens if t >= tb]
         late = bool(stamps) and (stamps[-1] - tb) * TIME_PRECISION > seconds + LATE_STAMP_SECONDS
         if len(result.tokens) >= max_tokens or late:
             return False
-        if not result.text.strip() or (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold):
+        if not re.search(r"\w", result.text) or (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold):
             return False
         return not self._looping(result) and not self._unsure(result)
 
@@ -461,10 +463,27 @@ class WhisperRecognizer:
                 pieces.append((Segment(round(offset, 3), round(offset + end, 3), tok.decode(tokens[after:])),
                                after, len(tokens)))
                 advance = size
-        kept = [(Segment(s.start, s.end, s.text.strip()), a, b) for s, a, b in pieces if s.text.strip() and s.end > s.start]
-        sure = [] if logprobs is None else [
-            self._word_logprobs(tokens[a:b], logprobs[a - after:b - after]) for _, a, b in kept]
-        return [s for s, _, _ in kept], advance, sure
+        segments, sure = [], []
+        for segment, a, b in pieces:
+            text, dropped = segment.text.strip(), 0
+            if a == after > 0:   # a continuation: punctuation where the emitted text has its own is nothing new
+                lead = re.match(r"(?:[^\w\s]+(?:\s+|$))*", text).group()
+                text, dropped = text[len(lead):], len(lead.split())
+            if text and segment.end > segment.start:
+                segments.append(Segment(segment.start, segment.end, text))
+                if logprobs is not None:
+                    sure.append(self._word_logprobs(tokens[a:b], logprobs[a - after:b - after])[dropped:])
+        return segments, advance, sure
+
+    def _to_last_word(self, tokens: Sequence[int]) -> list[int]:
+        """`tokens` up to their last word: without the timestamps and punctuation after it."""
+        tokens = list(tokens)
+        while tokens:
+            text = self.tokenizer.decode(tokens[-1:])
+            if tokens[-1] < self.tokenizer.timestamp_begin and ("\ufffd" in text or re.search(r"\w", text)):
+                break
+            tokens.pop()
+        return tokens
 
     def _word_logprobs(self, tokens: list[int], logprobs: list[float]) -> list[float]:
         """For each word of the tokens' text (split on whitespace, as text.split() does), the lowest log-prob of its

@@ -133,20 +133,24 @@ def _prefixed(transcriber, entries, audio, prefix, draft=()):
 @pytest.mark.parametrize("cut", ["segment end", "mid-segment", "longer than a pass", "all"])
 def test_a_prefix_decode_is_the_plain_decodes_continuation(transcriber, entries, cut):
     """A continued utterance's decode: the plain decode's first tokens as the forced prefix give the plain decode's
-    tokens, and only the segments (or the rest of the one) after the prefix."""
+    tokens, and only the segments (or the rest of the one) after the prefix. A prefix that ends with punctuation and
+    timestamps (all but "mid-segment" here) is continued after its last word: those are decoded again."""
     audio = _clips(0, 2, 3) if cut == "longer than a pass" else _clips(0, 1)
     tokens, texts, _ = _decode(transcriber, entries, audio)
     tb = transcriber.recognizer.tokenizer.timestamp_begin
     pairs = [i + 1 for i in range(len(tokens) - 1) if tokens[i] >= tb and tokens[i + 1] >= tb]
     n = {"segment end": pairs[0], "mid-segment": pairs[0] + 4, "longer than a pass": 70, "all": len(tokens)}[cut]
-    continued, continued_texts, ran = _prefixed(transcriber, entries, audio, tokens[:n])
+    # the whole decode continued, as the recognizer continues an emitted one: its tokens are the draft as well
+    continued, continued_texts, ran = _prefixed(transcriber, entries, audio, tokens[:n],
+                                                draft=tokens if cut == "all" else ())
     assert continued == tokens
     if cut == "segment end":
         assert continued_texts == texts[1:]
     elif cut == "mid-segment":
         assert continued_texts[0] != texts[1] and texts[1].endswith(continued_texts[0]) and continued_texts[1:] == texts[2:]
     elif cut == "all":
-        # EOT chosen in the one pass; nothing new is what a short window's silence is, so the full window decides
+        # the closing tokens verified and EOT chosen in the one pass; no new word is what a short window's silence
+        # is, so the full window decides
         assert continued_texts == [] and ran == ["encode_t2000", "decode_64_t2000", "encode", "decode_64"], ran
     else:
         assert len(tokens) > 70 and _passes(ran)[:2] == ["decode_64_t2000", "decode_32_t2000"], ran
