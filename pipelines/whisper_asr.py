@@ -48,6 +48,8 @@ TAIL_SECONDS = 1.0             # silence a short encoder window holds after the 
 LATE_STAMP_SECONDS = 3.0       # a short window's timestamp this far past the audio's end means a loop: whisper-base
                                # puts the end of speech up to 2.3 s into the silence after it with the same text as
                                # the next window (measured on the LibriVox dictation session), a loop runs on further
+STOPS_SHORT_SECONDS = 1.0     # a continuation whose last timestamp is this far before the audio's end missed words:
+                               # a live decode's audio ends at most a hangover (0.6 s) after the last words
 # The shortest encoder window (s) in which each model keeps its accuracy in FILE transcription, by the WER gate
 # (tests/test_whisper_base.py: LibriVox and flite speech, short windows vs the full one within 0.5 points, no word
 # lost at the ends; bench/whisper_windows.py measures every floor). whisper-base holds it at 5 s. tiny.en does not
@@ -165,9 +167,10 @@ class WhisperRecognizer:
         pass (options.verify_drafts): the same tokens as without it, in fewer steps. `prefix`: the `last_tokens` of an
         earlier decode of the same audio start whose words were emitted: the decode continues after its last word
         (what it wrote where its audio ended, the closing punctuation and timestamps, is decoded again, for the talker
-        went on and the sentence may too) and returns only the words after it (the segments, or the part of one,
-        after it, without punctuation in place of the emitted one); `last_tokens` then holds the tokens up to that
-        word + the continuation."""
+        went on and the sentence may too; if that continuation ends over a second before the audio does, it goes on
+        after the tokens as they are) and returns only the words after them (the segments, or the part of one, after
+        them, without punctuation in place of the emitted one); `last_tokens` then holds the tokens it went on after
+        + the continuation."""
         samples = audio.float_samples(samples_16k)
         if samples.ndim != 1 or len(samples) > audio.WHISPER_CHUNK:
             raise UsageError(f"decode_window takes mono audio of at most 30 s, got shape {samples.shape}",
@@ -177,7 +180,7 @@ class WhisperRecognizer:
         size = len(samples) // audio.WHISPER_HOP
         with self._lock:
             found = self._window(samples, size, offset, None, keep_tail=True, fallback=fallback, stop=stop, live=True,
-                                 draft=draft, prefix=self._to_last_word(prefix))
+                                 draft=draft, prefix=list(prefix))
         return None if found is None else found[0]
 
     def report(self) -> dict:
@@ -219,7 +222,13 @@ class WhisperRecognizer:
             language = language or o.language or ("en" if self.english_only else self._detect_language())
             # A short window gets one greedy pass; one that went wrong moves to the next window (a short audio
             # context is what makes Whisper repeat itself), and only the full window retries hotter.
-            result = self._fallback_decode(language, max_tokens, fallback and window.full, stop, draft, prefix or [])
+            used = self._to_last_word(prefix or [])
+            result = self._fallback_decode(language, max_tokens, fallback and window.full, stop, draft, used)
+            if result is not None and used != (prefix or []) and self._stops_short(result, size):
+                # continued inside the emitted decode's last segment, Whisper may close it and end before the
+                # words that followed: then the continuation after the emitted tokens as they are is taken
+                used = prefix
+                result = self._fallback_decode(language, max_tokens, fallback and window.full, stop, draft, used)
             if result is None:
                 return None
             if window.full or self._plausible(result, size * FRAME_SECONDS, max_tokens):
@@ -229,7 +238,7 @@ class WhisperRecognizer:
                 and not (o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold)):
             return [], size, language
         segments, advance, self.last_word_logprobs = self._segments(
-            result.tokens, size, offset, keep_tail, after=len(prefix or []), logprobs=result.logprobs if live else None)
+            result.tokens, size, offset, keep_tail, after=len(used), logprobs=result.logprobs if live else None)
         return segments, advance, language
 
     def windows_for(self, size: int, live: bool = False) -> list[whisper.Window]:
@@ -256,6 +265,12 @@ class WhisperRecognizer:
         if not re.search(r"\w", result.text) or (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold):
             return False
         return not self._looping(result) and not self._unsure(result)
+
+    def _stops_short(self, result: _Result, size: int) -> bool:
+        """The decode's last timestamp lies more than STOPS_SHORT_SECONDS before the end of its audio."""
+        tb = self.tokenizer.timestamp_begin
+        stamps = [t for t in result.tokens if t >= tb]
+        return bool(stamps) and (stamps[-1] - tb) * TIME_PRECISION < size * FRAME_SECONDS - STOPS_SHORT_SECONDS
 
     def _looping(self, result: _Result) -> bool:
         o = self.options

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipelines.dictation import DictationOptions, FileSource, Final, Partial, Stream
-from tests.dictation_support import LIBRIVOX, RATE, librivox_clips, librivox_session
+from tests.dictation_support import LIBRIVOX, RATE, clip_session, librivox_clips, librivox_session
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (LIBRIVOX / "fileids").is_file(),
@@ -154,6 +154,19 @@ def test_a_prefix_decode_is_the_plain_decodes_continuation(transcriber, entries,
         assert continued_texts == [] and ran == ["encode_t2000", "decode_64_t2000", "encode", "decode_64"], ran
     else:
         assert len(tokens) > 70 and _passes(ran)[:2] == ["decode_64_t2000", "decode_32_t2000"], ran
+
+
+def test_a_continuation_that_stops_short_goes_on_after_the_tokens_as_emitted(transcriber, entries):
+    """Clips 0-2, the second and third 0.3 s apart: the decode that heard the pause ends "young man." and its text was
+    emitted; continued after "man", tiny.en closes that segment after "selfish," and ends 1.4 s before the audio
+    does, without "is to be ill-disposed". Such a continuation is decoded again after the tokens as emitted."""
+    audio, _ = clip_session([1.0, 0.3, 1.0], tight=(1,))
+    start = 2.01   # a dictation window: 6 s of context before the second clip (the recognizer's own cut)
+    half, whole = (audio[int(start * RATE):int(end * RATE)] for end in (11.04, 16.2))
+    assert [s.text for s in transcriber.decode_window(half, offset=start)][-1].endswith("young man.")
+    emitted = list(transcriber.last_tokens)
+    continued = " ".join(s.text for s in transcriber.decode_window(whole, offset=start, prefix=emitted, draft=emitted))
+    assert continued.lower().startswith("unless to be rather") and "is to be" in continued, continued
 
 
 def test_a_prefix_without_passes_is_fed_step_by_step(transcriber, entries):
