@@ -84,7 +84,8 @@ def short_pause_session() -> tuple[np.ndarray, str]:
     return clip_session([1.0, 0.3, 1.0, 1.0, 1.0], lead=0.03, tight=(1,))
 
 
-def clause_session(pauses: tuple[float, ...] = (0.3, 0.4, 0.5, 0.35, 0.45, 0.55), clips: int = 20) -> tuple[np.ndarray, str]:
+def clause_session(pauses: tuple[float, ...] = (0.3, 0.4, 0.5, 0.35, 0.45, 0.55),
+                   clips: int = 20) -> tuple[np.ndarray, str]:
     """The clips in order, cycled (`clips` of them), every join cut to the next of `pauses` s between speech (the
     clips are the clauses of two sentences, so most joins are comma pauses), 1 s after the last: (audio, reference)."""
     joins = [pauses[i % len(pauses)] for i in range(clips - 1)]
