@@ -48,7 +48,7 @@ TAIL_SECONDS = 1.0             # silence a short encoder window holds after the 
 LATE_STAMP_SECONDS = 3.0       # a short window's timestamp this far past the audio's end means a loop: whisper-base
                                # puts the end of speech up to 2.3 s into the silence after it with the same text as
                                # the next window (measured on the LibriVox dictation session), a loop runs on further
-STOPS_SHORT_SECONDS = 1.0     # a continuation whose last timestamp is this far before the audio's end missed words:
+STOPS_SHORT_SECONDS = 1.0      # a continuation whose last timestamp is this far before the audio's end missed words:
                                # a live decode's audio ends at most a hangover (0.6 s) after the last words
 # The shortest encoder window (s) in which each model keeps its accuracy in FILE transcription, by the WER gate
 # (tests/test_whisper_base.py: LibriVox and flite speech, short windows vs the full one within 0.5 points, no word
