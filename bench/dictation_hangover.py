@@ -4,7 +4,8 @@ session and pace it prints
 
     lost       reference words the finals drop (the deletions of a word alignment, as the joins test counts them)
     live       the finals' WER; file: the Transcriber's WER on the same audio (decoded once); live - file in points
-    early      (fast pace) the finals emitted before the hangover ended (commit_quiet), of all finals
+    early      (fast pace) the finals emitted before the hangover ended (commit_quiet), of all finals (the last
+               one, at the end of the audio, does not count)
     differ     each final whose words differ from what the file transcript has for the same reference words,
                with the final's raw text (where Whisper put a period at a cut shows there)
 
@@ -197,7 +198,8 @@ def main():
                 finals = dictate(transcriber, audio, options, pace, args.decode_cost)
                 live = " ".join(f.text for f in finals)
                 lost, live_wer = deleted_words(reference, live), wer(reference, live)
-                early = f", early {sum(f.latency < options.hangover - 1e-6 for f in finals)}" if pace == "fast" else ""
+                early = sum(f.latency < options.hangover - 1e-6 and f.at < len(audio) / 16000 - 1e-6 for f in finals)
+                early = f", early {early}" if pace == "fast" else ""
                 print(f"{label or 'defaults'} {pace} {name}: finals {len(finals)}{early}, lost {len(lost)}"
                       f"{' ' + str(lost) if lost else ''}, live WER {100 * live_wer:.2f}, file {100 * file_wer:.2f},"
                       f" live - file {100 * (live_wer - file_wer):+.2f}  [{load()}]", flush=True)
