@@ -225,6 +225,29 @@ def test_decode_window_offsets(transcriber, results):
     assert normalise(" ".join(s.text for s in segs)) == normalise(results[CLIPS[4].stem].text)
 
 
+def test_decode_window_says_how_sure_it_was_of_each_word(transcriber):
+    """last_word_logprobs: per segment decode_window returned, one log-prob per word of its text (its least likely
+    token's). tiny.en is least sure of "ill-disposed" in clip 0880 (heard alone it writes "old-sposed"), and sure
+    of the words around it; a decode continued after a prefix says it for the words after the prefix only, as the
+    plain decode did for them."""
+    def decoded(speech, prefix=()):
+        segments = transcriber.decode_window(speech, prefix=prefix)
+        sure = transcriber.last_word_logprobs
+        assert [len(s.text.split()) for s in segments] == [len(words) for words in sure]
+        return [w for s in segments for w in s.text.split()], [x for words in sure for x in words]
+
+    for speech in (load_audio(CLIPS[1]), np.concatenate([load_audio(CLIPS[0]), load_audio(CLIPS[1])])):
+        words, sure = decoded(speech)
+        assert all(x <= 0 for x in sure)
+        assert words[int(np.argmin(sure))].endswith("sposed") and min(sure) < -0.5, list(zip(words, sure))
+        assert sorted(sure)[1] > -0.5, list(zip(words, sure))
+    tokens, tb = list(transcriber.last_tokens), transcriber.recognizer.tokenizer.timestamp_begin
+    first_segment = next(i + 1 for i in range(len(tokens) - 1) if tokens[i] >= tb and tokens[i + 1] >= tb)
+    rest, rest_sure = decoded(speech, prefix=tokens[:first_segment])
+    assert rest == words[-len(rest):] and len(rest) < len(words)
+    assert rest_sure == pytest.approx(sure[-len(rest):], abs=0.02)
+
+
 def test_decode_window_bounds_its_tokens_and_partials_skip_fallback(transcriber, monkeypatch):
     """tokens_per_second caps a window's sampled tokens (a looping decode of short audio ends), and
     fallback=False (live partials) is one greedy pass even when its result would call for a retry."""
