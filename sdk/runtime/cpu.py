@@ -399,8 +399,8 @@ class CpuExecutable:
             if graph.key not in self.sessions:
                 packed = frozenset(n for n in graph.packable if n not in self.packed)
                 self.packed |= packed
-                options, files = self._options(pack=bool(packed) or graph.int8), [n for n in graph.location if n not in graph.bound
-                                                                    or n in packed]
+                options = self._options(pack=bool(packed) or graph.int8)
+                files = [n for n in graph.location if n not in graph.bound or n in packed]
                 arrays = [self.arrays[n][0] for n in files]  # read in place
                 options.add_external_initializers_from_files_in_memory([graph.location[n] for n in files], arrays,
                                                                        [a.nbytes for a in arrays])
