@@ -3,11 +3,11 @@ changed vs ONNX Runtime on torch's export, interleaved in one process, BERT-base
 
     python bench/cpu_options.py              # on the machine as it is (say its load)
     python bench/cpu_options.py --busy 2     # with 2 busy-loop processes beside it: the loaded-machine case
-The choices (sdk/runtime/cpu.py `CpuExecutable._options`): intra-op spinning off (on: ORT's default; or on for
-a bounded time, `session.intra_op.spin_duration_us`), prepacking off, the memory pattern off; and MatMul weights
-as graph inputs bound in place ("constant MatMul weights": shared initializers instead, which ORT may
-prepack, at the price of a packed copy per session: the cost #26 removed). ORT's profiler
-(`--profile`) prints each one's summed kernel time per op type, to tell time in kernels from time between them.
+The choices (sdk/runtime/cpu.py `CpuExecutable._options`, `PACK_ROWS`): intra-op spinning off (on: ORT's
+default; or on for a bounded time, `session.intra_op.spin_duration_us`), the memory pattern off, and the linears'
+weights given to the entry's session as constants that ORT packs once ("unpacked": bound in place as graph
+inputs, which ORT packs again on every run). ORT's profiler (`--profile`) prints each one's summed kernel time
+per op type, to tell time in kernels from time between them.
 Needs the `reference` extra (torch, transformers, onnxruntime, onnx).
 """
 from __future__ import annotations
@@ -39,30 +39,27 @@ VARIANTS = {  # label -> session config entries and option attributes set over o
     "ours": {},
     "spin": {"session.intra_op.allow_spinning": "1"},
     "spin <= 50 us": {"session.intra_op.allow_spinning": "1", "session.intra_op.spin_duration_us": "50"},
-    "prepack": {"session.disable_prepacking": "0"},
     "mem pattern": {"enable_mem_pattern": True},
-    "constant MatMul weights": {"constant_matmul": True},
-    "constant MatMul weights + prepack": {"constant_matmul": True, "session.disable_prepacking": "0"},
+    "unpacked": {"unpacked": True},
 }
 
 
 def variant(config: dict, profile: bool):
     class Variant(cpu.CpuExecutable):
         def __init__(self, *a):
-            saved = cpu.BOUND_READERS, cpu.SHARED_READERS  # read while the entries' graphs are written
-            if config.get("constant_matmul"):
-                cpu.BOUND_READERS, cpu.SHARED_READERS = {("Gather", 0)}, saved[1] | {("MatMul", 1)}
+            saved = cpu.PACK_ROWS  # read while the entries' graphs are written
+            cpu.PACK_ROWS = 1 << 62 if config.get("unpacked") else saved
             try:
                 super().__init__(*a)
             finally:
-                cpu.BOUND_READERS, cpu.SHARED_READERS = saved
+                cpu.PACK_ROWS = saved
 
-        def _options(self):
-            options = super()._options()
+        def _options(self, pack):
+            options = super()._options(pack)
             for key, value in config.items():
                 if "." in key:
                     options.add_session_config_entry(key, value)
-                elif key != "constant_matmul":
+                elif key != "unpacked":
                     setattr(options, key, value)
             options.enable_profiling = profile
             return options

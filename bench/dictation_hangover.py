@@ -1,11 +1,18 @@
-"""End-of-utterance settings against the dictation WER gates: for each variant, the long file (the 5 LibriVox
-clips repeated five times, joined as recorded) and the short-pause file (one pause cut to 0.3 s) go through a
-Stream at fast and/or simulated pace (partials off, as the CLI off a TTY), and per file and pace it prints
+"""End-of-utterance settings against the dictation WER gates: for each variant, each session goes through a
+Stream at fast and/or simulated pace (partials off, as the CLI off a TTY, unless a variant sets them), and per
+session and pace it prints
 
     lost       reference words the finals drop (the deletions of a word alignment, as the joins test counts them)
     live       the finals' WER; file: the Transcriber's WER on the same audio (decoded once); live - file in points
+    early      (fast pace) the finals emitted before the hangover ended (commit_quiet), of all finals (the last
+               one, at the end of the audio, does not count)
     differ     each final whose words differ from what the file transcript has for the same reference words,
                with the final's raw text (where Whisper put a period at a cut shows there)
+
+Sessions (tests/dictation_support.py): long = the 5 LibriVox clips repeated five times, joined as recorded;
+short-pause = the clips once, one pause cut to 0.3 s; clauses = the clips cycled 20 times, every join cut to 0.3-0.55
+s between speech (comma pauses of a real reader); flite, espeak-ng = 32 sentences with commas by 3 and 4 synthetic
+voices, comma pauses 0.25-0.55 s, sentence pauses 0.5-1.4 s.
 
 With --periods, it lists instead, for every decode of a default session (fast pace) whose text ends a sentence
 (. ? !): its audio end, the quiet that really followed there (30 ms frames under -40 dBFS), the log-prob of
@@ -13,7 +20,8 @@ that last token (greedy decode steps) and the text's end: whether the period tel
 a comma (a sentence-aware shorter hangover would need it to).
 
     PYTHONPATH=. python bench/dictation_hangover.py [--model whisper-tiny.en] [--paces fast,simulated]
-        [--decode-cost 0.7] [--set vad=energy] [--variant "now:" --variant "short:hangover=0.4" ...] [--finals]
+        [--sessions long,short-pause,clauses,flite,espeak-ng] [--decode-cost 0.7] [--set vad=energy]
+        [--variant "now:" --variant "short:hangover=0.4" ...] [--finals]
     PYTHONPATH=. python bench/dictation_hangover.py --periods
 
 The variants are DictationOptions fields, parsed as bench/dictation_latency.py parses them. The load average is
@@ -127,11 +135,31 @@ def period_logprobs(transcriber, name: str, audio, options) -> None:
         whisper.session.run = run
 
 
+def session(name: str):
+    """(audio, reference) of a session named in --sessions."""
+    import tempfile
+
+    from tests import dictation_support as support
+    if name in ("flite", "espeak-ng"):
+        missing = support.need(name)
+        if missing:
+            raise SystemExit(f"session {name} {missing}")
+        with tempfile.TemporaryDirectory() as folder:
+            return support.comma_session(name, Path(folder))
+    makers = {"long": support.long_session, "short-pause": support.short_pause_session,
+              "clauses": support.clause_session}
+    if name not in makers:
+        raise SystemExit(f"unknown session {name!r}: use long, short-pause, clauses, flite or espeak-ng")
+    return makers[name]()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="whisper-tiny.en", help="ASR model name or folder")
     parser.add_argument("--paces", default="fast,simulated", help="comma-separated: fast, simulated")
+    parser.add_argument("--sessions", default="long,short-pause",
+                        help="comma-separated: long, short-pause, clauses, flite, espeak-ng (see above)")
     parser.add_argument("--decode-cost", type=float, default=None,
                         help="simulated pace: seconds charged per decode (default: its wall time)")
     parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
@@ -158,7 +186,8 @@ def main():
             print(f"  [{load()}]", flush=True)
         return
     sessions = []
-    for name, (audio, reference) in (("long", long_session()), ("short-pause", short_pause_session())):
+    for name in args.sessions.split(","):
+        audio, reference = session(name)
         file_text = transcriber.transcribe(audio).text
         sessions.append((name, audio, reference, file_text, wer(reference, file_text)))
         print(f"{name}: {len(audio) / 16000:.1f} s, file WER {100 * sessions[-1][4]:.2f}  [{load()}]", flush=True)
@@ -169,7 +198,9 @@ def main():
                 finals = dictate(transcriber, audio, options, pace, args.decode_cost)
                 live = " ".join(f.text for f in finals)
                 lost, live_wer = deleted_words(reference, live), wer(reference, live)
-                print(f"{label or 'defaults'} {pace} {name}: finals {len(finals)}, lost {len(lost)}"
+                early = sum(f.latency < options.hangover - 1e-6 and f.at < len(audio) / 16000 - 1e-6 for f in finals)
+                early = f", early {early}" if pace == "fast" else ""
+                print(f"{label or 'defaults'} {pace} {name}: finals {len(finals)}{early}, lost {len(lost)}"
                       f"{' ' + str(lost) if lost else ''}, live WER {100 * live_wer:.2f}, file {100 * file_wer:.2f},"
                       f" live - file {100 * (live_wer - file_wer):+.2f}  [{load()}]", flush=True)
                 for line in (f"{f.start:7.2f}-{f.end:6.2f} {f.text!r}" for f in finals) if args.finals else ():

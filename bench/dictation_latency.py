@@ -104,6 +104,10 @@ class TimedTranscriber:
     def last_tokens(self):
         return self.transcriber.last_tokens
 
+    @property
+    def last_word_logprobs(self):
+        return self.transcriber.last_word_logprobs
+
     def decode_window(self, samples, *, offset=0.0, fallback=True, stop=None, draft=(), prefix=()):
         d = Decode(audio_end=offset + len(samples) / 16000, start=self.clock())
         self.decodes.append(d)

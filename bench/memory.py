@@ -1,10 +1,11 @@
 """Peak RSS of whole CLI commands on the cpu backend, measured with `/usr/bin/time -v` (one process each).
 
-    python bench/memory.py [transcribe] [long] [embed-text] [classify VIT_FOLDER]
+    python bench/memory.py [transcribe] [phases] [long] [embed-text] [classify VIT_FOLDER]
 (default: transcribe long embed-text)
-`transcribe`: the 7.1 s Austen clip (LibriVox, Debian's pocketsphinx-testdata) with tiny.en; `long`: a 2-hour
-48 kHz stereo WAV made from it with sox (padded to 17.1 s, 420 copies: 7182 s), the #26 target (< 500 MB);
-`embed-text`: 1000 lines through all-MiniLM-L6-v2; `classify`: skimage's astronaut through a ViT folder
+`transcribe`: the 7.1 s Austen clip (LibriVox, Debian's pocketsphinx-testdata) with tiny.en; `phases`: the same
+transcription in one process, phase by phase, with each phase's own high-water mark (which phase sets the peak);
+`long`: a 2-hour 48 kHz stereo WAV made from it with sox (padded to 17.1 s, 420 copies: 7182 s), the #26 target
+(< 500 MB); `embed-text`: 1000 lines through all-MiniLM-L6-v2; `classify`: skimage's astronaut through a ViT folder
 (no ViT weights are offline: e.g. a random-init ViTForImageClassification saved with save_pretrained).
 Needs sox and GNU time (Debian `sox time`).
 """
@@ -32,6 +33,33 @@ def peak_rss(args: list[str], stdin: bytes | None = None) -> tuple[float, float,
     return rss, 3600 * h + 60 * m + s, run.stdout.decode()
 
 
+PHASES = """
+import sys, time
+def mark(phase, since):
+    status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    mb = {k: int(status[k].split()[0]) // 1024 for k in ("VmRSS", "VmHWM")}
+    seconds = time.perf_counter() - since
+    print(f"  {phase:26s} RSS {mb['VmRSS']:4d} MB, peak within {mb['VmHWM']:4d} MB ({seconds:.1f} s)")
+    open("/proc/self/clear_refs", "w").write("5")  # the next phase's high-water mark starts from its RSS
+    return time.perf_counter()
+t = time.perf_counter()
+from pipelines.asr import WhisperRecognizer
+t = mark("imports", t)
+r = WhisperRecognizer(device="cpu")
+t = mark("recognizer (load, session)", t)
+for n in ("first", "second"):
+    r.transcribe(sys.argv[1])
+    t = mark(f"{n} transcription", t)
+"""
+
+
+def phases(clip: Path):
+    """RSS and each phase's own peak of a tiny.en transcription of `clip`, in a fresh process."""
+    env = os.environ | {"PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+    print(subprocess.run([sys.executable, "-c", PHASES, str(clip)], capture_output=True, env=env, check=True,
+                         text=True).stdout, end="")
+
+
 def long_wav(folder: Path) -> Path:
     padded, out = folder / "clip48.wav", folder / "long.wav"
     subprocess.run(["sox", str(CLIP), "-r", "48000", "-c", "2", str(padded), "pad", "0", "10"], check=True)
@@ -46,6 +74,9 @@ def main():
         if "transcribe" in which:
             rss, wall, _ = peak_rss(["transcribe", str(CLIP)])
             print(f"  transcribe 7.1 s clip: peak RSS {rss:.0f} MB ({wall:.1f} s)")
+        if "phases" in which:
+            print("  transcribe 7.1 s clip, phase by phase:")
+            phases(CLIP)
         if "long" in which:
             rss, wall, text = peak_rss(["transcribe", str(long_wav(Path(tmp)))])
             print(f"  transcribe 2-hour 48 kHz stereo: peak RSS {rss:.0f} MB ({wall:.0f} s; "

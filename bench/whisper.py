@@ -2,16 +2,16 @@
 
     python bench/whisper.py [decoder] [encoder] [clips] [notorch]     # default: all three, with torch
 Reports (1) the decoder per token: 32 greedy steps with the KV cache from an empty cache, ours
-(`decode_greedy`: step + Whisper's filters + argmax, the cache written in place) vs transformers' decoder +
-proj_out + argmax with a EncoderDecoderCache (its first step computes the cross K/V, which ours did in `encode`:
-~0.5 ms of its per-step figure) vs ONNX Runtime on a torch export of a cached decoder step (`CachedStep` below:
-static self-attention cache in, updated cache out, cross K/V in; argmax on the host), run as a plain ORT user
-would, numpy in and out; (2) a 30 s window through the encoder and every decoder layer's cross-attention K/V
-projections, what our `encode` entry computes; (3) transcribing the 5 LibriVox clips (features + encoder +
-greedy decoding with timestamps and temperature fallback) with the same tiny.en weights: ours
-`WhisperRecognizer.transcribe` (fp32 and --precision int8) vs faster-whisper (CTranslate2, the same
-model.bin, fp32 and int8, beam_size=1) vs transformers' WhisperFeatureExtractor +
-`generate(return_timestamps=True)`, with each one's WER.
+(`decode_greedy`: step + Whisper's filters + argmax, the cache written in place; fp32 and int8) vs
+transformers' decoder + proj_out + argmax with a EncoderDecoderCache (its first step computes the cross K/V, which
+ours did in `encode`: ~0.5 ms of its per-step figure) vs ONNX Runtime on a torch export of a cached decoder step
+(`CachedStep` below: static self-attention cache in, updated cache out, cross K/V in; argmax on the host), run as
+a plain ORT user would, numpy in and out; (2) a 30 s window through the encoder and every decoder layer's
+cross-attention K/V projections, what our `encode` entry computes (fp32 and int8); (3) transcribing
+the 5 LibriVox clips (features + encoder + greedy decoding with timestamps and temperature fallback) with the same
+tiny.en weights: ours `WhisperRecognizer.transcribe` (fp32; --precision int8, the entries its WER gate allows;
+every entry in int8) vs faster-whisper (CTranslate2, the same model.bin, fp32 and int8, beam_size=1) vs
+transformers' WhisperFeatureExtractor + `generate(return_timestamps=True)`, with each one's WER.
 Needs the `reference` extra (torch, transformers, onnxruntime, onnx, faster-whisper) and Debian's
 pocketsphinx-testdata.
 """
@@ -33,6 +33,7 @@ import numpy as np  # noqa: E402
 
 from pipelines.asr import WhisperRecognizer  # noqa: E402
 from pipelines.audio import load_audio, whisper_log_mel  # noqa: E402
+from sdk.models import whisper  # noqa: E402
 from tests.test_transcribe import wer  # noqa: E402  (the suite's WER: same normalisation)
 
 CLIPS = sorted(Path("/usr/share/pocketsphinx/test/data/librivox").glob("*.wav"))
@@ -42,7 +43,6 @@ STEPS = 32
 def hf_model(t: WhisperRecognizer):
     import torch
     from transformers import GenerationConfig, WhisperConfig, WhisperForConditionalGeneration
-    from sdk.models import whisper
     cfg, weights = whisper.load(t.source.path)
     tok = t.tokenizer
     model = WhisperForConditionalGeneration(WhisperConfig(**cfg.__dict__, decoder_start_token_id=tok.sot,
@@ -103,22 +103,31 @@ def main():
     torch = torch_threads()
     from transformers import DynamicCache, EncoderDecoderCache, WhisperFeatureExtractor
     sections = sys.argv[1:] or ["decoder", "encoder", "clips"]
+    from pipelines.asr import TranscribeOptions
     ours = WhisperRecognizer("whisper-tiny.en", device="cpu")
+    ours_int8 = WhisperRecognizer("whisper-tiny.en", device="cpu", options=TranscribeOptions(precision="int8"))
+    # every entry in int8, the WER gate's verdict aside (sdk.models.whisper.INT8_ENTRIES): what int8 does to each
+    # entry's time, and the like of faster-whisper's int8, which quantizes the whole model
+    gated = whisper.INT8_ENTRIES
+    whisper.INT8_ENTRIES = ("encode", "decode_step", "decode_greedy", *(f"decode_{n}" for n in whisper.DRAFT_PASSES))
+    all_int8 = WhisperRecognizer("whisper-tiny.en", device="cpu", options=TranscribeOptions(precision="int8"))
+    whisper.INT8_ENTRIES = gated
     model = hf_model(ours)
     fe = WhisperFeatureExtractor(feature_size=80)
     audio = [load_audio(c) for c in CLIPS]
     seconds = sum(len(a) for a in audio) / 16000
     mel = whisper_log_mel(audio[0])[None]
     s, state = ours.session, ours.state
-    s.run("encode", state, mel=mel)
+    for r in (ours, all_int8):
+        r.session.run("encode", r.state, mel=mel)
     with torch.no_grad():
         enc = model.model.encoder(torch.from_numpy(mel)).last_hidden_state
 
-    def ours_steps():
+    def ours_steps(r=ours):
         tokens = [ours.tokenizer.sot]
         for pos in range(STEPS):
-            out = s.run("decode_greedy", state, tokens=np.array([[tokens[-1]]], np.int32), pos=pos, first=0,
-                        lo1=0, hi1=ours.cfg.vocab_size, lo2=0, hi2=0)  # no filters: plain argmax, as torch
+            out = r.session.run("decode_greedy", r.state, tokens=np.array([[tokens[-1]]], np.int32), pos=pos,
+                                first=0, lo1=0, hi1=ours.cfg.vocab_size, lo2=0, hi2=0)  # no filters: argmax
             tokens.append(int(out["token"][0]))
         return tokens
 
@@ -153,10 +162,12 @@ def main():
             return tokens
 
         print(f"  (check: the same {STEPS} greedy tokens: ours = torch {ours_steps() == torch_steps()}, "
-              f"ours = onnxruntime {ours_steps() == ort_steps()})")
+              f"ours = onnxruntime {ours_steps() == ort_steps()}, ours int8 = ours "
+              f"{ours_steps(all_int8) == ours_steps()})")
         print_table(f"decoder, {STEPS} greedy steps from an empty cache (per step)",
                     {k: [t / STEPS for t in v] for k, v in compare(
-                        {"ours": ours_steps, "onnxruntime": ort_steps, "torch": torch_steps}).items()})
+                        {"ours": ours_steps, "ours, int8": lambda: ours_steps(all_int8),
+                         "onnxruntime": ort_steps, "torch": torch_steps}).items()})
 
     class EncoderAndCrossKV(torch.nn.Module):
         """What our `encode` entry computes: the encoder, then every decoder layer's cross-attention K and V
@@ -172,8 +183,8 @@ def main():
 
     encoder_and_kv = EncoderAndCrossKV().eval()
 
-    def ours_encode():
-        s.run("encode", state, mel=mel)
+    def ours_encode(r=ours):
+        return r.session.run("encode", r.state, mel=mel)["encoder"]
 
     def torch_encode():
         with torch.no_grad():
@@ -189,10 +200,12 @@ def main():
         def ort_encode():
             return ort.run(None, {"mel": mel})[0]
 
-        ours_out = s.run("encode", state, mel=mel)["encoder"]
-        print(f"  (check: max-abs ours vs onnxruntime encoder {np.abs(ours_out - ort_encode()).max():.2e})")
+        ours_out, int8_out = ours_encode(), ours_encode(all_int8)
+        print(f"  (check: max-abs ours vs onnxruntime encoder {np.abs(ours_out - ort_encode()).max():.2e}; ours int8 "
+              f"vs ours rel-L2 {np.linalg.norm(int8_out - ours_out) / np.linalg.norm(ours_out):.2e})")
         print_table("encoder and the decoder's cross-attention K/V, one 30 s window",
-                    compare({"ours": ours_encode, "torch": torch_encode, "onnxruntime": ort_encode}, min_blocks=3))
+                    compare({"ours": ours_encode, "ours, int8": lambda: ours_encode(all_int8),
+                             "torch": torch_encode, "onnxruntime": ort_encode}, min_blocks=3))
 
     def ours_clips(recognizer=ours):
         return [recognizer.transcribe(a).text for a in audio]
@@ -217,11 +230,10 @@ def main():
 
     if "clips" not in sections:
         return
-    from pipelines.asr import TranscribeOptions
-    ours_int8 = WhisperRecognizer("whisper-tiny.en", device="cpu", options=TranscribeOptions(precision="int8"))
     # tiny.en's default is the full window (pipelines.whisper_asr.SHORTEST_WINDOW): this row shows what a 15 s one buys
     ours_15s = WhisperRecognizer("whisper-tiny.en", device="cpu", options=TranscribeOptions(shortest_window=15.0))
     cases = {"ours": ours_clips, "ours --precision int8": lambda: ours_clips(ours_int8),
+             "ours, every entry int8": lambda: ours_clips(all_int8),
              "ours, 15 s encoder window": lambda: ours_clips(ours_15s),
              "faster-whisper fp32": faster_whisper("float32"),
              "faster-whisper int8": faster_whisper("int8"), "torch": torch_clips}

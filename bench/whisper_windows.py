@@ -3,11 +3,11 @@ may use (pipelines.whisper_asr.SHORTEST_WINDOW) and which entries --precision in
 (sdk.models.whisper.INT8_ENTRIES). 2 threads, one process.
 
     python bench/whisper_windows.py [MODEL] [floors] [int8]     # default: whisper-tiny.en, both sections
-floors: per floor (30 = the full window only), file WER with timestamps (the default) on the gate's speech
-(the 5 LibriVox clips + Harvard sentences by flite's slt voice: tests/dictation_support.gate_speech), the 5
-clips' WER alone (bench/whisper.py's), the windows the decodes kept, and the long file of
-tests/test_transcribe.py (the clips twice with 4 s pauses): its WER and how far its last segment ends from the
-last speech; then the time of transcribing the 5 clips, every floor interleaved.
+floors: per floor (30 = the full window only), file WER with timestamps (the default) on each set of speech: the
+5 LibriVox clips (bench/whisper.py's), Harvard sentences by flite's slt voice (tests/dictation_support.gate_speech),
+the long file of tests/test_transcribe.py (the clips twice with 4 s pauses; also how far its last segment ends
+from the last speech) and the long session of the dictation tests (the clips five times as recorded, 124 s); the
+windows the decodes kept; then the time of transcribing the 5 clips, every floor interleaved.
 int8: the same for each set of int8 entries (none, encoder, decoder, all) at the model's own floor.
 Needs Debian's pocketsphinx-testdata and flite.
 """
@@ -30,7 +30,7 @@ from sdk.models import whisper  # noqa: E402
 from tests import dictation_support as support  # noqa: E402
 
 FLOORS = (30.0, 20.0, 15.0, 10.0, 5.0)
-DECODER = ("decode_step", "decode_greedy")
+DECODER = ("decode_step", "decode_greedy", *(f"decode_{n}" for n in whisper.DRAFT_PASSES))
 INT8 = {"none": (), "encoder": ("encode",), "decoder": DECODER, "all": ("encode", *DECODER)}
 PAUSE = 4.0  # s between the clips of the long file, as in tests/test_transcribe.py
 
@@ -57,12 +57,15 @@ def accuracy(t: Transcriber, gate: list[tuple[Path, str]], long: tuple[np.ndarra
         kept.append(round(t.recognizer.last_window.frames / 100))  # 10 ms mel frames -> s
     n_clips = len(support.librivox_clips())
     clips = support.wer(" ".join(ref for _, ref in gate[:n_clips]), " ".join(texts[:n_clips]))
-    gate_wer = support.wer(" ".join(ref for _, ref in gate), " ".join(texts))
+    flite = support.wer(" ".join(ref for _, ref in gate[n_clips:]), " ".join(texts[n_clips:]))
     audio, reference, speech_end = long
     result = t.transcribe(audio)
-    return (f"gate WER {gate_wer:.2%}, clips {clips:.2%}, long file {support.wer(reference, result.text):.2%} "
-            f"(last segment ends {result.segments[-1].end - speech_end:+.2f} s from the speech's end, "
-            f"{result.duration - speech_end:.1f} s of audio after it); windows kept, s: {sorted(kept)}")
+    session_audio, session_reference = support.long_session()
+    session = support.wer(session_reference, t.transcribe(session_audio).text)
+    return (f"WER clips {clips:.2%}, flite {flite:.2%}, long file {support.wer(reference, result.text):.2%}, "
+            f"long session {session:.2%} (long file: last segment ends {result.segments[-1].end - speech_end:+.2f} s "
+            f"from the speech's end, {result.duration - speech_end:.1f} s of audio after it); windows kept, s: "
+            f"{sorted(kept)}")
 
 
 def main():

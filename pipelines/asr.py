@@ -90,6 +90,12 @@ class Transcriber:
         """The token ids of the last decode_window() (a draft for the next one), None for models without drafts."""
         return getattr(self.recognizer, "last_tokens", None)
 
+    @property
+    def last_word_logprobs(self) -> list[list[float]] | None:
+        """How sure the model was of each word the last decode_window() returned: per segment, per word of its text
+        (split on whitespace), the lowest log-prob greedy gave a token of it; None for models that do not say."""
+        return getattr(self.recognizer, "last_word_logprobs", None)
+
     def report(self) -> dict:
         return self.recognizer.report()
 

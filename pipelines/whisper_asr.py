@@ -22,6 +22,7 @@ One WhisperRecognizer holds one session (weights resident) and one decoding stat
 """
 from __future__ import annotations
 
+import re
 import threading
 import zlib
 from dataclasses import dataclass
@@ -47,6 +48,8 @@ TAIL_SECONDS = 1.0             # silence a short encoder window holds after the 
 LATE_STAMP_SECONDS = 3.0       # a short window's timestamp this far past the audio's end means a loop: whisper-base
                                # puts the end of speech up to 2.3 s into the silence after it with the same text as
                                # the next window (measured on the LibriVox dictation session), a loop runs on further
+STOPS_SHORT_SECONDS = 1.0      # a continuation whose last timestamp is this far before the audio's end missed words:
+                               # a live decode's audio ends at most a hangover (0.6 s) after the last words
 # The shortest encoder window (s) in which each model keeps its accuracy in FILE transcription, by the WER gate
 # (tests/test_whisper_base.py: LibriVox and flite speech, short windows vs the full one within 0.5 points, no word
 # lost at the ends; bench/whisper_windows.py measures every floor). whisper-base holds it at 5 s. tiny.en does not
@@ -65,10 +68,11 @@ LIVE_SHORTEST_WINDOW = {"whisper-tiny.en": 20.0}
 @dataclass
 class _Result:
     tokens: list[int]                 # sampled tokens, end-of-text removed (a forced prefix's included)
-    avg_logprob: float                # (this and text: of the tokens after the prefix, which was judged before)
+    avg_logprob: float                # (this, logprobs and text: of the tokens after the prefix, judged before)
     no_speech_prob: float
     temperature: float
     text: str
+    logprobs: list[float]             # the log-prob of each token after the prefix, as it was chosen
 
     @property
     def compression_ratio(self) -> float:
@@ -99,17 +103,20 @@ class WhisperRecognizer:
             raise UsageError(f"{self.source.name} is an English-only model; it cannot transcribe {options.language!r}",
                              fix="use a multilingual model (e.g. whisper-base, or openai/whisper-tiny when online) or --language en")
         self.windows = whisper.windows(self.cfg, whisper.ENCODER_WINDOWS)  # shortest first, the full one last
-        # INT8_ENTRIES names an entry of every window: a short window runs int8 as the full one does
-        precision = ({w.entry(name): "int8" for w in self.windows for name in whisper.INT8_ENTRIES}
+        graphs = whisper.program_graphs(self.cfg, tok.timestamp_begin)
+        drafts = whisper.draft_graphs(self.cfg) if options.verify_drafts else []
+        # INT8_ENTRIES names entries of every window (a short window runs int8 as the full one does) that this
+        # session may not have (the draft passes)
+        int8 = {w.entry(name) for w in self.windows for name in whisper.INT8_ENTRIES}
+        precision = ({g.name: "int8" for g in graphs + drafts if g.name in int8}
                      if options.precision == "int8" else options.precision)
-        self.session = Session(whisper.program_graphs(self.cfg, tok.timestamp_begin), weights, device=device,
-                               precision=precision,
-                               cpu_graphs=whisper.draft_graphs(self.cfg) if options.verify_drafts else ())
+        self.session = Session(graphs, weights, device=device, precision=precision, cpu_graphs=drafts)
         self.state = self.session.new_state()
         self.session.run("set_suppress", self.state, bias=self._suppress_table(folder))
         self._active = self.windows[-1]  # the window whose cross K/V the state holds
         self.last_window: whisper.Window | None = None  # the encoder window the last decode kept (bench reads it)
         self.last_tokens: list[int] = []  # ... and its tokens: the draft for the next decode of the same audio
+        self.last_word_logprobs: list[list[float]] = []  # ... and how sure it was of each word (decode_window)
         self._lock = threading.Lock()
 
     # -- public API
@@ -159,10 +166,13 @@ class WhisperRecognizer:
         fallback=False for partial hypotheses (one greedy pass, no temperature retries) and `stop`, polled
         before the encoder and every decoder step: once it says True, the decode is given up (None). `draft`: the
         `last_tokens` of its previous decode of the same audio start, which the greedy pass verifies in one decoder
-        pass (options.verify_drafts): the same tokens as without it, in fewer steps. `prefix`: tokens taken as already
-        decoded (the `last_tokens` of an earlier decode of the same audio start, whose text was emitted): the decode
-        continues after them and returns only the segments (or the part of one) after them; `last_tokens` then holds
-        prefix + continuation."""
+        pass (options.verify_drafts): the same tokens as without it, in fewer steps. `prefix`: the `last_tokens` of an
+        earlier decode of the same audio start whose words were emitted: the decode continues after its last word
+        (what it wrote where its audio ended, the closing punctuation and timestamps, is decoded again, for the talker
+        went on and the sentence may too; if that continuation ends over a second before the audio does, it goes on
+        after the tokens as they are) and returns only the words after them (the segments, or the part of one, after
+        them, without punctuation in place of the emitted one); `last_tokens` then holds the tokens it went on after
+        + the continuation."""
         samples = audio.float_samples(samples_16k)
         if samples.ndim != 1 or len(samples) > audio.WHISPER_CHUNK:
             raise UsageError(f"decode_window takes mono audio of at most 30 s, got shape {samples.shape}",
@@ -199,7 +209,7 @@ class WhisperRecognizer:
         zero_mel_past_audio: the mel after the window's audio is zeros, not silence, as OpenAI's transcribe
         (and faster-whisper) pad a file's last window; live windows (decode_window) keep the silence."""
         o = self.options
-        self.last_tokens = []
+        self.last_tokens, self.last_word_logprobs = [], []
         if float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) < o.silence_rms:
             return [], size, language or o.language or "en"
         max_tokens = int(o.tokens_per_second * len(samples) / audio.SAMPLE_RATE) + 16
@@ -214,7 +224,13 @@ class WhisperRecognizer:
             language = language or o.language or ("en" if self.english_only else self._detect_language())
             # A short window gets one greedy pass; one that went wrong moves to the next window (a short audio
             # context is what makes Whisper repeat itself), and only the full window retries hotter.
-            result = self._fallback_decode(language, max_tokens, fallback and window.full, stop, draft, prefix or [])
+            used = self._to_last_word(prefix or [])
+            result = self._fallback_decode(language, max_tokens, fallback and window.full, stop, draft, used)
+            if result is not None and used != (prefix or []) and self._stops_short(result, size):
+                # continued inside the emitted decode's last segment, Whisper may close it and end before the
+                # words that followed: then the continuation after the emitted tokens as they are is taken
+                used = prefix
+                result = self._fallback_decode(language, max_tokens, fallback and window.full, stop, draft, used)
             if result is None:
                 return None
             if window.full or self._plausible(result, size * FRAME_SECONDS, max_tokens):
@@ -223,7 +239,8 @@ class WhisperRecognizer:
         if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
                 and not (o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold)):
             return [], size, language
-        segments, advance = self._segments(result.tokens, size, offset, keep_tail, after=len(prefix or []))
+        segments, advance, self.last_word_logprobs = self._segments(
+            result.tokens, size, offset, keep_tail, after=len(used), logprobs=result.logprobs if live else None)
         return segments, advance, language
 
     def windows_for(self, size: int, live: bool = False) -> list[whisper.Window]:
@@ -239,17 +256,23 @@ class WhisperRecognizer:
 
     def _plausible(self, result: _Result, seconds: float, max_tokens: int) -> bool:
         """A short window's greedy decode is kept unless it looks like a repeat loop or a failure: it ran into
-        its token limit, a timestamp lies well past the audio's end, it heard no speech (whisper-base hears none in
-        robotic German at 10 s that it transcribes at 30 s: the full window decides what is silence), or the
-        fallback checks would retry it."""
+        its token limit, a timestamp lies well past the audio's end, it heard no words (whisper-base hears none in
+        robotic German at 10 s that it transcribes at 30 s: the full window decides what is silence; after a prefix,
+        only the punctuation it ended with), or the fallback checks would retry it."""
         o, tb = self.options, self.tokenizer.timestamp_begin
         stamps = [t for t in result.tokens if t >= tb]
         late = bool(stamps) and (stamps[-1] - tb) * TIME_PRECISION > seconds + LATE_STAMP_SECONDS
         if len(result.tokens) >= max_tokens or late:
             return False
-        if not result.text.strip() or (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold):
+        if not re.search(r"\w", result.text) or (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold):
             return False
         return not self._looping(result) and not self._unsure(result)
+
+    def _stops_short(self, result: _Result, size: int) -> bool:
+        """The decode's last timestamp lies more than STOPS_SHORT_SECONDS before the end of its audio."""
+        tb = self.tokenizer.timestamp_begin
+        stamps = [t for t in result.tokens if t >= tb]
+        return bool(stamps) and (stamps[-1] - tb) * TIME_PRECISION < size * FRAME_SECONDS - STOPS_SHORT_SECONDS
 
     def _looping(self, result: _Result) -> bool:
         o = self.options
@@ -319,7 +342,7 @@ class WhisperRecognizer:
             return logits
 
         prefix = list(prefix)
-        tokens, sum_logprob = list(prompt) + prefix, 0.0
+        tokens, logprobs = list(prompt) + prefix, []   # logprobs: of each choice (an end-of-text's included)
         limit = min(self.cfg.max_target_positions // 2, self.cfg.max_target_positions - len(prompt), max_tokens)
         limit -= len(prefix)
         draft = list(draft[len(prefix):]) if list(draft[:len(prefix)]) == prefix else []
@@ -332,7 +355,7 @@ class WhisperRecognizer:
                 lambda logits, sampled: self._choose(logits, int(not sampled), self._ranges(sampled), 0.0, rng),
                 forced=prefix)
             no_speech_prob = _probability(verified.no_speech_logits, tok.no_speech)
-            sum_logprob, limit = sum(verified.logprobs), limit - len(verified.choices)
+            logprobs, limit = list(verified.logprobs), limit - len(verified.choices)
             tokens += [t for t in verified.choices if t != tok.eot]
             if verified.choices[-1] == tok.eot:
                 limit = 0
@@ -354,12 +377,13 @@ class WhisperRecognizer:
                     token, logprob = tok.timestamp_begin + int(out["ts_token"][0]), float(out["ts_logprob"][0])
             else:
                 token, logprob = self._choose(logits_at(tokens[-1], pos), first, ranges, temperature, rng)
-            sum_logprob += logprob
+            logprobs.append(logprob)
             if token == tok.eot:
                 break
             tokens.append(token)
         sampled, new = tokens[len(prompt):], tokens[len(prompt) + len(prefix):]
-        return _Result(sampled, sum_logprob / (len(new) + 1), no_speech_prob, temperature, tok.decode(new))
+        return _Result(sampled, sum(logprobs) / (len(new) + 1), no_speech_prob, temperature, tok.decode(new),
+                       logprobs[:len(new)])
 
     # -- Whisper's logit rules
 
@@ -420,47 +444,92 @@ class WhisperRecognizer:
         self._table = table
         return table
 
-    def _segments(self, tokens: list[int], size: int, offset: float, keep_tail: bool,
-                  after: int = 0) -> tuple[list[Segment], int]:
-        """Cut sampled tokens into timed segments at timestamp pairs; returns (segments, frames to advance). Only
-        the text of tokens from index `after` on (a forced prefix's continuation) is kept: a segment the prefix
-        ends inside keeps its times and the rest of its text."""
+    def _segments(self, tokens: list[int], size: int, offset: float, keep_tail: bool, after: int = 0,
+                  logprobs: list[float] | None = None) -> tuple[list[Segment], int, list[list[float]]]:
+        """Cut sampled tokens into timed segments at timestamp pairs; returns (segments, frames to advance, word
+        log-probs). Only the text of tokens from index `after` on (a forced prefix's continuation) is kept: a segment
+        the prefix ends inside keeps its times and the rest of its text. Given `logprobs` (of tokens[after:]), each
+        segment's words get theirs (see _word_logprobs); else the third value is []."""
         tb, tok = self.tokenizer.timestamp_begin, self.tokenizer
         window_seconds = size * FRAME_SECONDS
+        pieces: list[tuple[Segment, int, int]] = []   # each segment and the tokens [from, to) of its text
         if not self.options.timestamps:
-            return _nonempty([Segment(offset, offset + window_seconds, tok.decode(tokens[after:]))]), size
-        is_ts = [t >= tb for t in tokens]
-        single_ending = is_ts[-2:] == [False, True]
-        cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
-        segments: list[Segment] = []
-        if cuts:
-            if (single_ending or keep_tail) and cuts[-1] < len(tokens):
-                cuts.append(len(tokens))
-            last = 0
-            for cut in cuts:
-                piece = tokens[last:cut]
-                start = (piece[0] - tb) * TIME_PRECISION if piece and piece[0] >= tb else 0.0
-                end = (piece[-1] - tb) * TIME_PRECISION if piece[-1] >= tb else window_seconds
-                if cut > after:
-                    text = tok.decode(tokens[max(last, after):cut])
-                    segments.append(Segment(round(offset + start, 3), round(offset + end, 3), text))
-                last = cut
-            advance = size if single_ending or keep_tail else (tokens[last - 1] - tb) * 2  # 2 mel frames per token
-        else:
-            stamps = [t for t in tokens if t >= tb]
-            end = (stamps[-1] - tb) * TIME_PRECISION if stamps and stamps[-1] != tb else window_seconds
-            segments.append(Segment(round(offset, 3), round(offset + end, 3), tok.decode(tokens[after:])))
+            pieces.append((Segment(offset, offset + window_seconds, tok.decode(tokens[after:])), after, len(tokens)))
             advance = size
-        return _nonempty(segments), advance
+        else:
+            is_ts = [t >= tb for t in tokens]
+            single_ending = is_ts[-2:] == [False, True]
+            cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
+            if cuts:
+                if (single_ending or keep_tail) and cuts[-1] < len(tokens):
+                    cuts.append(len(tokens))
+                last = 0
+                for cut in cuts:
+                    piece = tokens[last:cut]
+                    start = (piece[0] - tb) * TIME_PRECISION if piece and piece[0] >= tb else 0.0
+                    end = (piece[-1] - tb) * TIME_PRECISION if piece[-1] >= tb else window_seconds
+                    if cut > after:
+                        text = tok.decode(tokens[max(last, after):cut])
+                        pieces.append((Segment(round(offset + start, 3), round(offset + end, 3), text),
+                                       max(last, after), cut))
+                    last = cut
+                advance = size if single_ending or keep_tail else (tokens[last - 1] - tb) * 2  # 2 mel frames a token
+            else:
+                stamps = [t for t in tokens if t >= tb]
+                end = (stamps[-1] - tb) * TIME_PRECISION if stamps and stamps[-1] != tb else window_seconds
+                pieces.append((Segment(round(offset, 3), round(offset + end, 3), tok.decode(tokens[after:])),
+                               after, len(tokens)))
+                advance = size
+        segments, sure = [], []
+        for segment, a, b in pieces:
+            text, dropped = segment.text.strip(), 0
+            if a == after > 0:   # a continuation: punctuation where the emitted text has its own is nothing new
+                lead = re.match(r"(?:[^\w\s]+(?:\s+|$))*", text).group()
+                text, dropped = text[len(lead):], len(lead.split())
+            if text and segment.end > segment.start:
+                segments.append(Segment(segment.start, segment.end, text))
+                if logprobs is not None:
+                    sure.append(self._word_logprobs(tokens[a:b], logprobs[a - after:b - after])[dropped:])
+        return segments, advance, sure
+
+    def _to_last_word(self, tokens: Sequence[int]) -> list[int]:
+        """`tokens` up to their last word: without the timestamps and punctuation after it."""
+        tokens = list(tokens)
+        while tokens:
+            text = self.tokenizer.decode(tokens[-1:])
+            if tokens[-1] < self.tokenizer.timestamp_begin and ("\ufffd" in text or re.search(r"\w", text)):
+                break
+            tokens.pop()
+        return tokens
+
+    def _word_logprobs(self, tokens: list[int], logprobs: list[float]) -> list[float]:
+        """For each word of the tokens' text (split on whitespace, as text.split() does), the lowest log-prob of its
+        tokens that hold a letter or digit (punctuation changes no word: a word of punctuation alone gets 0.0).
+        Tokens are read in groups that decode to whole characters (a byte-level token may hold part of one)."""
+        words: list[float] = []
+        group, low, open_word = [], 0.0, False     # open_word: the last word may go on in the next group
+        for token, logprob in zip(tokens, logprobs):
+            if token >= self.tokenizer.eot:        # timestamps
+                continue
+            group.append(token)
+            low = min(low, logprob)
+            text = self.tokenizer.decode(group)
+            if "\ufffd" in text:                   # a character split across tokens: read on
+                continue
+            for k, word in enumerate(re.finditer(r"\S+", text)):
+                sure = low if re.search(r"\w", word.group()) else 0.0
+                if k == 0 and open_word and not text[0].isspace():
+                    words[-1] = min(words[-1], sure)
+                else:
+                    words.append(sure)
+            open_word = bool(words) and not text[-1:].isspace()
+            group, low = [], 0.0
+        return words
 
 
 def _probability(logits: np.ndarray, token: int) -> float:
     p = np.exp(logits - logits.max())
     return float(p[token] / p.sum())
-
-
-def _nonempty(segments: list[Segment]) -> list[Segment]:
-    return [Segment(s.start, s.end, s.text.strip()) for s in segments if s.text.strip() and s.end > s.start]
 
 
 def _read_json(path: Path) -> dict:

@@ -15,6 +15,7 @@ import os
 import re
 import stat
 import struct
+import weakref
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -60,11 +61,12 @@ def _regular_file(path: Path, what: str) -> os.stat_result:
 
 
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """All tensors of a .safetensors file as numpy arrays (bf16 widened to float32 via ml_dtypes).
+    """All tensors of a .safetensors file as numpy arrays (fp16 and bf16 widened to float32).
 
     Reads the format directly (8-byte header length, JSON header, raw data), memory-mapped, so that a
-    truncated or corrupt file is reported precisely instead of failing deep inside a library, and a file
-    costs no memory until its tensors are used. Every entry of the header is checked against the file."""
+    truncated or corrupt file is reported precisely instead of failing deep inside a library, and a tensor
+    costs no memory until it is used, and none once its arrays are gone (`_mapped_array`). Every entry of the
+    header is checked against the file."""
     path = Path(path)
     data, fix = _map_checkpoint(path, "checkpoint")
     if len(data) < 8:
@@ -81,17 +83,15 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     if not isinstance(header, dict):
         raise WeightError(f"{path}: the safetensors header is a JSON {type(header).__name__}, not an object", fix=fix)
     header.pop("__metadata__", None)
-    out, base = {}, 8 + n
-    for name, info in header.items():
-        dtype, shape, start, end = _tensor_entry(path, name, info, len(data) - base, fix)
-        raw = data[base + start:base + end]
-        if dtype == "BF16":
-            import ml_dtypes
-            array = np.frombuffer(raw, ml_dtypes.bfloat16).astype(np.float32)
-        else:
-            array = np.frombuffer(raw, _ST_DTYPES[dtype])
-        out[name] = array.reshape(shape)
-    return out
+    base = 8 + n
+    entries = {name: _tensor_entry(path, name, info, len(data) - base, fix) for name, info in header.items()}
+    # tensors may not share bytes (the format's rule): widened copies then never add up to more than twice the file
+    spans = sorted((start, end, name) for name, (_, _, start, end) in entries.items() if end > start)
+    for (_, end, name), (start, _, other) in zip(spans, spans[1:]):
+        if start < end:
+            raise WeightError(f"{path}: tensors {name!r} and {other!r} overlap in the file", fix=fix)
+    return {name: _mapped_array(data, base + start, base + end, _ST_DTYPES.get(dtype, dtype)).reshape(shape)
+            for name, (dtype, shape, start, end) in entries.items()}
 
 
 _ITEM_SIZE = {"BF16": 2, **{k: np.dtype(v).itemsize for k, v in _ST_DTYPES.items()}}
@@ -122,6 +122,32 @@ def _tensor_entry(path: Path, name: str, info, available: int, fix: str) -> tupl
     if end - start != needed:
         raise bad(f"holds {end - start} bytes, but shape {shape} of {dtype} needs {needed}")
     return dtype, shape, start, end
+
+
+def _mapped_array(data: memoryview, start: int, end: int, dtype) -> np.ndarray:
+    """Bytes [start, end) of a memory-mapped checkpoint as a 1-d array of `dtype`; "BF16" and float16 are widened
+    to float32 (a copy). The file's pages a tensor spans leave this process with the last array over them: one
+    map serves the whole file, and without this every page anyone read would stay resident as long as any tensor
+    of it lives, such as the originals of weights the cpu backend keeps transposed, or the fp16 of a widened
+    checkpoint beside its float32 copy (the kernel reads a page again if a neighbouring tensor needs it)."""
+    raw = data[start:end]
+    if dtype in ("BF16", np.float16):
+        import ml_dtypes
+        widened = np.frombuffer(raw, ml_dtypes.bfloat16 if dtype == "BF16" else np.float16).astype(np.float32)
+        _drop_pages(data.obj, start, end)  # read once, never again
+        return widened
+    array = np.frombuffer(raw, dtype)
+    if raw.nbytes:
+        weakref.finalize(array, _drop_pages, data.obj, start, end).atexit = False
+    return array
+
+
+def _drop_pages(mapped: mmap.mmap, start: int, end: int):
+    """Release the whole pages inside bytes [start, end) of a read-only file map from this process (the page cache
+    keeps them; a later read maps them again)."""
+    first, last = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE, end // mmap.PAGESIZE * mmap.PAGESIZE
+    if last > first:
+        mapped.madvise(mmap.MADV_DONTNEED, first, last - first)
 
 
 def _map_checkpoint(path: Path, what: str):
@@ -302,12 +328,13 @@ def _check_sizes(doc: dict, path: Path, where: str) -> None:
 # CTranslate2 model.bin: u32 version, string spec name, u32 spec revision, u32 count, then per variable
 # string name, u8 rank, rank x u32 dims, u8 dtype code, u32 byte count, raw bytes; then u32 alias count and
 # (alias, target) string pairs. Strings are u16 length (incl. the trailing NUL) + UTF-8. Little-endian.
-_CT2_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: "bfloat16"}
+_CT2_DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16, 5: "BF16"}
 
 
 def read_ctranslate2(path: str | Path) -> dict[str, np.ndarray]:
     """All variables of a CTranslate2 `model.bin` (format version >= 5) as numpy arrays, aliases resolved
-    (an alias maps to the same array as its target). bf16 is widened to float32; other dtypes are kept."""
+    (an alias maps to the same array as its target). fp16 and bf16 are widened to float32 one variable at a time,
+    so that the file's fp16 is never resident beside all of its float32 copy; other dtypes are kept."""
     path = Path(path)
     data, fix = _map_checkpoint(path, "model.bin")
     pos = 0
@@ -347,11 +374,7 @@ def read_ctranslate2(path: str | Path) -> dict[str, np.ndarray]:
         if code != 5 and len(raw) % np.dtype(_CT2_DTYPES[code]).itemsize or code == 5 and len(raw) % 2:
             raise WeightError(f"{path}: variable {name!r} has {len(raw)} bytes, not a whole number of values",
                               fix=fix)
-        if code == 5:
-            import ml_dtypes
-            array = np.frombuffer(raw, ml_dtypes.bfloat16).astype(np.float32)
-        else:
-            array = np.frombuffer(raw, _CT2_DTYPES[code])
+        array = _mapped_array(data, pos - len(raw), pos, _CT2_DTYPES[code])
         if array.size != int(np.prod(dims, dtype=np.int64)):
             raise WeightError(f"{path}: variable {name!r} has {array.size} values for shape {dims}", fix=fix)
         out[name] = array.reshape(dims)

@@ -238,10 +238,12 @@ def test_the_final_is_decoded_before_the_hangover_ends_and_not_again():
 
 class _ContinuingBurstCounter(_BurstCounter):
     """_BurstCounter with tokens (one per burst) and a forced prefix: it says "word" once per burst after the
-    prefix's bursts, and logs each decode's prefix."""
+    prefix's bursts, each with log-prob `logprob` (None: it does not say how sure it was), and logs each decode's
+    prefix."""
 
-    def __init__(self):
+    def __init__(self, logprob: float | None = -0.01):
         super().__init__()
+        self.logprob = logprob
         self.last_tokens: list[int] = []
         self.prefixes = []
 
@@ -252,6 +254,8 @@ class _ContinuingBurstCounter(_BurstCounter):
         self.prefixes.append(list(prefix))
         self.last_tokens = [1] * bursts
         new = bursts - len(prefix)
+        if self.logprob is not None:
+            self.last_word_logprobs = [[self.logprob] * new] if new > 0 else []
         return [Segment(offset, segments[0].end, " ".join(["word"] * new))] if new > 0 else []
 
 
@@ -273,6 +277,22 @@ def test_a_final_goes_out_at_commit_quiet_and_a_resumed_talker_continues_after_i
 
     events = _run(Recognizer(_BurstCounter(), options), audio)
     assert [e.text for _, e in events if isinstance(e, Final)] == ["word word"]
+
+
+def test_an_unsure_decode_waits_for_the_hangover_and_a_resumed_talker_is_decoded_whole():
+    """commit_logprob: a decode that heard the end but was unsure of a word is not final at commit_quiet, so the
+    final waits for the hangover; a talker who resumes within it goes on with the same utterance, decoded whole
+    (no prefix), and one final holds all of it. A model that does not say how sure it was waits as well."""
+    options = DictationOptions(partial_every=0.3, vad="energy", commit_quiet=0.3)
+    audio = np.concatenate([_quiet(1), _tone(1.0), _quiet(0.4), _tone(1.0), _quiet(2)])
+    for model in (_ContinuingBurstCounter(logprob=options.commit_logprob - 0.05), _ContinuingBurstCounter(None)):
+        events = _run(Recognizer(model, options), audio)
+        (at, final), = [(at, e) for at, e in events if isinstance(e, Final)]
+        assert final.text == "word word" and at == pytest.approx(final.end + options.hangover, abs=0.13)
+        assert not any(model.prefixes)
+
+    model = _ContinuingBurstCounter(logprob=options.commit_logprob + 0.05)   # sure enough: as commit_quiet says
+    assert [e.text for _, e in _run(Recognizer(model, options), audio) if isinstance(e, Final)] == ["word", "word"]
 
 
 def test_a_partial_that_heard_the_end_is_the_final():
@@ -377,6 +397,10 @@ def test_options_are_checked():
     from sdk.errors import UsageError
     with pytest.raises(UsageError):
         DictationOptions(max_utterance=40)
+    for bad in (0.1, float("nan")):
+        with pytest.raises(UsageError, match="commit_logprob"):
+            DictationOptions(commit_logprob=bad)
+    assert DictationOptions(commit_logprob=float("-inf")).commit_logprob == float("-inf")
     with pytest.raises(UsageError):
         FileSource(np.zeros(10), pace="warp")
     with pytest.raises(UsageError, match="decode_cost"):

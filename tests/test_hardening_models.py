@@ -41,6 +41,8 @@ def _safetensors(header, data: bytes = b"") -> bytes:
     ({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, bytes(4), "is truncated"),
     ({"w": {"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}}, bytes(8), "invalid shape"),
     ({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}}, bytes(8), "unsupported dtype"),
+    ({"v": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+      "w": {"dtype": "F16", "shape": [2], "data_offsets": [4, 8]}}, bytes(8), "'v' and 'w' overlap"),
 ])
 def test_malformed_safetensors_headers_are_weight_errors(tmp_path, header, data, message):
     path = tmp_path / "model.safetensors"
@@ -55,6 +57,35 @@ def test_a_header_declaring_petabytes_is_refused_without_allocating(tmp_path):
     path.write_bytes(struct.pack("<Q", 1 << 50) + b"{}")
     with pytest.raises(WeightError, match="declares a 1,125,899,906,842,624-byte header"):
         read_safetensors(path)
+
+
+def _resident_kib(path: Path) -> int:
+    """KiB of `path`'s pages mapped into this process (Rss of its mappings in /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if line[:1] in "0123456789abcdef" and "-" in line.split()[0]:
+            inside = line.endswith(str(path))
+        elif inside and line.startswith("Rss:"):
+            total += int(line.split()[1])
+    return total
+
+
+def test_a_tensors_file_pages_leave_the_process_with_its_arrays(tmp_path):
+    """One map serves the file, but a tensor nobody holds costs no memory: the original of a weight the cpu backend
+    keeps transposed, or the fp16 of a widened one, does not stay resident beside its copy."""
+    n = 1 << 20  # values: 4 MiB of F32, 2 MiB of F16
+    header = {"a": {"dtype": "F32", "shape": [n], "data_offsets": [0, 4 * n]},
+              "b": {"dtype": "F16", "shape": [n], "data_offsets": [4 * n, 6 * n]}}
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(_safetensors(header, np.ones(n, np.float32).tobytes() + np.ones(n, np.float16).tobytes()))
+    tensors = read_safetensors(path)
+    assert tensors["b"].dtype == np.float32 and tensors["b"].sum() == n  # widened, its fp16 pages already gone
+    view = tensors["a"].reshape(2, -1)
+    assert view.sum() == n and _resident_kib(path) >= 4 << 10
+    del tensors
+    assert _resident_kib(path) >= 4 << 10  # the view still reads them
+    del view
+    assert _resident_kib(path) == 0
 
 
 @pytest.mark.parametrize("special", ["/dev/zero", "fifo", "folder"])

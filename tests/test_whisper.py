@@ -2,6 +2,7 @@
 reader's typed errors, and (reference) real tiny.en logits against transformers live."""
 from __future__ import annotations
 
+import struct
 from dataclasses import replace
 
 import numpy as np
@@ -121,6 +122,33 @@ def test_short_windows_are_whisper_with_a_shorter_audio_context(golden):
                        pos=len(tokens), first=0, lo1=0, hi1=TS_BEGIN, lo2=TS_BEGIN, hi2=cfg.vocab_size)
         step = ref.run("decode_step", ref_state, tokens=np.array([[tokens[-1]]], np.int32), pos=len(tokens))
         assert int(greedy["token"][0]) == int(np.argmax(step["logits"][0, 0]))
+
+
+def _ct2_file(variables: dict[str, np.ndarray]) -> bytes:
+    """A CTranslate2 model.bin (format version 6, no aliases) holding `variables`."""
+    codes = {np.dtype(t): code for code, t in enumerate([np.float32, np.int8, np.int16, np.int32, np.float16])}
+
+    def string(s: str) -> bytes:
+        return struct.pack("<H", len(s) + 1) + s.encode() + b"\0"
+    out = [struct.pack("<I", 6), string("WhisperSpec"), struct.pack("<II", 3, len(variables))]
+    for name, a in variables.items():
+        out += [string(name), struct.pack(f"<B{a.ndim}I", a.ndim, *a.shape),
+                struct.pack("<BI", codes[a.dtype], a.nbytes), a.tobytes()]
+    return b"".join(out) + struct.pack("<I", 0)
+
+
+def test_an_fp16_model_bin_loads_as_its_float32_widening(tmp_path):
+    """faster-whisper's model.bin files hold fp16 (the fixture fp32): the reader widens each variable as it reads it."""
+    ckpt = read_ctranslate2(FIX / "ct2" / "model.bin")
+    (tmp_path / "config.json").write_bytes((FIX / "ct2" / "config.json").read_bytes())
+    (tmp_path / "model.bin").write_bytes(_ct2_file(
+        {k: a.astype(np.float16) if a.dtype == np.float32 else a for k, a in ckpt.items()}))
+    cfg, weights = W.load(tmp_path)
+    cfg32, weights32 = W.load(FIX / "ct2")
+    assert cfg == cfg32 and weights.keys() == weights32.keys()
+    for k, a in weights.items():
+        assert a.dtype == np.float32
+        np.testing.assert_array_equal(a, weights32[k].astype(np.float16).astype(np.float32), err_msg=k)
 
 
 def test_ct2_reader_typed_errors(tmp_path):

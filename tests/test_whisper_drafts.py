@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pipelines.dictation import DictationOptions, FileSource, Final, Partial, Stream
-from tests.dictation_support import LIBRIVOX, RATE, librivox_clips, librivox_session
+from tests.dictation_support import LIBRIVOX, RATE, clip_session, librivox_clips, librivox_session
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (LIBRIVOX / "fileids").is_file(),
@@ -133,23 +133,40 @@ def _prefixed(transcriber, entries, audio, prefix, draft=()):
 @pytest.mark.parametrize("cut", ["segment end", "mid-segment", "longer than a pass", "all"])
 def test_a_prefix_decode_is_the_plain_decodes_continuation(transcriber, entries, cut):
     """A continued utterance's decode: the plain decode's first tokens as the forced prefix give the plain decode's
-    tokens, and only the segments (or the rest of the one) after the prefix."""
+    tokens, and only the segments (or the rest of the one) after the prefix. A prefix that ends with punctuation and
+    timestamps (all but "mid-segment" here) is continued after its last word: those are decoded again."""
     audio = _clips(0, 2, 3) if cut == "longer than a pass" else _clips(0, 1)
     tokens, texts, _ = _decode(transcriber, entries, audio)
     tb = transcriber.recognizer.tokenizer.timestamp_begin
     pairs = [i + 1 for i in range(len(tokens) - 1) if tokens[i] >= tb and tokens[i + 1] >= tb]
     n = {"segment end": pairs[0], "mid-segment": pairs[0] + 4, "longer than a pass": 70, "all": len(tokens)}[cut]
-    continued, continued_texts, ran = _prefixed(transcriber, entries, audio, tokens[:n])
+    # the whole decode continued, as the recognizer continues an emitted one: its tokens are the draft as well
+    continued, continued_texts, ran = _prefixed(transcriber, entries, audio, tokens[:n],
+                                                draft=tokens if cut == "all" else ())
     assert continued == tokens
     if cut == "segment end":
         assert continued_texts == texts[1:]
     elif cut == "mid-segment":
         assert continued_texts[0] != texts[1] and texts[1].endswith(continued_texts[0]) and continued_texts[1:] == texts[2:]
     elif cut == "all":
-        # EOT chosen in the one pass; nothing new is what a short window's silence is, so the full window decides
+        # the closing tokens verified and EOT chosen in the one pass; no new word is what a short window's silence
+        # is, so the full window decides
         assert continued_texts == [] and ran == ["encode_t2000", "decode_64_t2000", "encode", "decode_64"], ran
     else:
         assert len(tokens) > 70 and _passes(ran)[:2] == ["decode_64_t2000", "decode_32_t2000"], ran
+
+
+def test_a_continuation_that_stops_short_goes_on_after_the_tokens_as_emitted(transcriber, entries):
+    """Clips 0-2, the second and third 0.3 s apart: the decode that heard the pause ends "young man." and its text was
+    emitted; continued after "man", tiny.en closes that segment after "selfish," and ends 1.4 s before the audio
+    does, without "is to be ill-disposed". Such a continuation is decoded again after the tokens as emitted."""
+    audio, _ = clip_session([1.0, 0.3, 1.0], tight=(1,))
+    start = 2.01   # a dictation window: 6 s of context before the second clip (the recognizer's own cut)
+    half, whole = (audio[int(start * RATE):int(end * RATE)] for end in (11.04, 16.2))
+    assert [s.text for s in transcriber.decode_window(half, offset=start)][-1].endswith("young man.")
+    emitted = list(transcriber.last_tokens)
+    continued = " ".join(s.text for s in transcriber.decode_window(whole, offset=start, prefix=emitted, draft=emitted))
+    assert continued.lower().startswith("unless to be rather") and "is to be" in continued, continued
 
 
 def test_a_prefix_without_passes_is_fed_step_by_step(transcriber, entries):

@@ -18,7 +18,9 @@ How it works, in the order audio flows:
   stable (LocalAgreement-2) ->
   at the utterance end one last decode becomes the `final`. It starts after `early_final` s of quiet, before
   the hangover has confirmed the end (if the talker goes on, it was one more partial); a partial that
-  started in the final pause is the final itself. Partials start in pauses for that reason: a decode cannot
+  started in the final pause is the final itself. When the model was sure of every word of it
+  (`commit_logprob`), it goes out after `commit_quiet` s of quiet, before the hangover (a talker who goes on
+  within the hangover continues the utterance after the emitted words); else it waits for the hangover. Partials start in pauses for that reason: a decode cannot
   be interrupted, so the final waits for one only when the talker stops while a decode that missed the
   last words is running. Utterances longer than `commit_after` seconds are committed early at an agreed
   segment boundary and the window slides on, so long speech never overflows the encoder window.

@@ -31,12 +31,15 @@ class DictationOptions:
     hangover: float = 0.6             # s of quiet that ends an utterance
     early_final: float = 0.2          # s of quiet after which the final's decode starts, before the hangover
                                       # confirms the end (if speech resumes, it served as a partial)
-    commit_quiet: float | None = None # s of quiet after which a decode that heard the end is emitted as final, before
-                                      # the hangover; if speech resumes within the hangover, the utterance goes on
-                                      # and later finals hold only the words after it (transcribers with prefix=,
-                                      # Whisper; others wait for the hangover). Off by default: at a comma pause the
-                                      # emitted half is read without the audio after it, which tiny.en needs for
-                                      # some words, and emitted text is never revised (bench/dictation_hangover.py)
+    commit_quiet: float | None = 0.3  # s of quiet after which a decode that heard the end is emitted as final before
+                                      # the hangover, when the model was sure of each word (commit_logprob); if
+                                      # speech resumes within the hangover, the utterance goes on and later finals
+                                      # hold only the words after it (transcribers with prefix= and word log-probs,
+                                      # Whisper; others wait for the hangover). None: every final waits for it
+    commit_logprob: float = -0.6      # the least log-prob a word of such an early final may have; an utterance
+                                      # with a less sure word waits for the hangover, and if the talker goes on it
+                                      # is decoded whole: a pause may be a comma, and the words a model misreads
+                                      # without the audio after them are ones it is unsure of. -inf: any final
     final_tail: float = 0.09          # s of quiet after the last loud frame a decode must have heard to serve
                                       # as the final; partials wait for such a gap, so that the last one can
     partial_every: float = 1.0        # s of new audio between partial decodes of an open utterance ...
@@ -69,6 +72,8 @@ class DictationOptions:
                 raise UsageError(f"{name} must be >= 0")
         if self.commit_quiet is not None and not 0 <= self.commit_quiet:
             raise UsageError(f"commit_quiet must be >= 0 s or None, got {self.commit_quiet}")
+        if not self.commit_logprob <= 0:
+            raise UsageError(f"commit_logprob is a log-probability (<= 0, or -inf), got {self.commit_logprob}")
         if self.ring_seconds < 5:
             raise UsageError("ring_seconds must be at least 5")
         for name, flag in (("silence_timeout", "--silence-timeout"), ("max_duration", "--max-duration")):

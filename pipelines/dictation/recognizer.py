@@ -22,11 +22,13 @@ class _Hypothesis:
     segments: list            # the Transcriber's Segments that survived the guards
     words: list[str]          # all their words, in order
     ends: list[int]           # cumulative word count at the end of each segment
+    sure: list[float]         # how sure the model was of each word (a log-prob), [] when it did not say
 
     @classmethod
-    def from_segments(cls, segments, window_end: float) -> "_Hypothesis":
-        kept, words, ends, previous = [], [], [], None
-        for seg in segments:
+    def from_segments(cls, segments, window_end: float, sure: list | None = None) -> "_Hypothesis":
+        """`sure`: per segment, its words' log-probs (the transcriber's `last_word_logprobs`), if known."""
+        kept, words, ends, kept_sure, previous = [], [], [], [], None
+        for seg, seg_sure in zip(segments, sure or [None] * len(segments)):
             text = seg.text.strip()
             if not looks_like_text(text) or norm_word(text) == previous or seg.start >= window_end:
                 continue
@@ -34,13 +36,15 @@ class _Hypothesis:
             kept.append(seg)
             words.extend(text.split())
             ends.append(len(words))
+            kept_sure.append(seg_sure)
         collapsed = collapse_repeats(words)
         if len(collapsed) != len(words) or too_compressible(" ".join(words)):
             # a loop was cut: segment boundaries no longer line up with the words, so this hypothesis
             # offers no early-commit points (the utterance end or the hard cut still finalises it)
             collapsed = [] if too_compressible(" ".join(collapsed)) else collapsed
-            return cls([], collapsed, [])
-        return cls(kept, words, ends)
+            return cls([], collapsed, [], [])
+        known = [] if None in kept_sure else [x for seg_sure in kept_sure for x in seg_sure]
+        return cls(kept, words, ends, known if len(known) == len(words) else [])
 
     @property
     def text(self) -> str:
@@ -50,7 +54,8 @@ class _Hypothesis:
         if n == 0:
             return self
         keep = [i for i, end in enumerate(self.ends) if end > n]
-        return _Hypothesis([self.segments[i] for i in keep], self.words[n:], [self.ends[i] - n for i in keep])
+        return _Hypothesis([self.segments[i] for i in keep], self.words[n:], [self.ends[i] - n for i in keep],
+                           self.sure[n:])
 
 
 class Recognizer:
@@ -58,8 +63,9 @@ class Recognizer:
 
     `transcriber` is anything with `decode_window(samples_16k, *, offset, fallback, stop) -> [Segment(start, end, text)]`
     (`stop`, when given, is polled during the decode; once it says True the decode returns None). One that also has
-    `last_tokens` (Whisper) takes `draft=` and `prefix=` (tokens to continue after) as well: its finals are emitted
-    at `commit_quiet` and a resumed talker continues the same utterance (see _commit_heard).
+    `last_tokens` (Whisper) takes `draft=` and `prefix=` (tokens to continue after) as well, and one that also says
+    how sure it was of each word (`last_word_logprobs`: per segment, per word, a log-prob) has its sure finals emitted
+    at `commit_quiet`, before the hangover; a resumed talker continues the same utterance (see _commit_heard).
     One call to accept() runs at most one partial decode, so when decoding is slower than real time the
     caller simply hands over bigger chunks and partials get rarer; finals are never skipped.
     """
@@ -175,7 +181,7 @@ class Recognizer:
             return self._end_utterance()
         commit = self.options.commit_quiet
         if (commit is not None and self._continues and self.options.vad and now - self.last_speech >= commit - 1e-9
-                and self._latest is not None and self._latest.words and self._heard_end()):
+                and self._latest is not None and self._latest.words and self._heard_end() and self._sure()):
             return self._commit_heard()
         if self._duration() >= self._max_utterance:
             events += self._hard_cut()
@@ -216,6 +222,13 @@ class Recognizer:
         """The last decode reached `final_tail` s past the last words: it holds all the speech (loud frames
         after that too short to be a word, a click or a breath, do not call for a new decode)."""
         return self._latest is not None and self._latest_end >= self._last_words + self.options.final_tail - 1e-9
+
+    def _sure(self) -> bool:
+        """The model was sure of every word of the last decode (each at least `commit_logprob`), so it is unlikely
+        to read them otherwise if the talker goes on: the words it misreads without the audio after them are ones
+        it is unsure of. A transcriber that does not say is never sure."""
+        sure = self._latest.sure
+        return bool(sure) and min(sure) >= self.options.commit_logprob - 1e-9
 
     # -- decoding
 
@@ -268,8 +281,9 @@ class Recognizer:
         took = time.perf_counter() - started
         self.decode_seconds = took if not self.decode_seconds else 0.8 * self.decode_seconds + 0.2 * took
         window_end = self._buffer_start + self._duration()
-        own = [seg for seg in segments if min(seg.end, window_end) > self._buffer_start + 0.3]
-        hyp = _Hypothesis.from_segments(own, window_end)
+        sure = getattr(self.transcriber, "last_word_logprobs", None) or [None] * len(segments)
+        own = [(seg, s) for seg, s in zip(segments, sure) if min(seg.end, window_end) > self._buffer_start + 0.3]
+        hyp = _Hypothesis.from_segments([seg for seg, _ in own], window_end, [s for _, s in own])
         first = hyp.segments[0] if hyp.segments else None
         heard_final_audio = bool(context) or self._committed_until > self._buffer_start
         if self._prefix is None and heard_final_audio and first is not None and first.start < self._committed_until - 0.2:
@@ -313,7 +327,7 @@ class Recognizer:
         self._slide(seg_end)
         self._next_start = seg_end
         rest = hyp.words[hyp.ends[cut]:]
-        self._previous = _Hypothesis([], rest, [len(rest)]) if rest else None
+        self._previous = _Hypothesis([], rest, [len(rest)], hyp.sure[hyp.ends[cut]:]) if rest else None
         self._agreed = max(0, self._agreed - len(words))
         return [final]
 
@@ -328,16 +342,17 @@ class Recognizer:
         self._latest, self._prefix = None, None   # they decoded the buffer before the slide
 
     def _commit_heard(self) -> list[Event]:
-        """`commit_quiet` s of quiet and the last decode heard the end: its words become final now, before the
-        hangover confirms the end. The utterance stays open: if the talker resumes before the hangover, the next
-        decodes hear the whole utterance as before and continue after that decode's tokens (a forced prefix), so
-        the next final holds only the words after them: nothing emitted is revised or decoded apart from the rest
-        (a shorter hangover splits utterances at comma pauses, and their halves decoded apart read worse)."""
+        """`commit_quiet` s of quiet, and the last decode heard the end and was sure of its words: they become
+        final now, before the hangover confirms the end. The utterance stays open: if the talker resumes before the
+        hangover, the next decodes hear the whole utterance as before and continue after that decode's tokens (a
+        forced prefix), so the next final holds only the words after them: nothing emitted is revised or decoded
+        apart from the rest (a shorter hangover splits utterances at comma pauses, and their halves decoded apart
+        read worse)."""
         end = min(self._last_words, self._now())
         final = self._final(self._latest.words, self._start(), max(end, self._start()))
         self._prefix = self._draft                # the tokens of the decode `_latest` came from
         self._committed_until = end
-        self._latest = _Hypothesis([], [], [])    # it still heard the end; its words are out
+        self._latest = _Hypothesis([], [], [], [])   # it still heard the end; its words are out
         self._previous, self._agreed, self._next_start = None, 0, None
         return [final]
 

@@ -2,7 +2,9 @@
 
 Each step is a few ONNX nodes written with the `onnx` helpers (LOWERINGS). The entries of a program share one
 array per weight; a linear's weight is kept as [in, out], made once at load, and where every reader takes that
-form (a tied embedding table too) the original is not kept. Runtime parameters (a decoder's position) are 0-d
+form (a tied embedding table too) the original is not kept. A linear's weight that an entry reads with many rows
+also gets ONE packed copy, in the first session built that can use it (ONNX Runtime's prepacked GEMM layout; the
+other sessions read the array). Runtime parameters (a decoder's position) are 0-d
 int32 inputs. State (KV caches, cross K/V) is the caller's arrays, bound with IO binding as outputs over their
 own memory: a decoder step writes this token's K/V at `pos` and copies no cache. Results are fresh arrays.
 """
@@ -26,6 +28,10 @@ PRECISIONS = ("fp32", "int8")
 # Intra-op threads that spin between ops take a core from anyone else: on a shared machine a spinning pool
 # collapses, one that sleeps degrades with the load (measured both: see the closing note of issue 24).
 SPIN = "0"
+# Unpacked, ORT packs a GEMM weight on every run: a cost per weight byte that the rows then share (about half of
+# BERT-base's linear time at 128 rows, a few percent at Whisper's 1500); one row is a matrix-vector product, which
+# it never packs. An entry reading a weight with at least this many rows takes the packed copy if none exists yet.
+PACK_ROWS = 16
 
 
 def _slice(g, out, x, axis, start, stop, step, n) -> str:
@@ -43,26 +49,35 @@ def _transposed(g, w) -> str:
                      g.program.buffers[w].shape[::-1])
 
 
-def _int8_scale(weight: np.ndarray) -> np.ndarray:  # a weight [out, in]'s symmetric scale per output
-    return (np.maximum(np.abs(weight).max(axis=1), np.float32(1e-30)) / np.float32(127)).astype(np.float32)
+INT8_BLOCK = 16  # inputs per int8 block with its own scale (weights and activations): MatMulNBits' smallest, most exact
 
 
-def _linear(g, out, x, w, b=None, **_):
-    """int8 entries: x quantized per tensor at run time (uint8), a weight per output at load (int8 [in, out],
-    C-ordered: read in place), an integer GEMM: what ORT's quantize_dynamic writes, fused to DynamicQuantizeMatMul."""
+def _int8(g, w, gather: bool = False) -> tuple[str, str]:
+    """A weight [out, in] as MatMulNBits' 8-bit blocks [out, blocks, INT8_BLOCK] and scales [out, blocks] ([out,
+    blocks, 1] for GatherBlockQuantized), made at load: ORT's symmetric quantizer's values (each block's signed
+    extreme is -128, zero-padded, stored + 128)."""
+    (n, k), pad = g.program.buffers[w].shape, -g.program.buffers[w].shape[1] % INT8_BLOCK
+    scale_shape = (n, (k + pad) // INT8_BLOCK, 1)[:2 + gather]
+
+    def quantize(weights, scale_only=False):
+        blocks = np.pad(weights[w], ((0, 0), (0, pad))).reshape(n, -1, INT8_BLOCK)
+        scale = np.take_along_axis(blocks, np.abs(blocks).argmax(-1)[..., None], -1) / np.float32(-128)
+        return scale.reshape(scale_shape) if scale_only else np.clip(
+            np.rint(blocks / np.where(scale == 0, np.float32(1), scale)) + 128, 0, 255).astype(np.uint8)
+    return (g.derived(w, ".q8", quantize, "uint8", (*scale_shape[:2], INT8_BLOCK)),
+            g.derived(w, f".q8scale{2 + gather}", lambda weights: quantize(weights, True), "float32", scale_shape))
+
+
+def _linear(g, out, x, w, b=None, *, shapes):
+    """int8 entries: ORT's MatMulNBits, 8 bits: the weight quantized per block of inputs at load, and (accuracy level
+    4) the activations per block at run time, multiplied in int8 (VNNI)."""
     shape, weight = g.program.buffers[w].shape, g.program.buffers[w].usage is Usage.WEIGHTS
     if weight and g.int8:
-        wq = g.derived(w, ".int8", lambda weights: np.ascontiguousarray(np.clip(
-            np.rint(weights[w].T / _int8_scale(weights[w])), -127, 127).astype(np.int8)), "int8", shape[::-1])
-        ws = g.derived(w, ".scale", lambda weights: _int8_scale(weights[w]), "float32", shape[:1])
-        quantized = [f"{out}.q", f"{out}.q_scale", f"{out}.q_zero"]
-        g.nodes.append(g.helper.make_node("DynamicQuantizeLinear", [g.value(x)], quantized))
-        product = g.node("MatMulInteger", [quantized[0], wq, quantized[2]])
-        y = g.node("Mul", [g.node("Cast", [product], to=g.tensor.FLOAT), g.node("Mul", [quantized[1], ws])],
-                   None if b else out)
-    else:
-        wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
-        y = g.node("MatMul", [g.value(x), wt], None if b else out)
+        return g.node("MatMulNBits", [g.value(x), *_int8(g, w), "", "", g.value(b) if b else ""], out,
+                      domain="com.microsoft", K=shape[1], N=shape[0], bits=8, block_size=INT8_BLOCK, accuracy_level=4)
+    wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
+    g.rows[wt] = max(g.rows.get(wt, 0), math.prod(shapes[0][:-1]))
+    y = g.node("MatMul", [g.value(x), wt], None if b else out)
     return g.node("Add", [y, g.value(b)], out) if b else y
 
 
@@ -88,6 +103,13 @@ def _cache_write(g, out, cache, value, pos, *, axis, shapes):
 
 
 def _embedding(g, out, table, ids, *, shapes):
+    if g.int8 and shapes[0][1] % INT8_BLOCK == 0 and any(
+            s.op == "linear" and s.inputs[1] == table for e in g.program.entries.values() for s in e.steps):
+        # a table tied to a linear, in an int8 entry: rows of the linear's int8 blocks (the float table not kept)
+        blocks, scales = _int8(g, table, gather=True)
+        rows = g.node("GatherBlockQuantized", [blocks, g.value(ids), scales], domain="com.microsoft", bits=8,
+                      block_size=INT8_BLOCK, gather_axis=0, quantize_axis=2)
+        return g.node("Reshape", [rows, g.const(shapes[-1], np.int64)], out)
     if table not in g.transposed:
         return g.node("Gather", [g.value(table), g.value(ids)], out)
     # a table tied to a linear is kept as [d, vocab] only: gather its columns, move d last
@@ -184,12 +206,13 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     "cache_write": _cache_write,
 }
 BOUND_READERS = {("MatMul", 1), ("Gather", 0)}
-SHARED_READERS = {("MatMulInteger", 1), ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1), ("LayerNormalization", 2)}
-_DTYPES = {"float32": 1, "int8": 3, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
+SHARED_READERS = {("MatMulNBits", 1), ("MatMulNBits", 2), ("GatherBlockQuantized", 0), ("GatherBlockQuantized", 2),
+                  ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1), ("LayerNormalization", 2)}
+_DTYPES = {"float32": 1, "uint8": 2, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
 
 
 class EntryGraph:
-    """One entry as an ONNX model (`model`, serialised; `key`, its digest): the buffers it reads from the caller,
+    """One entry as an ONNX model (`model()`, serialised; `key`, its digest): the buffers it reads from the caller,
     writes back (state, bound in place) and returns. The lowerings write it with `value`, `node` and `const`; buffers
     are SSA values: a state buffer written by a step gets a new name, and readers after it read the newest one."""
 
@@ -202,6 +225,7 @@ class EntryGraph:
         self.weights: dict[str, tuple] = {}  # initializer name -> (make(weights) or None for the weight, dtype, shape)
         self.current: dict[str, str] = {}  # buffer -> the value that holds it now
         self.reads: list[str] = []          # buffers read from the caller (inputs and state), in order
+        self.rows: dict[str, int] = {}      # weight -> the most rows a linear reads it with
         buffers = program.buffers
         for step in entry.steps:
             if step.op not in LOWERINGS:
@@ -220,31 +244,41 @@ class EntryGraph:
             for i, name in enumerate(node.input):
                 readers.setdefault(name, set()).add((node.op_type, i))
         # How each weight reaches the session. Read only by MatMul or Gather (nearly all the bytes): a graph input
-        # bound where it lies, which ORT can neither copy nor rewrite. Read by ops ORT rewrites with constant weights
-        # for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer shared with add_initializer. The rest
-        # (biases, rotary tables: small) is copied per session: ORT's transpose pass may reshape such an
-        # initializer, and ran a shared one at its old shape. Both are in-memory files (`_binding`) named by digest.
+        # bound where it lies, which ORT can neither copy nor rewrite, unless the session takes its packed copy. Read
+        # by ops ORT rewrites with constant weights for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer
+        # shared with add_initializer. The rest (biases, rotary tables: small) is copied per session: ORT's transpose
+        # pass may reshape such an initializer, and ran a shared one at its old shape. Both are in-memory files
+        # (`_binding`) named by digest.
         kinds = {n: readers.get(n, {None}) for n in self.weights}
         self.bound = [n for n, r in kinds.items() if r <= BOUND_READERS]
         self.shared = [n for n, r in kinds.items() if r <= SHARED_READERS]
-        self.external = {n: hashlib.sha256(n.encode()).hexdigest()[:24] for n in self.weights if n not in self.bound}
+        # a weight that only linears read, with enough rows to pay for a packed copy (a tied table, which a Gather
+        # reads too, stays out: vocabulary-sized, and only a live decode's draft passes read it with many rows)
+        self.packable = [n for n in self.bound if kinds[n] == {("MatMul", 1)} and self.rows.get(n, 0) >= PACK_ROWS]
+        self.location = {n: hashlib.sha256(n.encode()).hexdigest()[:24] for n in self.weights}
         self.outputs = {b: self.current[b] for b in self.writes + self.returns}
         for b, v in list(self.outputs.items()):
             if v in self.reads or v in self.weights or list(self.outputs.values()).count(v) > 1:
                 self.outputs[b] = self.node("Identity", [v], f"{b}:out")  # an output ORT writes, not one it reads
+        self.name = entry.name
+        self.key = hashlib.sha256(self.model()).hexdigest()
+
+    def model(self, packed: frozenset[str] = frozenset()) -> bytes:
+        """The serialised model; the `packed` weights (of `packable`) are constant initializers, not inputs."""
+        helper, buffers = self.helper, self.program.buffers
 
         def info(name, dtype, shape):
             return helper.make_tensor_value_info(name, _DTYPES[dtype], shape)
-        externals = [TensorProto(name=n, data_type=_DTYPES[self.weights[n][1]], dims=self.weights[n][2],
-                                 data_location=TensorProto.EXTERNAL, external_data=[{"key": "location", "value": f}])
-                     for n, f in self.external.items()]
+        externals = [self.tensor(name=n, data_type=_DTYPES[self.weights[n][1]], dims=self.weights[n][2],
+                                 data_location=self.tensor.EXTERNAL,
+                                 external_data=[{"key": "location", "value": self.location[n]}])
+                     for n in self.weights if n not in self.bound or n in packed]
         inputs = [info(b, buffers[b].dtype, buffers[b].shape) for b in self.reads] + \
-            [info(n, *self.weights[n][1:]) for n in self.bound]
+            [info(n, *self.weights[n][1:]) for n in self.bound if n not in packed]
         outputs = [info(v, buffers[b].dtype, buffers[b].shape) for b, v in self.outputs.items()]
-        graph = helper.make_graph(self.nodes, entry.name, inputs, outputs, externals + self.constants)
-        self.model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
-                                       producer_name="aie-apps").SerializeToString()
-        self.key = hashlib.sha256(self.model).hexdigest()
+        graph = helper.make_graph(self.nodes, self.name, inputs, outputs, externals + self.constants)
+        opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid("com.microsoft", 1)] * self.int8
+        return helper.make_model(graph, opset_imports=opsets, producer_name="aie-apps").SerializeToString()
 
     def value(self, buffer: str) -> str:
         if buffer not in self.current:
@@ -303,6 +337,21 @@ def entry_precisions(program: Program, precision: str | Mapping[str, str]) -> di
     return {name: named.get(name, "fp32") for name in program.entries}
 
 
+_arena_lock, _arena_registered = threading.Lock(), False
+
+
+def _register_arena(ort) -> None:
+    """One CPU arena for all sessions of the process, grown by what a run asks for (ORT's default arena per
+    session grows by powers of two: an encoder's run kept ~35 MB more, and each session kept its own)."""
+    global _arena_registered
+    with _arena_lock:
+        if not _arena_registered:
+            ort.create_and_register_allocator(
+                ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT),
+                ort.OrtArenaCfg(0, 1, -1, -1))  # no limit; extend strategy 1: kSameAsRequested
+            _arena_registered = True
+
+
 class CpuExecutable:
     def __init__(self, program: Program, weights: Mapping[str, np.ndarray], threads: int,
                  precision: str | Mapping[str, str] = "fp32"):
@@ -320,20 +369,24 @@ class CpuExecutable:
             # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
             array = weights[name].reshape(program.buffers[name].shape) if make is None else make(weights)
             self.arrays[name] = array, onnxruntime.OrtValue.ortvalue_from_numpy(array)
-        self.sessions: dict[str, object] = {}  # EntryGraph.key -> its session, built on the entry's first run
+        self.sessions: dict[str, tuple] = {}  # EntryGraph.key -> (session, weights it packed), built at first run
+        self.packed: set[str] = set()          # the weights some session holds a packed copy of
         self.lock, self.local, self.counters, self.closed = threading.Lock(), threading.local(), Counters(), False
 
-    def _options(self):
-        """What every session is built with (bench/cpu_options.py varies it)."""
+    def _options(self, pack: bool):
+        """What every session is built with (bench/cpu_options.py varies it); `pack`: it packs its constant weights."""
         options = self.ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
         options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
         options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
-        # a prepacked weight is a copy per session (and every entry of a program has one)
-        options.add_session_config_entry("session.disable_prepacking", "1")
+        # a packed weight is a copy per session: only a session given packable weights packs (Conv's too, then);
+        # int8's MatMulNBits always does (unpacked, it dequantizes the whole weight at every run)
+        options.add_session_config_entry("session.disable_prepacking", "0" if pack else "1")
         # the memory pattern (one block per session for a run's activations, taken from the arena beside the
         # chunks the first run left there) keeps twice an encoder's activations
         options.enable_mem_pattern = False
+        _register_arena(self.ort)  # every session draws on the process's one arena
+        options.add_session_config_entry("session.use_env_allocators", "1")
         return options
 
     def _binding(self, graph: EntryGraph):
@@ -344,16 +397,22 @@ class CpuExecutable:
             return bindings[graph.key]
         with self.lock:
             if graph.key not in self.sessions:
-                options, arrays = self._options(), [self.arrays[n][0] for n in graph.external]  # read in place
-                options.add_external_initializers_from_files_in_memory(list(graph.external.values()), arrays,
+                packed = frozenset(n for n in graph.packable if n not in self.packed)
+                self.packed |= packed
+                options = self._options(pack=bool(packed) or graph.int8)
+                files = [n for n in graph.location if n not in graph.bound or n in packed]
+                arrays = [self.arrays[n][0] for n in files]  # read in place
+                options.add_external_initializers_from_files_in_memory([graph.location[n] for n in files], arrays,
                                                                        [a.nbytes for a in arrays])
-                for name in graph.shared:
+                for name in [*graph.shared, *packed]:
                     options.add_initializer(name, self.arrays[name][1])
-                self.sessions[graph.key] = self.ort.InferenceSession(graph.model, options,
-                                                                     providers=["CPUExecutionProvider"])
-        binding = bindings[graph.key] = self.sessions[graph.key].io_binding()
+                self.sessions[graph.key] = self.ort.InferenceSession(graph.model(packed), options,
+                                                                     providers=["CPUExecutionProvider"]), packed
+        session, packed = self.sessions[graph.key]
+        binding = bindings[graph.key] = session.io_binding()
         for name in graph.bound:
-            binding.bind_ortvalue_input(name, self.arrays[name][1])  # the OrtValue over our array: no copy
+            if name not in packed:
+                binding.bind_ortvalue_input(name, self.arrays[name][1])  # the OrtValue over our array: no copy
         return binding
 
     def new_state(self) -> State:
@@ -378,7 +437,7 @@ class CpuExecutable:
             array = env[buffer] if buffer in graph.writes else results[buffer]  # state: written where it lives
             binding.bind_output(value, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
         try:
-            self.sessions[graph.key].run_with_iobinding(binding)
+            self.sessions[graph.key][0].run_with_iobinding(binding)
         except RuntimeError as e:  # what ORT raises for data its kernels refuse (an index past a table, ...)
             raise InputError(f"entry {program_entry.name} refused its inputs: {str(e).strip().splitlines()[-1]}",
                              fix="check the token ids against the vocabulary and the position against the "
@@ -388,7 +447,7 @@ class CpuExecutable:
         return {name: np.array(env[b]) if b not in results else results[b] for name, b in program_entry.outputs.items()}
 
     def close(self):
-        self.closed, self.sessions, self.arrays, self.local = True, {}, {}, threading.local()
+        self.closed, self.sessions, self.arrays, self.packed, self.local = True, {}, {}, set(), threading.local()
 
 
 class CpuBackend:
