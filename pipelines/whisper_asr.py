@@ -31,8 +31,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from pipelines import audio, whisper_drafts
+from pipelines import audio, whisper_drafts, whisper_segments
 from pipelines.transcript import Segment, TranscribeOptions, Transcript
+from pipelines.whisper_segments import TIME_PRECISION, last_stamp, to_last_word
 from pipelines.whisper_tokenizer import WhisperTokenizer
 from sdk import hub
 from sdk.errors import UsageError
@@ -42,7 +43,6 @@ from sdk.session import Session
 from sdk.weights import read_config, read_json_object
 
 DEFAULT_MODEL = "whisper-tiny.en"
-TIME_PRECISION = 0.02          # seconds per timestamp token
 FRAME_SECONDS = audio.WHISPER_HOP / audio.SAMPLE_RATE  # 10 ms mel frames
 TAIL_SECONDS = 1.0             # silence a short encoder window holds after the audio (of a 30 s window)
 LATE_STAMP_SECONDS = 3.0       # a short window's timestamp this far past the audio's end means a loop: whisper-base
@@ -224,7 +224,7 @@ class WhisperRecognizer:
             language = language or o.language or ("en" if self.english_only else self._detect_language())
             # A short window gets one greedy pass; one that went wrong moves to the next window (a short audio
             # context is what makes Whisper repeat itself), and only the full window retries hotter.
-            used = self._to_last_word(prefix or [])
+            used = to_last_word(self.tokenizer, prefix or [])
             result = self._fallback_decode(language, max_tokens, fallback and window.full, stop, draft, used)
             if result is not None and used != (prefix or []) and self._stops_short(result, size):
                 # continued inside the emitted decode's last segment, Whisper may close it and end before the
@@ -239,8 +239,9 @@ class WhisperRecognizer:
         if (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold
                 and not (o.logprob_threshold is not None and result.avg_logprob > o.logprob_threshold)):
             return [], size, language
-        segments, advance, self.last_word_logprobs = self._segments(
-            result.tokens, size, offset, keep_tail, after=len(used), logprobs=result.logprobs if live else None)
+        segments, advance, self.last_word_logprobs = whisper_segments.segments(
+            self.tokenizer, result.tokens, size, size * FRAME_SECONDS, offset, timestamps=o.timestamps,
+            keep_tail=keep_tail, after=len(used), logprobs=result.logprobs if live else None)
         return segments, advance, language
 
     def windows_for(self, size: int, live: bool = False) -> list[whisper.Window]:
@@ -259,9 +260,8 @@ class WhisperRecognizer:
         its token limit, a timestamp lies well past the audio's end, it heard no words (whisper-base hears none in
         robotic German at 10 s that it transcribes at 30 s: the full window decides what is silence; after a prefix,
         only the punctuation it ended with), or the fallback checks would retry it."""
-        o, tb = self.options, self.tokenizer.timestamp_begin
-        stamps = [t for t in result.tokens if t >= tb]
-        late = bool(stamps) and (stamps[-1] - tb) * TIME_PRECISION > seconds + LATE_STAMP_SECONDS
+        o, stamp = self.options, last_stamp(self.tokenizer, result.tokens)
+        late = stamp is not None and stamp > seconds + LATE_STAMP_SECONDS
         if len(result.tokens) >= max_tokens or late:
             return False
         if not re.search(r"\w", result.text) or (o.no_speech_threshold is not None and result.no_speech_prob > o.no_speech_threshold):
@@ -270,9 +270,8 @@ class WhisperRecognizer:
 
     def _stops_short(self, result: _Result, size: int) -> bool:
         """The decode's last timestamp lies more than STOPS_SHORT_SECONDS before the end of its audio."""
-        tb = self.tokenizer.timestamp_begin
-        stamps = [t for t in result.tokens if t >= tb]
-        return bool(stamps) and (stamps[-1] - tb) * TIME_PRECISION < size * FRAME_SECONDS - STOPS_SHORT_SECONDS
+        stamp = last_stamp(self.tokenizer, result.tokens)
+        return stamp is not None and stamp < size * FRAME_SECONDS - STOPS_SHORT_SECONDS
 
     def _looping(self, result: _Result) -> bool:
         o = self.options
@@ -443,88 +442,6 @@ class WhisperRecognizer:
             table[1, [t for t in begin if t < self.cfg.vocab_size]] = NEG_INF
         self._table = table
         return table
-
-    def _segments(self, tokens: list[int], size: int, offset: float, keep_tail: bool, after: int = 0,
-                  logprobs: list[float] | None = None) -> tuple[list[Segment], int, list[list[float]]]:
-        """Cut sampled tokens into timed segments at timestamp pairs; returns (segments, frames to advance, word
-        log-probs). Only the text of tokens from index `after` on (a forced prefix's continuation) is kept: a segment
-        the prefix ends inside keeps its times and the rest of its text. Given `logprobs` (of tokens[after:]), each
-        segment's words get theirs (see _word_logprobs); else the third value is []."""
-        tb, tok = self.tokenizer.timestamp_begin, self.tokenizer
-        window_seconds = size * FRAME_SECONDS
-        pieces: list[tuple[Segment, int, int]] = []   # each segment and the tokens [from, to) of its text
-        if not self.options.timestamps:
-            pieces.append((Segment(offset, offset + window_seconds, tok.decode(tokens[after:])), after, len(tokens)))
-            advance = size
-        else:
-            is_ts = [t >= tb for t in tokens]
-            single_ending = is_ts[-2:] == [False, True]
-            cuts = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
-            if cuts:
-                if (single_ending or keep_tail) and cuts[-1] < len(tokens):
-                    cuts.append(len(tokens))
-                last = 0
-                for cut in cuts:
-                    piece = tokens[last:cut]
-                    start = (piece[0] - tb) * TIME_PRECISION if piece and piece[0] >= tb else 0.0
-                    end = (piece[-1] - tb) * TIME_PRECISION if piece[-1] >= tb else window_seconds
-                    if cut > after:
-                        text = tok.decode(tokens[max(last, after):cut])
-                        pieces.append((Segment(round(offset + start, 3), round(offset + end, 3), text),
-                                       max(last, after), cut))
-                    last = cut
-                advance = size if single_ending or keep_tail else (tokens[last - 1] - tb) * 2  # 2 mel frames a token
-            else:
-                stamps = [t for t in tokens if t >= tb]
-                end = (stamps[-1] - tb) * TIME_PRECISION if stamps and stamps[-1] != tb else window_seconds
-                pieces.append((Segment(round(offset, 3), round(offset + end, 3), tok.decode(tokens[after:])),
-                               after, len(tokens)))
-                advance = size
-        segments, sure = [], []
-        for segment, a, b in pieces:
-            text, dropped = segment.text.strip(), 0
-            if a == after > 0:   # a continuation: punctuation where the emitted text has its own is nothing new
-                lead = re.match(r"(?:[^\w\s]+(?:\s+|$))*", text).group()
-                text, dropped = text[len(lead):], len(lead.split())
-            if text and segment.end > segment.start:
-                segments.append(Segment(segment.start, segment.end, text))
-                if logprobs is not None:
-                    sure.append(self._word_logprobs(tokens[a:b], logprobs[a - after:b - after])[dropped:])
-        return segments, advance, sure
-
-    def _to_last_word(self, tokens: Sequence[int]) -> list[int]:
-        """`tokens` up to their last word: without the timestamps and punctuation after it."""
-        tokens = list(tokens)
-        while tokens:
-            text = self.tokenizer.decode(tokens[-1:])
-            if tokens[-1] < self.tokenizer.timestamp_begin and ("\ufffd" in text or re.search(r"\w", text)):
-                break
-            tokens.pop()
-        return tokens
-
-    def _word_logprobs(self, tokens: list[int], logprobs: list[float]) -> list[float]:
-        """For each word of the tokens' text (split on whitespace, as text.split() does), the lowest log-prob of its
-        tokens that hold a letter or digit (punctuation changes no word: a word of punctuation alone gets 0.0).
-        Tokens are read in groups that decode to whole characters (a byte-level token may hold part of one)."""
-        words: list[float] = []
-        group, low, open_word = [], 0.0, False     # open_word: the last word may go on in the next group
-        for token, logprob in zip(tokens, logprobs):
-            if token >= self.tokenizer.eot:        # timestamps
-                continue
-            group.append(token)
-            low = min(low, logprob)
-            text = self.tokenizer.decode(group)
-            if "\ufffd" in text:                   # a character split across tokens: read on
-                continue
-            for k, word in enumerate(re.finditer(r"\S+", text)):
-                sure = low if re.search(r"\w", word.group()) else 0.0
-                if k == 0 and open_word and not text[0].isspace():
-                    words[-1] = min(words[-1], sure)
-                else:
-                    words.append(sure)
-            open_word = bool(words) and not text[-1:].isspace()
-            group, low = [], 0.0
-        return words
 
 
 def _probability(logits: np.ndarray, token: int) -> float:
