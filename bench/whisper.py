@@ -109,7 +109,7 @@ def main():
     # every entry in int8, the WER gate's verdict aside (sdk.models.whisper.INT8_ENTRIES): what int8 does to each
     # entry's time, and the like of faster-whisper's int8, which quantizes the whole model
     gated = whisper.INT8_ENTRIES
-    whisper.INT8_ENTRIES = ("encode", "decode_step", "decode_greedy", *(f"decode_{n}" for n in whisper.DRAFT_PASSES))
+    whisper.INT8_ENTRIES = ("encode", *gated)
     all_int8 = WhisperRecognizer("whisper-tiny.en", device="cpu", options=TranscribeOptions(precision="int8"))
     whisper.INT8_ENTRIES = gated
     model = hf_model(ours)
@@ -117,7 +117,7 @@ def main():
     audio = [load_audio(c) for c in CLIPS]
     seconds = sum(len(a) for a in audio) / 16000
     mel = whisper_log_mel(audio[0])[None]
-    s, state = ours.session, ours.state
+    state = ours.state
     for r in (ours, all_int8):
         r.session.run("encode", r.state, mel=mel)
     with torch.no_grad():

@@ -30,8 +30,7 @@ from sdk.models import whisper  # noqa: E402
 from tests import dictation_support as support  # noqa: E402
 
 FLOORS = (30.0, 20.0, 15.0, 10.0, 5.0)
-DECODER = ("decode_step", "decode_greedy", *(f"decode_{n}" for n in whisper.DRAFT_PASSES))
-INT8 = {"none": (), "encoder": ("encode",), "decoder": DECODER, "all": ("encode", *DECODER)}
+INT8 = {"none": (), "encoder": ("encode",), "decoder": whisper.INT8_ENTRIES, "all": ("encode", *whisper.INT8_ENTRIES)}
 PAUSE = 4.0  # s between the clips of the long file, as in tests/test_transcribe.py
 
 
