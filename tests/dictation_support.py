@@ -138,12 +138,17 @@ def spoken(engine: str, voice: str, text: str, folder: Path) -> np.ndarray:
     """`text` spoken by flite or espeak-ng, 16 kHz float32 (check need(engine) first)."""
     import soundfile
     import soxr
-    path = folder / "spoken.wav"
-    command = (["flite", "-voice", voice, "-t", text, "-o", str(path)] if engine == "flite"
-               else ["espeak-ng", "-v", voice, "-w", str(path), text])
-    subprocess.run(command, check=True, capture_output=True)
+    path = speak(engine, voice, text, folder / "spoken.wav")
     audio, rate = soundfile.read(str(path), dtype="float32")
     return audio if rate == RATE else soxr.resample(audio, rate, RATE).astype(np.float32)
+
+
+def speak(engine: str, voice: str, text: str, wav: Path) -> Path:
+    """`text` spoken by flite or espeak-ng into `wav` (at the engine's own rate)."""
+    command = (["flite", "-voice", voice, "-t", text, "-o", str(wav)] if engine == "flite"
+               else ["espeak-ng", "-v", voice, "-w", str(wav), text])
+    subprocess.run(command, check=True, capture_output=True)
+    return wav
 
 
 def _quiet_runs(audio: np.ndarray, below_db: float = -50.0, hop: int = 160) -> list[tuple[int, int]]:
@@ -257,12 +262,8 @@ def gate_speech(folder: Path) -> list[tuple[Path, str]]:
 
 def flite_speech(folder: Path, sentences: list[str], voices: list[str], prefix: str) -> list[tuple[Path, str]]:
     """(wav, sentence) for each sentence spoken by flite into `folder`, the voices taking turns."""
-    out = []
-    for i, text in enumerate(sentences):
-        wav = folder / f"{prefix}{i}.wav"
-        subprocess.run(["flite", "-voice", voices[i % len(voices)], "-t", text, "-o", str(wav)], check=True)
-        out.append((wav, text))
-    return out
+    return [(speak("flite", voices[i % len(voices)], text, folder / f"{prefix}{i}.wav"), text)
+            for i, text in enumerate(sentences)]
 
 
 ABBREVIATIONS = {"mr": "mister", "mrs": "missus", "dr": "doctor", "st": "saint"}
