@@ -25,10 +25,10 @@ class _Hypothesis:
     sure: list[float]         # how sure the model was of each word (a log-prob), [] when it did not say
 
     @classmethod
-    def from_segments(cls, segments, window_end: float, sure: list | None = None) -> "_Hypothesis":
-        """`sure`: per segment, its words' log-probs (the transcriber's `last_word_logprobs`), if known."""
+    def from_segments(cls, segments, window_end: float, sure: list) -> "_Hypothesis":
+        """`sure`: per segment, its words' log-probs (the transcriber's `last_word_logprobs`), or None if unknown."""
         kept, words, ends, kept_sure, previous = [], [], [], [], None
-        for seg, seg_sure in zip(segments, sure or [None] * len(segments)):
+        for seg, seg_sure in zip(segments, sure):
             text = seg.text.strip()
             if not looks_like_text(text) or norm_word(text) == previous or seg.start >= window_end:
                 continue
