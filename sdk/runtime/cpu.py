@@ -1,12 +1,8 @@
 """The cpu backend: every entry of a program runs as one ONNX Runtime session built from the entry's steps.
 
-Each step is a few ONNX nodes written with the `onnx` helpers (LOWERINGS). The entries of a program share one
-array per weight; a linear's weight is kept as [in, out], made once at load, and where every reader takes that
-form (a tied embedding table too) the original is not kept. A linear's weight that an entry reads with many rows
-also gets ONE packed copy, in the first session built that can use it (ONNX Runtime's prepacked GEMM layout; the
-other sessions read the array). Runtime parameters (a decoder's position) are 0-d
-int32 inputs. State (KV caches, cross K/V) is the caller's arrays, bound with IO binding as outputs over their
-own memory: a decoder step writes this token's K/V at `pos` and copies no cache. Results are fresh arrays.
+Each step is a few ONNX nodes (LOWERINGS). The sessions share one array per weight (EntryGraph: how each reaches a
+session). State (KV caches, cross K/V) is the caller's arrays, bound as outputs over their own memory: a decoder step
+writes its K/V at `pos` and copies no cache. Runtime parameters are 0-d int32 inputs; results are fresh arrays.
 """
 from __future__ import annotations
 
@@ -28,9 +24,8 @@ PRECISIONS = ("fp32", "int8")
 # Intra-op threads that spin between ops take a core from anyone else: on a shared machine a spinning pool
 # collapses, one that sleeps degrades with the load (measured both: see the closing note of issue 24).
 SPIN = "0"
-# Unpacked, ORT packs a GEMM weight on every run: a cost per weight byte that the rows then share (about half of
-# BERT-base's linear time at 128 rows, a few percent at Whisper's 1500); one row is a matrix-vector product, which
-# it never packs. An entry reading a weight with at least this many rows takes the packed copy if none exists yet.
+# Unpacked, ORT packs a GEMM weight at every run (half of BERT-base's linear time at 128 rows; one row, never):
+# an entry reading a weight with at least this many rows takes ONE packed copy for all, if none exists yet.
 PACK_ROWS = 16
 
 
@@ -53,9 +48,8 @@ INT8_BLOCK = 16  # inputs per int8 block with its own scale (weights and activat
 
 
 def _int8(g, w, gather: bool = False) -> tuple[str, str]:
-    """A weight [out, in] as MatMulNBits' 8-bit blocks [out, blocks, INT8_BLOCK] and scales [out, blocks] ([out,
-    blocks, 1] for GatherBlockQuantized), made at load: ORT's symmetric quantizer's values (each block's signed
-    extreme is -128, zero-padded, stored + 128)."""
+    """A weight [out, in] as MatMulNBits' uint8 blocks [out, blocks, INT8_BLOCK] and scales [out, blocks] (+ [1] for
+    GatherBlockQuantized), made at load as ORT's symmetric quantizer does: zero-padded, extreme -128, stored + 128."""
     (n, k), pad = g.program.buffers[w].shape, -g.program.buffers[w].shape[1] % INT8_BLOCK
     scale_shape = (n, (k + pad) // INT8_BLOCK, 1)[:2 + gather]
 
@@ -69,10 +63,8 @@ def _int8(g, w, gather: bool = False) -> tuple[str, str]:
 
 
 def _linear(g, out, x, w, b=None, *, shapes):
-    """int8 entries: ORT's MatMulNBits, 8 bits: the weight quantized per block of inputs at load, and (accuracy level
-    4) the activations per block at run time, multiplied in int8 (VNNI)."""
     shape, weight = g.program.buffers[w].shape, g.program.buffers[w].usage is Usage.WEIGHTS
-    if weight and g.int8:
+    if weight and g.int8:  # MatMulNBits: int8 weight blocks, and (accuracy level 4) activations in int8 blocks too
         return g.node("MatMulNBits", [g.value(x), *_int8(g, w), "", "", g.value(b) if b else ""], out,
                       domain="com.microsoft", K=shape[1], N=shape[0], bits=8, block_size=INT8_BLOCK, accuracy_level=4)
     wt = _transposed(g, w) if weight else g.node("Transpose", [g.value(w)], perm=[1, 0])
@@ -168,32 +160,25 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     **{op: _same(t) for op, t in [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"), ("relu", "Relu"),
                                   ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), ("exp", "Exp"), ("concat", "Concat"),
                                   ("softmax", "Softmax"), ("log_softmax", "LogSoftmax"), ("transpose", "Transpose")]},
-    "embedding": _embedding,
+    "embedding": _embedding, "linear": _linear, "attention": _attention, "cache_write": _cache_write,
+    "gelu": _gelu, "gelu_tanh": _gelu_tanh, "glu": _glu, "rms_norm": _rms_norm, "rotary": _rotary,
+    "conv1d": _conv, "conv2d": _conv,
     "assign": lambda g, out, dst, value, *, shapes: g.node("Identity", [g.value(value)], out),
     "scale": lambda g, out, x, *, factor, shapes: g.node("Mul", [g.value(x), g.f32(factor)], out),
-    "gelu": _gelu,
-    "gelu_tanh": _gelu_tanh,
     "silu": lambda g, out, x, *, shapes: g.node("Mul", [g.value(x), g.node("Sigmoid", [g.value(x)])], out),
-    "glu": _glu,
     "layer_norm": lambda g, out, *xs, eps, shapes: g.node(  # x, w and an optional b
         "LayerNormalization", [g.value(x) for x in xs], out, axis=-1, epsilon=float(eps)),
-    "rms_norm": _rms_norm,
     "mean": lambda g, out, x, *, axis, keepdims=False, shapes: g.node(
         "ReduceMean", [g.value(x)], out, axes=[int(a) for a in np.atleast_1d(axis)], keepdims=int(keepdims)),
     "argmax": lambda g, out, x, *, axis=-1, keepdims=False, shapes: g.node(
         "Cast", [g.node("ArgMax", [g.value(x)], axis=axis, keepdims=int(keepdims))], out, to=g.tensor.INT32),
-    "linear": _linear,
     "matmul": lambda g, out, a, b, *, transpose_b=False, shapes: g.node(
         "MatMul", [g.value(a), _swap_last(g, b, len(shapes[1])) if transpose_b else g.value(b)], out),
-    "attention": _attention,
     "reshape": lambda g, out, x, *, shape, shapes: g.node("Reshape", [g.value(x), g.const(shapes[-1], np.int64)], out),
     "slice_axis": lambda g, out, x, *, axis, start, stop, step=1, shapes: _slice(
         g, out, g.value(x), axis, start, stop, step, shapes[0][axis]),
     "pad": lambda g, out, x, *, pads, value=0.0, shapes: g.node(
         "Pad", [g.value(x), g.const([a for a, _ in pads] + [b for _, b in pads], np.int64), g.f32(value)], out),
-    "rotary": _rotary,
-    "conv1d": _conv,
-    "conv2d": _conv,
     "max_pool2d": lambda g, out, x, *, kernel, stride, padding=0, shapes: g.node(
         "MaxPool", [g.value(x)], out, kernel_shape=[kernel] * 2, strides=[stride] * 2, pads=[padding] * 4),
     "positions": lambda g, out, pos, *, n, shapes: g.node(
@@ -203,7 +188,6 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
         g.const(np.arange(size, dtype=np.int32)[None, :]), then=NEG_INF, otherwise=0),
     "length_mask": lambda g, out, length, *, size, shapes: _where_less(
         g, out, g.const(np.arange(size, dtype=np.int32)), g.value(length), then=0, otherwise=NEG_INF),
-    "cache_write": _cache_write,
 }
 BOUND_READERS = {("MatMul", 1), ("Gather", 0)}
 SHARED_READERS = {("MatMulNBits", 1), ("MatMulNBits", 2), ("GatherBlockQuantized", 0), ("GatherBlockQuantized", 2),
@@ -220,9 +204,9 @@ class EntryGraph:
                  transposed: frozenset[str] = frozenset()):
         from onnx import TensorProto, helper, numpy_helper
         self.helper, self.tensor, self.numpy_helper = helper, TensorProto, numpy_helper
-        self.program, self.int8, self.transposed = program, precision == "int8", transposed
+        self.program, self.name, self.int8, self.transposed = program, entry.name, precision == "int8", transposed
         self.nodes, self.constants = [], []
-        self.weights: dict[str, tuple] = {}  # initializer name -> (make(weights) or None for the weight, dtype, shape)
+        self.weights: dict[str, tuple] = {}  # initializer name -> (make(weights) -> its array, dtype, shape)
         self.current: dict[str, str] = {}  # buffer -> the value that holds it now
         self.reads: list[str] = []          # buffers read from the caller (inputs and state), in order
         self.rows: dict[str, int] = {}      # weight -> the most rows a linear reads it with
@@ -231,9 +215,7 @@ class EntryGraph:
             if step.op not in LOWERINGS:
                 raise SdkError(f"the cpu backend has no ONNX form for op {step.op}",
                                fix="add a lowering for it in sdk/runtime/cpu.py")
-            inputs, out = list(step.inputs), step.outputs[0]
-            while inputs and not inputs[-1]:
-                inputs.pop()  # an absent optional input (only ever the last)
+            inputs, out = [b for b in step.inputs if b], step.outputs[0]  # an absent optional input: only the last
             shapes = [buffers[b].shape for b in inputs + [out]]
             value = f"{out}:{len(self.nodes)}" if out in self.current or buffers[out].usage is Usage.STATE else out
             self.current[out] = LOWERINGS[step.op](self, value, *inputs, shapes=shapes, **step.attrs)
@@ -245,10 +227,9 @@ class EntryGraph:
                 readers.setdefault(name, set()).add((node.op_type, i))
         # How each weight reaches the session. Read only by MatMul or Gather (nearly all the bytes): a graph input
         # bound where it lies, which ORT can neither copy nor rewrite, unless the session takes its packed copy. Read
-        # by ops ORT rewrites with constant weights for speed (Conv to NCHWc, the int8 MatMul fusion): an initializer
-        # shared with add_initializer. The rest (biases, rotary tables: small) is copied per session: ORT's transpose
-        # pass may reshape such an initializer, and ran a shared one at its old shape. Both are in-memory files
-        # (`_binding`) named by digest.
+        # by ops ORT rewrites with constant weights for speed (Conv to NCHWc, MatMulNBits): an initializer shared with
+        # add_initializer. The rest (biases, rotary tables: small) is copied per session: ORT's transpose pass may
+        # reshape such an initializer, and ran a shared one at its old shape. Both are in-memory files (`_binding`).
         kinds = {n: readers.get(n, {None}) for n in self.weights}
         self.bound = [n for n, r in kinds.items() if r <= BOUND_READERS]
         self.shared = [n for n, r in kinds.items() if r <= SHARED_READERS]
@@ -260,19 +241,15 @@ class EntryGraph:
         for b, v in list(self.outputs.items()):
             if v in self.reads or v in self.weights or list(self.outputs.values()).count(v) > 1:
                 self.outputs[b] = self.node("Identity", [v], f"{b}:out")  # an output ORT writes, not one it reads
-        self.name = entry.name
         self.key = hashlib.sha256(self.model()).hexdigest()
 
     def model(self, packed: frozenset[str] = frozenset()) -> bytes:
         """The serialised model; the `packed` weights (of `packable`) are constant initializers, not inputs."""
         helper, buffers = self.helper, self.program.buffers
-
-        def info(name, dtype, shape):
-            return helper.make_tensor_value_info(name, _DTYPES[dtype], shape)
-        externals = [self.tensor(name=n, data_type=_DTYPES[self.weights[n][1]], dims=self.weights[n][2],
-                                 data_location=self.tensor.EXTERNAL,
+        info = (lambda name, dtype, shape: helper.make_tensor_value_info(name, _DTYPES[dtype], shape))  # noqa: E731
+        externals = [self.tensor(name=n, data_type=_DTYPES[dtype], dims=shape, data_location=self.tensor.EXTERNAL,
                                  external_data=[{"key": "location", "value": self.location[n]}])
-                     for n in self.weights if n not in self.bound or n in packed]
+                     for n, (_, dtype, shape) in self.weights.items() if n not in self.bound or n in packed]
         inputs = [info(b, buffers[b].dtype, buffers[b].shape) for b in self.reads] + \
             [info(n, *self.weights[n][1:]) for n in self.bound if n not in packed]
         outputs = [info(v, buffers[b].dtype, buffers[b].shape) for b, v in self.outputs.items()]
@@ -284,8 +261,8 @@ class EntryGraph:
         if buffer not in self.current:
             self.current[buffer] = buffer
             buf = self.program.buffers[buffer]
-            if buf.usage is Usage.WEIGHTS:
-                self.weights[buffer] = (None, buf.dtype, buf.shape)  # the weight itself, given by the executable
+            if buf.usage is Usage.WEIGHTS:  # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
+                self.derived(buffer, "", lambda weights: weights[buffer].reshape(buf.shape), buf.dtype, buf.shape)
             else:
                 self.reads.append(buffer)
         return self.current[buffer]
@@ -315,13 +292,12 @@ def transposed_only(program: Program, precision: Mapping[str, str]) -> frozenset
     for entry in program.entries.values():
         for step in entry.steps:
             for i, name in enumerate(step.inputs):
-                if not name or program.buffers[name].usage is not Usage.WEIGHTS:
+                if not name or program.buffers[name].usage is not Usage.WEIGHTS or (step.op, i) == ("embedding", 0):
                     continue
-                if step.op == "linear" and i == 1:
-                    if precision[entry.name] == "fp32":
-                        linear.add(name)  # an int8 linear reads its own form, made at load
-                elif not (step.op == "embedding" and i == 0):
+                if (step.op, i) != ("linear", 1):
                     other.add(name)
+                elif precision[entry.name] == "fp32":  # an int8 linear reads its own form, made at load
+                    linear.add(name)
         other.update(b for b in entry.outputs.values() if program.buffers[b].usage is Usage.WEIGHTS)
     return frozenset(linear - other)
 
@@ -366,8 +342,7 @@ class CpuExecutable:
                        for name, e in program.entries.items()}
         self.arrays: dict[str, tuple] = {}  # initializer name -> (array, OrtValue over it), made once for all sessions
         for name, make in {n: m for graph in self.graphs.values() for n, (m, _, _) in graph.weights.items()}.items():
-            # reshaped: check_weights' ascontiguousarray makes a 0-d constant 1-d
-            array = weights[name].reshape(program.buffers[name].shape) if make is None else make(weights)
+            array = make(weights)
             self.arrays[name] = array, onnxruntime.OrtValue.ortvalue_from_numpy(array)
         self.sessions: dict[str, tuple] = {}  # EntryGraph.key -> (session, weights it packed), built at first run
         self.packed: set[str] = set()          # the weights some session holds a packed copy of
@@ -390,8 +365,7 @@ class CpuExecutable:
         return options
 
     def _binding(self, graph: EntryGraph):
-        """This thread's IO binding for the entry, its weights bound once (inputs and outputs: at every run); the
-        entry's session is built by the first thread to run it."""
+        """This thread's IO binding for the entry, its weights bound once; the entry's first run builds its session."""
         bindings = self.local.__dict__.setdefault("bindings", {})
         if graph.key in bindings:
             return bindings[graph.key]
@@ -430,8 +404,7 @@ class CpuExecutable:
                              f"(session.new_state())")
         binding = self._binding(graph)
         for name in graph.reads:
-            array = env[name]
-            binding.bind_input(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+            binding.bind_input(name, "cpu", 0, env[name].dtype, env[name].shape, env[name].ctypes.data)
         results = {b: np.empty(self.program.buffers[b].shape, self.program.buffers[b].dtype) for b in graph.returns}
         for buffer, value in graph.outputs.items():
             array = env[buffer] if buffer in graph.writes else results[buffer]  # state: written where it lives
