@@ -21,12 +21,12 @@ from .backend import Counters, State, check_inputs, check_weights
 
 OPSET = 17
 PRECISIONS = ("fp32", "int8")
-# Intra-op threads that spin between ops take a core from anyone else: on a shared machine a spinning pool
-# collapses, one that sleeps degrades with the load (measured both: see the closing note of issue 24).
-SPIN = "0"
+SPIN = "0"  # a spinning intra-op pool collapses on a shared machine, a sleeping one degrades with load (issue 24)
 # Unpacked, ORT packs a GEMM weight at every run (half of BERT-base's linear time at 128 rows; one row, never):
 # an entry reading a weight with at least this many rows takes ONE packed copy for all, if none exists yet.
 PACK_ROWS = 16
+INT8_BLOCK = 16  # inputs per int8 block with its own scale (weights and activations): MatMulNBits' smallest, most exact
+_arena_lock, _arena = threading.Lock(), []  # the process's one CPU arena once registered (CpuExecutable._options)
 
 
 def _slice(g, out, x, axis, start, stop, step, n) -> str:
@@ -42,9 +42,6 @@ def _transposed(g, w) -> str:
     [out, in] but is slower at one row, the decoder's case, without a prepacked copy per session)."""
     return g.derived(w, ".T", lambda weights: np.ascontiguousarray(weights[w].T), "float32",
                      g.program.buffers[w].shape[::-1])
-
-
-INT8_BLOCK = 16  # inputs per int8 block with its own scale (weights and activations): MatMulNBits' smallest, most exact
 
 
 def _int8(g, w, gather: bool = False) -> tuple[str, str]:
@@ -146,8 +143,7 @@ def _glu(g, out, x, *, axis, shapes):
 
 
 def _conv(g, out, x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1, shapes):
-    dims = len(shapes[1]) - 2
-    each = (lambda v: [int(v)] * dims if np.isscalar(v) else [int(a) for a in v])  # noqa: E731
+    each = (lambda v: [int(a) for a in np.broadcast_to(v, len(shapes[1]) - 2)])  # noqa: E731
     return g.node("Conv", [g.value(x), g.value(w)] + ([g.value(b)] if b else []), out, strides=each(stride),
                   pads=each(padding) * 2, group=int(groups), dilations=each(dilation))
 
@@ -160,9 +156,8 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
     **{op: _same(t) for op, t in [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"), ("relu", "Relu"),
                                   ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), ("exp", "Exp"), ("concat", "Concat"),
                                   ("softmax", "Softmax"), ("log_softmax", "LogSoftmax"), ("transpose", "Transpose")]},
-    "embedding": _embedding, "linear": _linear, "attention": _attention, "cache_write": _cache_write,
-    "gelu": _gelu, "gelu_tanh": _gelu_tanh, "glu": _glu, "rms_norm": _rms_norm, "rotary": _rotary,
-    "conv1d": _conv, "conv2d": _conv,
+    "embedding": _embedding, "linear": _linear, "attention": _attention, "cache_write": _cache_write, "gelu": _gelu,
+    "gelu_tanh": _gelu_tanh, "glu": _glu, "rms_norm": _rms_norm, "rotary": _rotary, "conv1d": _conv, "conv2d": _conv,
     "assign": lambda g, out, dst, value, *, shapes: g.node("Identity", [g.value(value)], out),
     "scale": lambda g, out, x, *, factor, shapes: g.node("Mul", [g.value(x), g.f32(factor)], out),
     "silu": lambda g, out, x, *, shapes: g.node("Mul", [g.value(x), g.node("Sigmoid", [g.value(x)])], out),
@@ -196,9 +191,8 @@ _DTYPES = {"float32": 1, "uint8": 2, "int32": 6, "int64": 7}  # onnx.TensorProto
 
 
 class EntryGraph:
-    """One entry as an ONNX model (`model()`, serialised; `key`, its digest): the buffers it reads from the caller,
-    writes back (state, bound in place) and returns. The lowerings write it with `value`, `node` and `const`; buffers
-    are SSA values: a state buffer written by a step gets a new name, and readers after it read the newest one."""
+    """One entry as an ONNX model (`model()`; `key`: its digest), written by the lowerings with `value`, `node` and
+    `const`. Buffers are SSA values: a state buffer a step writes gets a new name, which the readers after it read."""
 
     def __init__(self, program: Program, entry: Entry, precision: str = "fp32",
                  transposed: frozenset[str] = frozenset()):
@@ -225,11 +219,10 @@ class EntryGraph:
         for node in self.nodes:
             for i, name in enumerate(node.input):
                 readers.setdefault(name, set()).add((node.op_type, i))
-        # How each weight reaches the session. Read only by MatMul or Gather (nearly all the bytes): a graph input
-        # bound where it lies, which ORT can neither copy nor rewrite, unless the session takes its packed copy. Read
-        # by ops ORT rewrites with constant weights for speed (Conv to NCHWc, MatMulNBits): an initializer shared with
-        # add_initializer. The rest (biases, rotary tables: small) is copied per session: ORT's transpose pass may
-        # reshape such an initializer, and ran a shared one at its old shape. Both are in-memory files (`_binding`).
+        # How each weight reaches the session. Read only by MatMul or Gather (nearly all the bytes): an input bound
+        # where it lies (ORT can neither copy nor rewrite it), unless the session takes its packed copy. Read by ops
+        # ORT rewrites for speed (Conv to NCHWc, MatMulNBits): an initializer shared with add_initializer. The rest
+        # (small) is copied per session: ORT's transpose pass may reshape it, and ran a shared one at its old shape.
         kinds = {n: readers.get(n, {None}) for n in self.weights}
         self.bound = [n for n, r in kinds.items() if r <= BOUND_READERS]
         self.shared = [n for n, r in kinds.items() if r <= SHARED_READERS]
@@ -288,18 +281,12 @@ class EntryGraph:
 
 def transposed_only(program: Program, precision: Mapping[str, str]) -> frozenset[str]:
     """The weights every reader can take as [in, out]: fp32 linears and embedding lookups, at least one linear."""
-    linear, other = set(), set()
-    for entry in program.entries.values():
-        for step in entry.steps:
-            for i, name in enumerate(step.inputs):
-                if not name or program.buffers[name].usage is not Usage.WEIGHTS or (step.op, i) == ("embedding", 0):
-                    continue
-                if (step.op, i) != ("linear", 1):
-                    other.add(name)
-                elif precision[entry.name] == "fp32":  # an int8 linear reads its own form, made at load
-                    linear.add(name)
-        other.update(b for b in entry.outputs.values() if program.buffers[b].usage is Usage.WEIGHTS)
-    return frozenset(linear - other)
+    weight = (lambda b: b and program.buffers[b].usage is Usage.WEIGHTS)  # noqa: E731
+    reads = [(s.op, i, b, precision[e.name]) for e in program.entries.values() for s in e.steps
+             for i, b in enumerate(s.inputs) if weight(b)]
+    linear = {b for op, i, b, p in reads if (op, i, p) == ("linear", 1, "fp32")}  # int8: its own form
+    other = {b for op, i, b, _ in reads if (op, i) not in (("linear", 1), ("embedding", 0))}
+    return frozenset(linear - other - {b for e in program.entries.values() for b in e.outputs.values() if weight(b)})
 
 
 def entry_precisions(program: Program, precision: str | Mapping[str, str]) -> dict[str, str]:
@@ -311,21 +298,6 @@ def entry_precisions(program: Program, precision: str | Mapping[str, str]) -> di
         raise UsageError(f"unknown cpu precision {', '.join(bad)}", fix=f"use one of {', '.join(PRECISIONS)} "
                          f"(per entry: a mapping from this program's entries {sorted(program.entries)})")
     return {name: named.get(name, "fp32") for name in program.entries}
-
-
-_arena_lock, _arena_registered = threading.Lock(), False
-
-
-def _register_arena(ort) -> None:
-    """One CPU arena for all sessions of the process, grown by what a run asks for (ORT's default arena per
-    session grows by powers of two: an encoder's run kept ~35 MB more, and each session kept its own)."""
-    global _arena_registered
-    with _arena_lock:
-        if not _arena_registered:
-            ort.create_and_register_allocator(
-                ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT),
-                ort.OrtArenaCfg(0, 1, -1, -1))  # no limit; extend strategy 1: kSameAsRequested
-            _arena_registered = True
 
 
 class CpuExecutable:
@@ -350,22 +322,27 @@ class CpuExecutable:
 
     def _options(self, pack: bool):
         """What every session is built with (bench/cpu_options.py varies it); `pack`: it packs its constant weights."""
-        options = self.ort.SessionOptions()
+        ort, options = self.ort, self.ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
         options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
         options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
         # a packed weight is a copy per session: only a session given packable weights packs (Conv's too, then);
         # int8's MatMulNBits always does (unpacked, it dequantizes the whole weight at every run)
         options.add_session_config_entry("session.disable_prepacking", "0" if pack else "1")
-        # the memory pattern (one block per session for a run's activations, taken from the arena beside the
-        # chunks the first run left there) keeps twice an encoder's activations
+        # the memory pattern (a block per session for a run's activations, beside the arena's chunks) kept them twice
         options.enable_mem_pattern = False
-        _register_arena(self.ort)  # every session draws on the process's one arena
+        # every session draws on one CPU arena for the process, grown by what a run asks for (ORT's default arena per
+        # session grows by powers of two: an encoder's run kept ~35 MB more, and each session kept its own)
         options.add_session_config_entry("session.use_env_allocators", "1")
+        with _arena_lock:
+            if not _arena:  # the arena's config: no limit; extend strategy 1, kSameAsRequested
+                info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+                ort.create_and_register_allocator(info, ort.OrtArenaCfg(0, 1, -1, -1))
+                _arena.append(info)
         return options
 
     def _binding(self, graph: EntryGraph):
-        """This thread's IO binding for the entry, its weights bound once; the entry's first run builds its session."""
+        """This thread's IO binding for the entry, weights bound once; the entry's first run builds the session."""
         bindings = self.local.__dict__.setdefault("bindings", {})
         if graph.key in bindings:
             return bindings[graph.key]
@@ -384,9 +361,8 @@ class CpuExecutable:
                                                                      providers=["CPUExecutionProvider"]), packed
         session, packed = self.sessions[graph.key]
         binding = bindings[graph.key] = session.io_binding()
-        for name in graph.bound:
-            if name not in packed:
-                binding.bind_ortvalue_input(name, self.arrays[name][1])  # the OrtValue over our array: no copy
+        for name in [n for n in graph.bound if n not in packed]:
+            binding.bind_ortvalue_input(name, self.arrays[name][1])  # the OrtValue over our array: no copy
         return binding
 
     def new_state(self) -> State:
