@@ -296,8 +296,9 @@ def test_an_unsure_decode_waits_for_the_hangover_and_a_resumed_talker_is_decoded
 
 
 def test_a_partial_that_heard_the_end_is_the_final():
-    """Partials start in pauses; the one that started after the last words is the final (one decode fewer)."""
-    options = DictationOptions(partial_every=0.3, vad="energy")
+    """Partials start in pauses; the one that started after the last words is the final (one decode fewer).
+    (early_final past final_tail, so that the pause holds a partial's start before the final's decode would.)"""
+    options = DictationOptions(partial_every=0.3, vad="energy", early_final=0.2)
     model = _BurstCounter()
     events = _run(Recognizer(model, options), np.concatenate([_quiet(1), _tone(1.0), _quiet(2)]))
     partials = [e for _, e in events if isinstance(e, Partial)]
