@@ -230,6 +230,7 @@ def main():
 
     from pipelines.asr import Transcriber, TranscribeOptions
     from pipelines.dictation import DictationOptions, FileSource, Stream
+    from pipelines.dictation.stream import warm_up
     from tests.dictation_support import RATE, librivox_session, short_pause_session, wer
 
     if args.session == "librivox":
@@ -241,6 +242,7 @@ def main():
         word_ends = speech_ends(audio, RATE)
     timed = TimedTranscriber(Transcriber(args.model, options=TranscribeOptions(shortest_window=args.shortest_window,
                                                                          precision=args.precision)))
+    warm_up(timed.transcriber, DictationOptions())  # as a Stream that loads its model warms it (the sessions' first runs)
     encoder_s = None
     overrides = {k: option_value(v) for k, v in (item.split("=", 1) for item in args.set)}
     variants = [parse_variant(text, overrides) for text in args.variant] or [("", overrides)]

@@ -153,6 +153,31 @@ def test_audio_fed_before_ready_is_transcribed():
     assert wer(reference, " ".join(f.text for f in finals)) <= 0.15, finals
 
 
+def test_warm_up_runs_a_first_utterance_and_one_with_left_context():
+    """A loading Stream warms the model on the decodes a session makes first: a short utterance without left
+    context and one with it (a model with short encoder windows builds each window's sessions at its first run),
+    capped by the model's window."""
+    from pipelines.dictation.stream import TYPICAL_UTTERANCE, warm_up
+
+    class Recording:
+        window_seconds = 30.0
+
+        def __init__(self):
+            self.lengths = []
+
+        def decode_window(self, samples, **_):
+            self.lengths.append(len(samples) / RATE)
+            return []
+
+    options = DictationOptions()
+    model = Recording()
+    assert warm_up(model, options) >= 0
+    assert model.lengths == [1.0, pytest.approx(options.context + options.preroll + TYPICAL_UTTERANCE)]
+    model.window_seconds = 8.0
+    warm_up(model, options)
+    assert model.lengths[-1] == 7.0
+
+
 def test_long_speech_is_committed_before_it_ends(transcriber):
     """No VAD, 20 s of speech without pauses: agreed segments become final early and the window slides.
     (A partial every 3 s whatever the decode time, so that the test does not depend on this machine's speed.)"""

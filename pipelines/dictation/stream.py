@@ -14,7 +14,7 @@ from sdk.errors import DeviceIOError, InputError, SdkError, UsageError
 
 from ..audio import float_samples
 from .events import Event, Final, Partial, State
-from .options import FRAME, SAMPLE_RATE, DictationOptions
+from .options import FRAME, SAMPLE_RATE, WINDOW_SECONDS, DictationOptions
 from .recognizer import Recognizer
 from .ring_buffer import RingBuffer
 from .voice_activity import check_vad, vad_name
@@ -292,19 +292,14 @@ class Stream:
 
     def _load(self) -> tuple[object, float]:
         """(transcriber, seconds one decode takes). A factory is called here (states loading, warming) and the
-        model warmed on one decode (of faint noise); an instance the app passed is taken as loaded and warm."""
+        model warmed up (warm_up); an instance the app passed is taken as loaded and warm."""
         if not (isinstance(self._transcriber, type) or not hasattr(self._transcriber, "decode_window")):
             self._set_state("ready")
             return self._transcriber, 0.0
         self._set_state("loading")
         transcriber = self._transcriber()
         self._set_state("warming")
-        started = time.perf_counter()
-        # first-call costs are paid before "ready", and the time of one decode paces the first partials; faint
-        # noise, because digital silence is not decoded at all (Whisper's energy gate)
-        hiss = 0.003 * np.random.default_rng(0).standard_normal(SAMPLE_RATE).astype(np.float32)
-        transcriber.decode_window(hiss)
-        warm = time.perf_counter() - started
+        warm = warm_up(transcriber, self.options)
         self._set_state("ready")
         return transcriber, warm
 
@@ -315,3 +310,23 @@ class Stream:
         if self.options.silence_timeout is not None and not rec.in_utterance:
             return now - rec.last_speech >= self.options.silence_timeout
         return False
+
+
+# A typical utterance (s), for the warm-up's decode with left context: the LibriVox clips' sentences take 2-7 s.
+TYPICAL_UTTERANCE = 3.0
+
+
+def warm_up(transcriber, options: DictationOptions) -> float:
+    """Pay the first-call costs of a session's decodes before it listens, and return the seconds a decode with left
+    context took (it paces the first partials). Two decodes of faint noise (digital silence is not decoded at all:
+    Whisper's energy gate): one as short as a first utterance, which has no left context, and one as long as a
+    later utterance with its context; a transcriber with short encoder windows builds each one's sessions at its
+    first run (whisper-base int8's first final in a cold window took ~0.2 s longer)."""
+    hiss = 0.003 * np.random.default_rng(0).standard_normal(SAMPLE_RATE * 30).astype(np.float32)
+    took = 0.0
+    for seconds in (1.0, options.context + options.preroll + TYPICAL_UTTERANCE):
+        started = time.perf_counter()
+        seconds = min(seconds, getattr(transcriber, "window_seconds", WINDOW_SECONDS) - 1.0)
+        transcriber.decode_window(hiss[:round(seconds * SAMPLE_RATE)])
+        took = time.perf_counter() - started
+    return took
