@@ -361,6 +361,32 @@ def test_a_partial_amid_speech_gives_way_when_the_talker_has_stopped():
     assert rec.stopped_decodes == 0 and len(model.decoded_until) == 2
 
 
+def test_the_final_decode_in_a_pause_gives_way_when_the_talker_goes_on():
+    """Live capture: the final's decode starts early in a pause; the audio that arrived meanwhile shows the talker
+    going on, so it is given up (it cannot be the final) and the final's decode at the real end does not wait for
+    it. Without that look at live audio (a simulated pace) the decode runs to its end, as before."""
+    options = DictationOptions(partial_every=5.0, vad="energy")   # no partials amid speech: only the pause decodes
+    audio = np.concatenate([_quiet(1), _tone(1.0), _quiet(0.3), _tone(1.0), _quiet(2)])
+    arrived = {"until": 0}
+    rec = Recognizer(model := _BurstCounter(), options)
+    # the stand-in looks once, at the audio that arrives during the first 0.35 s of a decode (its encoder pass)
+    rec.unheard = lambda: audio[arrived["until"]:arrived["until"] + int(0.35 * RATE)]
+    events = []
+    for i in range(0, len(audio), 1920):
+        arrived["until"] = i + 1920
+        events += rec.accept(audio[i:i + 1920])
+    events += rec.finish()
+    assert [e.text for e in events if isinstance(e, Final)] == ["word word"]
+    # the pause decodes (from ~2.1 s, until the tone that resumes at 2.3 s is taken) see it and give way; the final
+    # is decoded once, at the end
+    assert rec.stopped_decodes == len(model.stopped) >= 1 and all(2.0 <= t <= 2.35 for t in model.stopped)
+    assert model.decoded_until == [pytest.approx(3.3 + options.early_final, abs=0.13)]
+
+    rec = Recognizer(model := _BurstCounter(), options)   # no live audio to look at: the pause decode runs
+    assert [e.text for _, e in _run(rec, audio) if isinstance(e, Final)] == ["word word"]
+    assert rec.stopped_decodes == 0 and len(model.decoded_until) == 2
+
+
 def test_a_live_source_is_heard_for_stop_delay_after_stop():
     """Push-to-talk: the key is released on the last word. A live source keeps capturing stop_delay s after a
     stop request (cancel stops at once), so that word is transcribed, not cut."""

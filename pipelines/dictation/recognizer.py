@@ -86,7 +86,8 @@ class Recognizer:
         self.decode_seconds = 0.0            # running average of one decode's wall time
         # Live capture: the audio that has arrived but accept() has not taken yet (None when audio is fed at
         # a simulated pace, where that audio lies in the future). A partial amid speech watches it and stops
-        # when the talker has stopped, so that the final's decode starts at once instead of behind it.
+        # when the talker has stopped, and the final's decode in a pause stops when the talker goes on, so that
+        # the final's decode starts at once instead of behind a decode that missed the end.
         self.unheard: Callable[[], np.ndarray] | None = None
         self._rest = np.zeros(0, np.float32)  # samples short of a whole frame
         self._preroll_frames = round(options.preroll / FRAME_SECONDS)
@@ -121,20 +122,21 @@ class Recognizer:
             return events   # a final goes out now, not after a decode (the next call runs it)
         # A decode cannot be interrupted, and the final must not wait for one that missed the last words. So
         # when the talker seems to be stopping, decode at once: once the hangover confirms the end, that decode
-        # is the final. Partials start in a pause (or when two intervals overdue), so that the one running
+        # is the final; live, it gives way if the talker goes on (then it cannot be the final, and the final must
+        # not wait for it). Partials start in a pause (or when two intervals overdue), so that the one running
         # when the talker stops has most likely heard the end too.
         quiet = self._now() - self.last_speech if self.options.vad else 0.0
         every = max(self.options.partial_every, self.decode_seconds / max(self.options.partial_share, 1e-3))
         wanted = self.options.partials or self._duration() >= self._commit_after
         if quiet >= self.options.early_final - 1e-9:
             if not self._heard_end():
-                events += self._partial()
+                events += self._partial(stop_when=self._talker_resumed)
         elif wanted and self._since_decode >= every and (
                 quiet >= self.options.final_tail - 1e-9 or not self.options.vad or self._since_decode >= 3 * every):
             # A decode amid speech can never serve as the final (it did not hear the end): one greedy pass
             # without temperature retries keeps it short, so that a final is less likely to wait behind it.
             in_pause = quiet >= self.options.final_tail - 1e-9 or not self.options.vad
-            events += self._partial(fallback=in_pause, stoppable=not in_pause)
+            events += self._partial(fallback=in_pause, stop_when=None if in_pause else self._talker_stopped)
         return events
 
     def finish(self) -> list[Event]:
@@ -237,6 +239,13 @@ class Recognizer:
         return len(pending) / SAMPLE_RATE >= self.options.early_final and \
             self.vad.quiet_tail(pending) >= self.options.early_final - 1e-9
 
+    def _talker_resumed(self) -> bool:
+        """The audio that arrived since a decode in a pause began holds an onset's worth of sound and the talker is
+        still at it (less than early_final of quiet at its end): the pause was not the end."""
+        pending = np.concatenate([self._rest, self.unheard()])
+        quiet = self.vad.quiet_tail(pending)
+        return quiet < self.options.early_final - 1e-9 and len(pending) / SAMPLE_RATE - quiet >= self.options.onset
+
     def _window_audio(self) -> tuple[np.ndarray, float, list]:
         """Left context + the utterance buffer (+ silence for a missing pre-roll): (audio, its audio start, context)."""
         room = int(self._window / FRAME_SECONDS) - len(self._chunks)
@@ -252,12 +261,13 @@ class Recognizer:
             offset -= pad
         return audio, offset, context
 
-    def _decode(self, fallback: bool = True, stoppable: bool = False) -> _Hypothesis | None:
+    def _decode(self, fallback: bool = True, stop_when: Callable[[], bool] | None = None) -> _Hypothesis | None:
         """Decode left context + the utterance buffer; keep the segments that reach into the buffer. When the
         first of them claims to start inside the context (Whisper's segment times are loose, and it may merge
         context and utterance into one segment), its leading words that re-transcribe the end of the recent
         finals are dropped (a fuzzy match: tiny models re-transcribe with small differences). After a final of
-        this utterance was emitted, the decode continues after that decode's tokens, and only its new words count."""
+        this utterance was emitted, the decode continues after that decode's tokens, and only its new words count.
+        `stop_when`, live, is polled during the decode: once it says True the decode is given up (None)."""
         audio, offset, context = self._window_audio()
         if self._prefix is not None and self._prefix[0] != offset:
             # the window no longer starts where the emitted decode's did (a long utterance's context shrank), so its
@@ -267,7 +277,7 @@ class Recognizer:
         self.decodes += 1
         self._since_decode = 0.0
         started = time.perf_counter()
-        stop = self._talker_stopped if stoppable and self.unheard is not None and self.options.vad else None
+        stop = stop_when if self.unheard is not None and self.options.vad else None   # it watches live audio
         # the previous decode from the same audio start is a draft the transcriber verifies in one pass
         draft = {"draft": self._draft[1]} if self._continues and self._draft[0] == offset else {}
         if self._prefix is not None:
@@ -291,8 +301,8 @@ class Recognizer:
         self._latest, self._latest_end = hyp, window_end
         return hyp
 
-    def _partial(self, fallback: bool = True, stoppable: bool = False) -> list[Event]:
-        hyp = self._decode(fallback, stoppable)
+    def _partial(self, fallback: bool = True, stop_when: Callable[[], bool] | None = None) -> list[Event]:
+        hyp = self._decode(fallback, stop_when)
         if hyp is None:
             return []
         if self._previous is not None:
