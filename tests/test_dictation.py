@@ -332,32 +332,33 @@ def test_a_partial_that_heard_the_end_is_the_final():
     assert final.end < model.decoded_until[-1] < final.end + options.early_final   # a partial in the final pause
 
 
+def _run_live(recognizer, audio, ahead):
+    """Feed 120 ms blocks as a live capture does: while a decode runs, `ahead` s more audio has arrived, which the
+    recognizer may look at (`unheard`). The events, with finish()'s."""
+    arrived = 0
+    recognizer.unheard = lambda: audio[arrived:arrived + int(ahead * RATE)]
+    events = []
+    for i in range(0, len(audio), 1920):
+        arrived = i + 1920
+        events += recognizer.accept(audio[i:i + 1920])
+    return events + recognizer.finish()
+
+
 def test_a_partial_amid_speech_gives_way_when_the_talker_has_stopped():
     """Live capture: a partial decoded amid speech watches the audio that arrived meanwhile; once that shows
     early_final s of quiet it is given up (no partial event), and the final's decode starts at once."""
     options = DictationOptions(partial_every=0.5, vad="energy")
     audio = np.concatenate([_quiet(1), _tone(2.0), _quiet(2)])
-    arrived = {"until": 0}
     rec = Recognizer(model := _BurstCounter(), options)
-    # a decode takes 1.2 s: by its end that much more audio has arrived
-    rec.unheard = lambda: audio[arrived["until"]:arrived["until"] + int(1.2 * RATE)]
-    events = []
-    for i in range(0, len(audio), 1920):
-        arrived["until"] = i + 1920
-        events += rec.accept(audio[i:i + 1920])
-    events += rec.finish()
-    (final,) = [e for e in events if isinstance(e, Final)]
+    (final,) = [e for e in _run_live(rec, audio, ahead=1.2) if isinstance(e, Final)]   # a decode takes 1.2 s
     assert final.text == "word"
     # the partial forced amid the tone (at ~2.1 s: 1.5 s overdue) sees the tone end and 0.3 s of quiet by
-    # 3.3 s, and gives way; the final is decoded once, 0.2 s into the quiet
+    # 3.3 s, and gives way; the final is decoded once, early_final s into the quiet
     assert rec.stopped_decodes == len(model.stopped) == 1 and 1.9 <= model.stopped[0] <= 2.3
     assert model.decoded_until == [pytest.approx(3.0 + options.early_final, abs=0.13)]
 
     rec = Recognizer(model := _BurstCounter(), options)
-    rec.unheard = lambda: audio[arrived["until"]:arrived["until"] + int(0.5 * RATE)]  # a quick decode: no stop
-    for i in range(0, len(audio), 1920):
-        arrived["until"] = i + 1920
-        rec.accept(audio[i:i + 1920])
+    _run_live(rec, audio, ahead=0.5)   # a quick decode: no stop
     assert rec.stopped_decodes == 0 and len(model.decoded_until) == 2
 
 
@@ -367,16 +368,9 @@ def test_the_final_decode_in_a_pause_gives_way_when_the_talker_goes_on():
     it. Without that look at live audio (a simulated pace) the decode runs to its end, as before."""
     options = DictationOptions(partial_every=5.0, vad="energy")   # no partials amid speech: only the pause decodes
     audio = np.concatenate([_quiet(1), _tone(1.0), _quiet(0.3), _tone(1.0), _quiet(2)])
-    arrived = {"until": 0}
     rec = Recognizer(model := _BurstCounter(), options)
     # the stand-in looks once, at the audio that arrives during the first 0.35 s of a decode (its encoder pass)
-    rec.unheard = lambda: audio[arrived["until"]:arrived["until"] + int(0.35 * RATE)]
-    events = []
-    for i in range(0, len(audio), 1920):
-        arrived["until"] = i + 1920
-        events += rec.accept(audio[i:i + 1920])
-    events += rec.finish()
-    assert [e.text for e in events if isinstance(e, Final)] == ["word word"]
+    assert [e.text for e in _run_live(rec, audio, ahead=0.35) if isinstance(e, Final)] == ["word word"]
     # the pause decodes (from ~2.1 s, until the tone that resumes at 2.3 s is taken) see it and give way; the final
     # is decoded once, at the end
     assert rec.stopped_decodes == len(model.stopped) >= 1 and all(2.0 <= t <= 2.35 for t in model.stopped)
