@@ -368,13 +368,18 @@ def test_the_final_decode_in_a_pause_gives_way_when_the_talker_goes_on():
     it. Without that look at live audio (a simulated pace) the decode runs to its end, as before."""
     options = DictationOptions(partial_every=5.0, vad="energy")   # no partials amid speech: only the pause decodes
     audio = np.concatenate([_quiet(1), _tone(1.0), _quiet(0.3), _tone(1.0), _quiet(2)])
+    for ahead in (0.35, 1.2):  # the stand-in looks once, at what arrives during its encoder pass or its whole decode
+        rec = Recognizer(model := _BurstCounter(), options)
+        assert [e.text for e in _run_live(rec, audio, ahead) if isinstance(e, Final)] == ["word word"]
+        # the pause decodes (from ~2.1 s, until the tone that resumes at 2.3 s is taken) see it and give way; the
+        # final is decoded once, at the end
+        assert rec.stopped_decodes == len(model.stopped) >= 1 and all(2.0 <= t <= 2.35 for t in model.stopped)
+        assert model.decoded_until == [pytest.approx(3.3 + options.early_final, abs=0.13)]
+    # one short word, said and ended while the decode ran: it was not the end either
+    audio = np.concatenate([_quiet(1), _tone(1.0), _quiet(0.3), _tone(0.3), _quiet(2)])
     rec = Recognizer(model := _BurstCounter(), options)
-    # the stand-in looks once, at the audio that arrives during the first 0.35 s of a decode (its encoder pass)
-    assert [e.text for e in _run_live(rec, audio, ahead=0.35) if isinstance(e, Final)] == ["word word"]
-    # the pause decodes (from ~2.1 s, until the tone that resumes at 2.3 s is taken) see it and give way; the final
-    # is decoded once, at the end
-    assert rec.stopped_decodes == len(model.stopped) >= 1 and all(2.0 <= t <= 2.35 for t in model.stopped)
-    assert model.decoded_until == [pytest.approx(3.3 + options.early_final, abs=0.13)]
+    assert [e.text for e in _run_live(rec, audio, ahead=1.2) if isinstance(e, Final)] == ["word word"]
+    assert rec.stopped_decodes >= 1 and model.decoded_until == [pytest.approx(2.6 + options.early_final, abs=0.13)]
 
     rec = Recognizer(model := _BurstCounter(), options)   # no live audio to look at: the pause decode runs
     assert [e.text for _, e in _run(rec, audio) if isinstance(e, Final)] == ["word word"]

@@ -240,11 +240,10 @@ class Recognizer:
             self.vad.quiet_tail(pending) >= self.options.early_final - 1e-9
 
     def _talker_resumed(self) -> bool:
-        """The audio that arrived since a decode in a pause began holds an onset's worth of sound and the talker is
-        still at it (less than early_final of quiet at its end): the pause was not the end."""
+        """The audio that arrived since a decode in a pause began is not all quiet, up to an onset or more before its
+        quiet end: the pause was not the end (a word said and ended while the encoder ran counts too)."""
         pending = np.concatenate([self._rest, self.unheard()])
-        quiet = self.vad.quiet_tail(pending)
-        return quiet < self.options.early_final - 1e-9 and len(pending) / SAMPLE_RATE - quiet >= self.options.onset
+        return len(pending) / SAMPLE_RATE - self.vad.quiet_tail(pending) >= self.options.onset - 1e-9
 
     def _window_audio(self) -> tuple[np.ndarray, float, list]:
         """Left context + the utterance buffer (+ silence for a missing pre-roll): (audio, its audio start, context)."""
