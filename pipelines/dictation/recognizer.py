@@ -234,15 +234,19 @@ class Recognizer:
 
     # -- decoding
 
+    def _pending(self) -> np.ndarray:
+        """The live audio a running decode has not heard: what accept() holds back and what has not reached it."""
+        return np.concatenate([self._rest, self.unheard()])
+
     def _talker_stopped(self) -> bool:
-        pending = np.concatenate([self._rest, self.unheard()])
+        pending = self._pending()
         return len(pending) / SAMPLE_RATE >= self.options.early_final and \
             self.vad.quiet_tail(pending) >= self.options.early_final - 1e-9
 
     def _talker_resumed(self) -> bool:
         """The audio that arrived since a decode in a pause began is not all quiet, up to an onset or more before its
         quiet end: the pause was not the end (a word said and ended while the encoder ran counts too)."""
-        pending = np.concatenate([self._rest, self.unheard()])
+        pending = self._pending()
         return len(pending) / SAMPLE_RATE - self.vad.quiet_tail(pending) >= self.options.onset - 1e-9
 
     def _window_audio(self) -> tuple[np.ndarray, float, list]:

@@ -322,11 +322,12 @@ def warm_up(transcriber, options: DictationOptions) -> float:
     Whisper's energy gate): one as short as a first utterance, which has no left context, and one as long as a
     later utterance with its context; a transcriber with short encoder windows builds each one's sessions at its
     first run (whisper-base int8's first final in a cold window took ~0.2 s longer)."""
-    hiss = 0.003 * np.random.default_rng(0).standard_normal(SAMPLE_RATE * 30).astype(np.float32)
+    longest = getattr(transcriber, "window_seconds", WINDOW_SECONDS) - 1.0
+    lengths = [round(min(s, longest) * SAMPLE_RATE) for s in (1.0, options.context + options.preroll + TYPICAL_UTTERANCE)]
+    hiss = 0.003 * np.random.default_rng(0).standard_normal(max(lengths)).astype(np.float32)
     took = 0.0
-    for seconds in (1.0, options.context + options.preroll + TYPICAL_UTTERANCE):
+    for n in lengths:
         started = time.perf_counter()
-        seconds = min(seconds, getattr(transcriber, "window_seconds", WINDOW_SECONDS) - 1.0)
-        transcriber.decode_window(hiss[:round(seconds * SAMPLE_RATE)])
+        transcriber.decode_window(hiss[:n])
         took = time.perf_counter() - started
     return took
