@@ -323,7 +323,8 @@ def warm_up(transcriber, options: DictationOptions) -> float:
     later utterance with its context; a transcriber with short encoder windows builds each one's sessions at its
     first run (whisper-base int8's first final in a cold window took ~0.2 s longer)."""
     longest = getattr(transcriber, "window_seconds", WINDOW_SECONDS) - 1.0
-    lengths = [round(min(s, longest) * SAMPLE_RATE) for s in (1.0, options.context + options.preroll + TYPICAL_UTTERANCE)]
+    seconds = (1.0, options.context + options.preroll + TYPICAL_UTTERANCE)
+    lengths = [round(min(s, longest) * SAMPLE_RATE) for s in seconds]
     hiss = 0.003 * np.random.default_rng(0).standard_normal(max(lengths)).astype(np.float32)
     took = 0.0
     for n in lengths:
