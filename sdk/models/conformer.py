@@ -236,20 +236,22 @@ def _ones_mask(length, size):
 
 
 def subsample(w, x, lengths, *, cfg: Config):
-    """[B, T, mels] -> [B, T/factor, hidden]. Frames past each stage's valid length are zeroed, so the valid
-    frames equal those of the unpadded input whatever the bucket."""
+    """[B, T, mels] -> [B, T/factor, hidden]. A strided conv's last valid frame reads the frame past the valid
+    ones, so each strided conv's input is zeroed past its valid length: the valid frames equal those of the
+    unpadded input whatever the bucket. Only there (after the ReLU, which a conv then runs fused): a mask between
+    two convs costs the cpu backend's blocked conv layout a conversion each way."""
     B, T, F = x.shape
-    x = x.reshape(B, 1, T, F) * _ones_mask(lengths[0], T).reshape(1, 1, T, 1)
+    x = x.reshape(B, 1, T, F)
     stage, channels = 0, cfg.subsampling_conv_channels
     for idx, kind in _subsampling_convs(cfg):
         p = f"encoder.subsampling.layers.{idx}."
         if kind == "pointwise":
             x = ops.conv2d(x, w[p + "weight"], w[p + "bias"])
         else:
+            x = x * _ones_mask(lengths[stage], x.shape[2]).reshape(1, 1, x.shape[2], 1)
             x = ops.conv2d(x, w[p + "weight"], w[p + "bias"], stride=2, padding=1,
                            groups=channels if kind == "depthwise" else 1)
             stage += 1
-        x = x * _ones_mask(lengths[stage], x.shape[2]).reshape(1, 1, x.shape[2], 1)
         if kind != "depthwise":
             x = ops.relu(x)
     B, C, T, F = x.shape
