@@ -164,7 +164,8 @@ class WhisperRecognizer:
         `offset` (no seek loop: text after the last timestamp is kept as a segment ending at the window's
         end). Silence gives []. Stable API for live dictation, which calls it on a growing buffer: it passes
         fallback=False for partial hypotheses (one greedy pass, no temperature retries) and `stop`, polled
-        before the encoder and every decoder step: once it says True, the decode is given up (None). `draft`: the
+        before the encoder and every decoder step: once it says True, the decode is given up (None; `last_tokens`
+        then holds the tokens its greedy pass had, which are a draft all the same). `draft`: the
         `last_tokens` of its previous decode of the same audio start, which the greedy pass verifies in one decoder
         pass (options.verify_drafts): the same tokens as without it, in fewer steps. `prefix`: the `last_tokens` of an
         earlier decode of the same audio start whose words were emitted: the decode continues after its last word
@@ -363,6 +364,8 @@ class WhisperRecognizer:
                 logits_at(t, pos)
         for _ in range(limit):
             if stop is not None and stop():
+                # given up: greedy's tokens so far are still the start of this audio's decode, a draft for the next
+                self.last_tokens = tokens[len(prompt):] if temperature == 0 else []
                 return None
             pos, sampled = len(tokens) - 1, tokens[len(prompt):]
             first = int(not sampled)

@@ -90,6 +90,23 @@ def test_a_draft_longer_than_the_longest_pass_is_cut_to_it(transcriber, entries)
     assert _passes(ran) == ["decode_64_t2000"] and len(ran) == 2 + len(tokens) + 1 - 64, ran  # steps after 63
 
 
+def test_a_decode_given_up_midway_leaves_its_tokens_so_far_as_a_draft(transcriber, entries):
+    """A live decode that gives way keeps what its greedy pass had: the plain decode's first tokens, which the
+    next decode of that audio verifies in one pass instead of stepping through them again."""
+    audio = _clips(0)
+    tokens, texts, plain = _decode(transcriber, entries, audio)
+    polls = iter(range(1 << 30))
+    assert transcriber.decode_window(audio, stop=lambda: next(polls) >= 12) is None
+    so_far = list(transcriber.last_tokens)
+    assert 5 <= len(so_far) < len(tokens) and so_far == tokens[:len(so_far)], (so_far, tokens)
+    drafted, drafted_texts, ran = _decode(transcriber, entries, audio, draft=so_far)
+    assert (drafted, drafted_texts) == (tokens, texts)
+    assert len(_passes(ran)) == 1 and len(ran) <= len(plain) - len(so_far) + 2, (ran, plain)
+    polls = iter(range(1 << 30))
+    assert transcriber.decode_window(audio, stop=lambda: next(polls) >= 0) is None   # before the encoder
+    assert transcriber.last_tokens == []
+
+
 def test_drafts_off_runs_no_pass(transcriber, entries):
     audio = _clips(0)
     tokens, _, _ = _decode(transcriber, entries, audio)

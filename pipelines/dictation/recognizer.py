@@ -286,7 +286,7 @@ class Recognizer:
         if self._prefix is not None:
             draft["prefix"] = self._prefix[1]
         segments = self.transcriber.decode_window(audio, offset=offset, fallback=fallback, stop=stop, **draft)
-        if self._continues and segments is not None:
+        if self._continues and (segments is not None or self.transcriber.last_tokens):  # a given-up one's too
             self._draft = (offset, list(self.transcriber.last_tokens))
         if segments is None:
             self.stopped_decodes += 1
