@@ -18,7 +18,7 @@ of the clip instead, which compares VADs) and its arrival, and where they went:
     PYTHONPATH=. python bench/dictation_latency.py [--model whisper-base] [--paces realtime,modeled,simulated] [--runs N]
         [--session librivox|short-pause]
         [--partials both|on|off] [--set early_final=0.3 --set vad=energy ...] [--shortest-window 30] [--step-s 0.018] [--decodes]
-        [--variant "short:hangover=0.4,context=2" --variant "floor20:shortest_window=20" ...]
+        [--block-s 0.1] [--variant "short:hangover=0.4,context=2" --variant "floor20:shortest_window=20" ...]
         [--variant "drafts:" --variant "steps:verify_drafts=false"]
         [--precision int8] [--encoder-s encode=0.23,encode_t2000=0.14 ...]
 
@@ -26,7 +26,8 @@ Variants run in the same process, interleaved per pace, on one calibration: the 
 keys are DictationOptions fields, and `shortest_window` and `verify_drafts`, the recognizer's TranscribeOptions
 fields).
 
-Paces: realtime = a FileSource at real-time pace, wall clock (what a user sees, noisy on a shared machine);
+Paces: realtime = a FileSource at real-time pace in a Microphone's 50 ms blocks (--block-s), wall clock (what a user
+sees, noisy on a shared machine);
 modeled = the same cadence on a virtual clock that charges every decode a fixed cost per encoder pass (per
 window) and decoder step (the fastest measured at start, or --encoder-s / --step-s), so variants compare
 without the noise of other programs; simulated = the Stream's own simulated pace (each decode charged its wall time; summary only).
@@ -143,18 +144,20 @@ def breakdown(final, decodes: list[Decode], hangover: float) -> dict:
             "other": d.wall - d.encoder - d.decoder, "confirm": final.at - d.end, "window": "+".join(d.windows)}
 
 
-def modeled_session(timed: TimedTranscriber, audio: np.ndarray, options, encoder_s: dict, step_s: float):
+def modeled_session(timed: TimedTranscriber, audio: np.ndarray, options, encoder_s: dict, step_s: float,
+                    block_s: float):
     """The session on a virtual clock that charges each decode `encoder_s[entry]` per encoder pass (and per draft
     pass) plus `step_s` per decoder step, whatever it really took: this machine idle, independent of the load from
     other programs.
-    The audio cadence is the Stream's "simulated" pace (each chunk = what a microphone delivered meanwhile)."""
-    from pipelines.dictation import FRAME, SAMPLE_RATE, Recognizer
+    The audio cadence is the Stream's "simulated" pace (each chunk = what a microphone delivered meanwhile, at
+    least one `block_s` block)."""
+    from pipelines.dictation import SAMPLE_RATE, Recognizer
     clock = [0.0]
     timed.clock, timed.decodes = (lambda: clock[0]), []
     rec = Recognizer(timed, options)
     events, fed, modeled = [], 0, None
     while fed < len(audio):
-        due = min(len(audio), max(int(clock[0] * SAMPLE_RATE), fed + 4 * FRAME))
+        due = min(len(audio), max(int(clock[0] * SAMPLE_RATE), fed + round(block_s * SAMPLE_RATE)))
         before = len(timed.decodes)
         new = rec.accept(audio[fed:due])
         fed = due
@@ -219,6 +222,9 @@ def main():
                         help="TranscribeOptions.shortest_window (default: the model's own; 30 = always the full window)")
     parser.add_argument("--precision", choices=("fp32", "int8"), default="fp32",
                         help="TranscribeOptions.precision (cpu backend; int8 = whisper.INT8_ENTRIES with int8 weights)")
+    parser.add_argument("--block-s", type=float, default=0.05,
+                        help="the audio arrives in blocks this long: a Microphone's (its PortAudio callback every 50 ms);"
+                             " FileSource's own default is 0.1 s")
     parser.add_argument("--decodes", action="store_true", help="also list every decode (audio end, start, end)")
     parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
                         help="a DictationOptions field, e.g. --set early_final=0.3 (repeatable)")
@@ -265,12 +271,12 @@ def main():
                 encoder_s |= {k: float(v) for k, v in (i.split("=", 1) for i in args.encoder_s.split(",") if i)}
                 args.step_s = step if args.step_s is None else args.step_s
             step_s = args.step_s
-            events, decodes = modeled_session(timed, audio, options, encoder_s, step_s)
+            events, decodes = modeled_session(timed, audio, options, encoder_s, step_s, args.block_s)
             stopped = 0   # a modeled session has no audio ahead to watch
             label = (f"modeled (passes {', '.join(f'{k} {v:.2f} s' for k, v in sorted(encoder_s.items()))}"
                      f" + {1000 * step_s:.0f} ms/step)")
         else:
-            stream = Stream(timed, FileSource(audio, RATE, pace=pace), options)
+            stream = Stream(timed, FileSource(audio, RATE, pace=pace, block_seconds=args.block_s), options)
             timed.clock, timed.decodes = (lambda s=stream, p=pace: s._clock(p)), []
             events = list(stream.start().events())
             decodes, label = stream.report()["decodes"], pace
