@@ -81,8 +81,11 @@ class LocalCluster:
         return self.run([sys.executable, "-m", "apps.main", *args], check=False, **kw)
 
     def cli_popen(self, *args: str) -> subprocess.Popen:
+        """The command as a job a test may interrupt (SIGINT, as Ctrl-C does): a suite run in the background
+        (`cmd &` without job control) has SIGINT ignored, which exec passes on, so the job gets it back."""
         return subprocess.Popen(self.command([sys.executable, "-m", "apps.main", *args]), env=self.env, cwd=ROOT,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def pids(self, needle: str) -> list[int]:
         """Processes of this namespace whose command line contains `needle` (pids as seen from outside)."""
