@@ -36,7 +36,7 @@ from pipelines.transcript import Segment, TranscribeOptions, Transcript
 from pipelines.whisper_segments import TIME_PRECISION, last_stamp, to_last_word
 from pipelines.whisper_tokenizer import WhisperTokenizer
 from sdk import hub
-from sdk.errors import UsageError
+from sdk.errors import RunStopped, UsageError
 from sdk.models import whisper
 from sdk.ops import NEG_INF
 from sdk.session import Session
@@ -160,20 +160,19 @@ class WhisperRecognizer:
     def decode_window(self, samples_16k: np.ndarray, *, offset: float = 0.0, fallback: bool = True,
                       stop: Callable[[], bool] | None = None, draft: Sequence[int] = (),
                       prefix: Sequence[int] = ()) -> list[Segment] | None:
-        """Segments of ONE window of at most 30 s of mono 16 kHz float audio, with times in seconds from
-        `offset` (no seek loop: text after the last timestamp is kept as a segment ending at the window's
-        end). Silence gives []. Stable API for live dictation, which calls it on a growing buffer: it passes
-        fallback=False for partial hypotheses (one greedy pass, no temperature retries) and `stop`, polled
-        before the encoder and every decoder step: once it says True, the decode is given up (None; `last_tokens`
-        then holds the tokens its greedy pass had, which are a draft all the same). `draft`: the
-        `last_tokens` of its previous decode of the same audio start, which the greedy pass verifies in one decoder
-        pass (options.verify_drafts): the same tokens as without it, in fewer steps. `prefix`: the `last_tokens` of an
-        earlier decode of the same audio start whose words were emitted: the decode continues after its last word
-        (what it wrote where its audio ended, the closing punctuation and timestamps, is decoded again, for the talker
-        went on and the sentence may too; if that continuation ends over a second before the audio does, it goes on
-        after the tokens as they are) and returns only the words after them (the segments, or the part of one, after
-        them, without punctuation in place of the emitted one); `last_tokens` then holds the tokens it went on after
-        + the continuation."""
+        """Segments of ONE window of at most 30 s of mono 16 kHz float audio, with times in seconds from `offset` (no
+        seek loop: text after the last timestamp is kept as a segment ending at the window's end). Silence gives [].
+        Stable API for live dictation, which calls it on a growing buffer: it passes fallback=False for partial
+        hypotheses (one greedy pass, no temperature retries) and `stop`, polled before and (cpu backend) during the
+        encoder pass and before every decoder step: once it says True, the decode is given up (None; `last_tokens` then
+        holds the tokens its greedy pass had, a draft all the same). `draft`: the `last_tokens` of its previous decode
+        of the same audio start, which the greedy pass verifies in one decoder pass (options.verify_drafts): the same
+        tokens as without it, in fewer steps. `prefix`: the `last_tokens` of an earlier decode of the same audio start
+        whose words were emitted: the decode continues after its last word (what it wrote where its audio ended, the
+        closing punctuation and timestamps, is decoded again, for the talker went on and the sentence may too; if that
+        continuation ends over a second before the audio does, it goes on after the tokens as they are) and returns
+        only the words after them (the segments, or the part of one, after them, without punctuation in place of the
+        emitted one); `last_tokens` then holds the tokens it went on after + the continuation."""
         samples = audio.float_samples(samples_16k)
         if samples.ndim != 1 or len(samples) > audio.WHISPER_CHUNK:
             raise UsageError(f"decode_window takes mono audio of at most 30 s, got shape {samples.shape}",
@@ -220,7 +219,10 @@ class WhisperRecognizer:
                 mel[:, size:] = 0.0
             if stop is not None and stop():
                 return None
-            self.session.run(window.entry("encode"), self.state, mel=mel[None])
+            try:  # the cpu backend gives the pass up midway once stop() says so; an NPU dispatch runs to its end
+                self.session.run(window.entry("encode"), self.state, mel=mel[None], stop=stop)
+            except RunStopped:
+                return None
             self._active = window
             language = language or o.language or ("en" if self.english_only else self._detect_language())
             # A short window gets one greedy pass; one that went wrong moves to the next window (a short audio

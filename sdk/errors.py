@@ -53,6 +53,11 @@ class ProgramError(SdkError):
     exit_code = 1
 
 
+class RunStopped(SdkError):
+    """A run was given up midway because its caller's `stop()` said so (a live decode whose audio moved on)."""
+    exit_code = 1
+
+
 class DeviceIOError(SdkError):
     """A microphone, camera or typing tool is missing, busy or failed."""
     exit_code = 5

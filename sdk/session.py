@@ -8,7 +8,7 @@ session serves many streams. Every session knows the device asked for and the on
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -63,8 +63,10 @@ class Session:
     def new_state(self) -> State:
         return self._exe.new_state()
 
-    def run(self, entry: str | None = None, state: State | None = None, **inputs) -> dict[str, np.ndarray]:
-        return self._exe.run(entry, inputs, state)
+    def run(self, entry: str | None = None, state: State | None = None, *, stop: Callable[[], bool] | None = None,
+            **inputs) -> dict[str, np.ndarray]:
+        """`stop`: polled during the run where the backend can give it up (cpu), which then raises RunStopped."""
+        return self._exe.run(entry, inputs, state, stop)
 
     def report(self) -> dict:
         """What every result carries: devices, and for npu/emu the NPU share of the work."""

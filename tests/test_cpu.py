@@ -412,3 +412,25 @@ def test_a_token_id_past_the_vocabulary_is_an_input_error():
         assert "vocabulary" in error.value.fix
     finally:
         exe.close()
+
+
+def test_a_run_whose_stop_says_true_is_given_up_and_the_session_runs_on():
+    """`stop` is asked before the run and then by a watcher while it goes on; once it says True, ORT gives the run
+    up (RunStopped). One that never does changes nothing: the result equals a run without it."""
+    from sdk.errors import RunStopped
+    program = compiler.compile(whisper.graphs(whisper.TINY))
+    rng = np.random.default_rng(10)
+    exe = CpuBackend(2).load(program, _rand(program, rng))
+    mel = _inputs(program, "encode", rng)
+    try:
+        asked = []
+        with pytest.raises(RunStopped, match="given up"):
+            exe.run("encode", mel, exe.new_state(), stop=lambda: not asked.append(1))
+        assert asked == [1]
+        plain_state, state = exe.new_state(), exe.new_state()
+        plain = exe.run("encode", mel, plain_state)
+        watched = exe.run("encode", mel, state, stop=lambda: False)
+        assert np.array_equal(watched["encoder"], plain["encoder"])
+        assert all(np.array_equal(state.buffers[n], b) for n, b in plain_state.buffers.items())
+    finally:
+        exe.close()

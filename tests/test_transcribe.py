@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -269,9 +270,27 @@ def test_decode_window_bounds_its_tokens_and_partials_skip_fallback(transcriber,
     rec.decode_window(speech)
     assert [c[0] for c in calls] == list(TranscribeOptions().temperatures)  # the same window retries hotter
     calls.clear()
+    runs = rec.session.counters.runs
+    assert rec.decode_window(speech, stop=lambda: rec.session.counters.runs - runs > 3) is None   # given up ...
+    assert len(calls) == 1 and rec.session.counters.runs - runs == 4     # ... after the encoder and 3 decoder steps
+
+
+def test_a_decode_window_is_given_up_in_its_encoder_pass(transcriber, monkeypatch):
+    """On the cpu backend the encoder pass itself gives way: `stop` is asked while it runs (by its watcher thread),
+    and once it says True the pass ends and no decoder step runs. The session goes on as before."""
+    rec = transcriber.recognizer
+    speech = load_audio(CLIPS[0])
+    text = " ".join(s.text for s in rec.decode_window(speech))
+    decodes, real = [], rec._decode
+    monkeypatch.setattr(rec, "_decode", lambda *args: decodes.append(args) or real(*args))
     asked = []
-    assert rec.decode_window(speech, stop=lambda: asked.append(1) or len(asked) > 3) is None   # given up
-    assert len(calls) == 1 and len(asked) == 4      # before the encoder, then before each of 3 decoder steps
+
+    def stop() -> bool:  # True once asked from another thread than the decode's: during the encoder's run
+        asked.append(threading.current_thread() is threading.main_thread())
+        return not asked[-1]
+    assert rec.decode_window(speech, stop=stop) is None
+    assert decodes == [] and asked[:2] == [True, True] and asked[-1] is False   # before it, as it began, then within
+    assert " ".join(s.text for s in rec.decode_window(speech)) == text
 
 
 def test_a_short_window_that_loops_falls_back_to_the_next_window(transcriber, monkeypatch):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Mapping, Protocol
+from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -45,7 +45,10 @@ class Executable(Protocol):
     counters: Counters
 
     def new_state(self) -> State: ...
-    def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None) -> dict: ...
+    def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None,
+            stop: Callable[[], bool] | None = None) -> dict:
+        """`stop`: where the backend can give a run up midway (cpu), it polls it while the run goes on and raises
+        RunStopped once it says True; an NPU dispatch (npu, and emu, its model) runs to its end."""
     def close(self) -> None: ...
 
 

@@ -6,14 +6,15 @@ writes its K/V at `pos` and copies no cache. Runtime parameters are 0-d int32 in
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import threading
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
-from ..errors import InputError, SdkError, UsageError
+from ..errors import InputError, RunStopped, SdkError, UsageError
 from ..ops import NEG_INF
 from ..program import Entry, Program, Usage
 from ..settings import load as load_settings
@@ -25,6 +26,7 @@ SPIN = "0"  # a spinning intra-op pool collapses on a shared machine, a sleeping
 # Unpacked, ORT packs a GEMM weight at every run (half of BERT-base's linear time at 128 rows; one row, never):
 # an entry reading a weight with at least this many rows takes ONE packed copy for all, if none exists yet.
 PACK_ROWS = 16
+STOP_POLL_S = 0.01  # how often a run given `stop` asks it: a small part of an encoder pass
 INT8_BLOCK = 16  # inputs per int8 block with its own scale (weights and activations): MatMulNBits' smallest, most exact
 _arena_lock, _arena = threading.Lock(), []  # the process's one CPU arena once registered (CpuExecutable._options)
 
@@ -300,6 +302,30 @@ def entry_precisions(program: Program, precision: str | Mapping[str, str]) -> di
     return {name: named.get(name, "fp32") for name in program.entries}
 
 
+@contextlib.contextmanager
+def _terminated_when(stop: Callable[[], bool] | None, run_options):
+    """While the block runs, a watcher polls `stop` every STOP_POLL_S s and, once it says True, tells ORT to give the
+    run up (it checks between nodes: an encoder's run ends within a node's time, not the whole pass's)."""
+    if stop is None or stop():  # one that already says True: ORT ends the run at its first node
+        run_options.terminate = stop is not None
+        yield
+        return
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(STOP_POLL_S):
+            if stop():
+                run_options.terminate = True
+                return
+    watcher = threading.Thread(target=watch, name="cpu-run-stop", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+
+
 class CpuExecutable:
     def __init__(self, program: Program, weights: Mapping[str, np.ndarray], threads: int,
                  precision: str | Mapping[str, str] = "fp32"):
@@ -368,7 +394,8 @@ class CpuExecutable:
     def new_state(self) -> State:
         return State({n: np.zeros(b.shape, b.dtype) for n, b in self.program.buffers_of(Usage.STATE).items()})
 
-    def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None) -> dict:
+    def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None,
+            stop: Callable[[], bool] | None = None) -> dict:
         if self.closed:
             raise UsageError("this cpu session is closed", fix="open a new Session")
         program_entry = self.program.entry(entry)
@@ -385,9 +412,16 @@ class CpuExecutable:
         for buffer, value in graph.outputs.items():
             array = env[buffer] if buffer in graph.writes else results[buffer]  # state: written where it lives
             binding.bind_output(value, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+        run_options = self.ort.RunOptions()
         try:
-            self.sessions[graph.key][0].run_with_iobinding(binding)
-        except RuntimeError as e:  # what ORT raises for data its kernels refuse (an index past a table, ...)
+            with _terminated_when(stop, run_options):
+                self.sessions[graph.key][0].run_with_iobinding(binding, run_options)
+        except Exception as e:
+            if run_options.terminate:  # ORT stops between nodes and says so with a plain Fail
+                raise RunStopped(f"entry {program_entry.name} was given up: its caller's stop() said so") from None
+            if not isinstance(e, RuntimeError):
+                raise
+            # what ORT raises for data its kernels refuse (an index past a table, ...)
             raise InputError(f"entry {program_entry.name} refused its inputs: {str(e).strip().splitlines()[-1]}",
                              fix="check the token ids against the vocabulary and the position against the "
                                  "model's context") from None

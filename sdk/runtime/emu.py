@@ -21,7 +21,7 @@ Everything measured here is emulated, not timed on hardware.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -138,7 +138,8 @@ class EmuExecutable(ArenaExecutable):
     def new_state(self) -> EmuState:
         return EmuState(self.program)
 
-    def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None) -> dict:
+    def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None,
+            stop: Callable[[], bool] | None = None) -> dict:
         e, data = self._begin(entry, inputs, state)
         self._state = state
         for name, array in data.items():  # inputs and runtime parameters: one ranged sync of the io arena

@@ -26,7 +26,7 @@ import resource
 import threading
 import weakref
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -333,7 +333,8 @@ class NpuExecutable(ArenaExecutable):
             self._check_open()
             return NpuState(self)
 
-    def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None) -> dict:
+    def run(self, entry: str | None, inputs: Mapping[str, np.ndarray], state: State | None = None,
+            stop: Callable[[], bool] | None = None) -> dict:
         e, data = self._begin(entry, inputs, state)
         for s in e.steps:  # a word out of range would move a DMA outside its tensor: refused before anything runs
             scratchpad_words(self._scratchpad.get(s.op, {}), data)
