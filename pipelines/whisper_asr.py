@@ -349,26 +349,38 @@ class WhisperRecognizer:
         limit -= len(prefix)
         draft = list(draft[len(prefix):]) if list(draft[:len(prefix)]) == prefix else []
         passes = self._draft_passes() if temperature == 0 and (draft or prefix) and limit > 0 else ()
-        if passes:  # the prefix fed and the first steps verified in one pass; greedy goes on after them
+
+        def verify(draft: list[int], cached: int = 0) -> whisper_drafts.Verified:
+            """Verify `draft` in one pass after the tokens so far (the first `cached` positions already in the cache):
+            the accepted tokens and greedy's next one join them."""
+            nonlocal limit
             verified = whisper_drafts.verify(
                 lambda inputs, pos: self.session.run(self._active.entry(f"decode_{inputs.shape[1]}"), self.state,
                                                      tokens=inputs, pos=pos)["logits"][0],
                 passes, prompt, draft, limit, tok.eot,
                 lambda logits, sampled: self._choose(logits, int(not sampled), self._ranges(sampled), 0.0, rng),
-                forced=prefix)
-            no_speech_prob = _probability(verified.no_speech_logits, tok.no_speech)
-            logprobs, limit = list(verified.logprobs), limit - len(verified.choices)
-            tokens += [t for t in verified.choices if t != tok.eot]
-            if verified.choices[-1] == tok.eot:
-                limit = 0
+                forced=tokens[len(prompt):], cached=cached)
+            logprobs.extend(verified.logprobs)
+            limit -= len(verified.choices)
+            tokens.extend(t for t in verified.choices if t != tok.eot)
+            limit = 0 if verified.choices[-1] == tok.eot else limit
+            return verified
+        if passes:  # the prefix fed and the first steps verified in one pass; greedy goes on after them
+            no_speech_prob = _probability(verify(draft).no_speech_logits, tok.no_speech)
         else:
             for pos, t in enumerate(tokens[:-1]):
                 logits_at(t, pos)
-        for _ in range(limit):
+        checked = len(tokens) - len(prompt) - len(prefix)   # draft tokens up to here were verified
+        while limit > 0:
             if stop is not None and stop():
                 # given up: greedy's tokens so far are still the start of this audio's decode, a draft for the next
                 self.last_tokens = tokens[len(prompt):] if temperature == 0 else []
                 return None
+            at = whisper_drafts.picked_up(tokens[len(prompt) + len(prefix):], draft, checked) if passes else None
+            if at is not None:   # greedy left the draft and reads it again here: the rest verified in one pass
+                checked = at + len(verify(draft[at:], cached=len(tokens) - 1).choices) - 1
+                continue
+            limit -= 1
             pos, sampled = len(tokens) - 1, tokens[len(prompt):]
             first = int(not sampled)
             ranges = self._ranges(sampled)

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from pipelines import whisper_drafts
 from pipelines.dictation import DictationOptions, FileSource, Final, Partial, Stream
 from tests.dictation_support import LIBRIVOX, RATE, clip_session, librivox_clips, librivox_session
 
@@ -76,18 +77,29 @@ def test_any_draft_gives_the_plain_greedy_tokens(transcriber, entries, case):
     assert (drafted, drafted_texts) == (tokens, texts)
     if case == "empty":
         assert ran == plain
-    else:
-        assert len(_passes(ran)) == 1 and len(ran) < len(plain) + 1, (ran, plain)
-    if case in ("wrong token in the middle", "truncated"):  # the steps resume after the accepted half
+    else:   # a pass stands for one step at least: never more runs than the plain decode
+        assert _passes(ran) and len(ran) <= len(plain), (ran, plain)
+    if case == "wrong token in the middle":  # greedy leaves the draft at the wrong token and, once its last two tokens
+        # are the draft's again (two steps on), the rest of the draft is verified in a second pass
+        assert len(ran) == 5 and _passes(ran) == [ran[1], ran[4]], ran
+    if case == "truncated":  # the steps resume after the accepted half
         assert len(ran) <= len(plain) - len(tokens) // 2 + 3, (ran, plain)
 
 
-def test_a_draft_longer_than_the_longest_pass_is_cut_to_it(transcriber, entries):
+def test_a_draft_longer_than_the_longest_pass_goes_on_in_a_second_pass(transcriber, entries):
     audio = _clips(0, 2, 3)  # 18.5 s: still the 20 s window, where the passes are
     tokens, texts, plain = _decode(transcriber, entries, audio)
     drafted, drafted_texts, ran = _decode(transcriber, entries, audio, draft=tokens)
-    assert len(tokens) > 64 and (drafted, drafted_texts) == (tokens, texts)
-    assert _passes(ran) == ["decode_64_t2000"] and len(ran) == 2 + len(tokens) + 1 - 64, ran  # steps after 63
+    assert len(tokens) > 64 + whisper_drafts.PICK_UP_REST and (drafted, drafted_texts) == (tokens, texts)
+    assert _passes(ran) == ran[1:] and len(ran) == 3 and ran[1] == "decode_64_t2000", ran  # EOT in the second
+
+
+def test_a_draft_is_picked_up_where_the_decode_reads_its_tokens_again():
+    draft = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert whisper_drafts.picked_up([1, 2, 30, 4, 5], draft, 2) == 5      # at the draft's [4, 5]: verify from 6
+    assert whisper_drafts.picked_up([1, 2, 30, 40], draft, 2) is None      # not (yet) read the same again
+    assert whisper_drafts.picked_up([1, 2, 30, 6, 7], draft, 2) is None    # too few draft tokens left after it
+    assert whisper_drafts.picked_up([5, 6], [5, 6, 1, 2, 3, 4, 5, 6, 1, 2, 3, 4], 3) == 8   # the first place past `after`
 
 
 def test_a_decode_given_up_midway_leaves_its_tokens_so_far_as_a_draft(transcriber, entries):
