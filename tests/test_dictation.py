@@ -345,21 +345,23 @@ def _run_live(recognizer, audio, ahead):
 
 
 def test_a_partial_amid_speech_gives_way_when_the_talker_has_stopped():
-    """Live capture: a partial decoded amid speech watches the audio that arrived meanwhile; once that shows
-    early_final s of quiet it is given up (no partial event), and the final's decode starts at once."""
+    """Live capture: partials amid speech run every interval (they give way, so none delays the final); each watches
+    the audio that arrived meanwhile and, once that shows early_final s of quiet, is given up (no partial event),
+    and the final's decode starts at once."""
     options = DictationOptions(partial_every=0.5, vad="energy")
     audio = np.concatenate([_quiet(1), _tone(2.0), _quiet(2)])
     rec = Recognizer(model := _BurstCounter(), options)
     (final,) = [e for e in _run_live(rec, audio, ahead=1.2) if isinstance(e, Final)]   # a decode takes 1.2 s
     assert final.text == "word"
-    # the partial forced amid the tone (at ~2.1 s: 1.5 s overdue) sees the tone end and 0.3 s of quiet by
-    # 3.3 s, and gives way; the final is decoded once, early_final s into the quiet
-    assert rec.stopped_decodes == len(model.stopped) == 1 and 1.9 <= model.stopped[0] <= 2.3
-    assert model.decoded_until == [pytest.approx(3.0 + options.early_final, abs=0.13)]
+    # the partials of the tone's audio up to 2.4 and 3.0 s see it end (at 3.0 s) and quiet after it, and give way;
+    # the final is decoded once, early_final s into the quiet
+    assert rec.stopped_decodes == 2 and model.stopped == pytest.approx([2.4, 3.0], abs=0.13)
+    assert model.decoded_until == pytest.approx([1.2, 1.8, 3.0 + options.early_final], abs=0.13)
 
     rec = Recognizer(model := _BurstCounter(), options)
-    _run_live(rec, audio, ahead=0.5)   # a quick decode: no stop
-    assert rec.stopped_decodes == 0 and len(model.decoded_until) == 2
+    _run_live(rec, audio, ahead=0.5)   # a quick decode: only the one of the tone up to its end gives way
+    assert rec.stopped_decodes == 1 and model.stopped == pytest.approx([3.0], abs=0.13)
+    assert len(model.decoded_until) == 4
 
 
 def test_the_final_decode_in_a_pause_gives_way_when_the_talker_goes_on():

@@ -47,8 +47,9 @@ class DictationOptions:
                                       # as the final; partials wait for such a gap, so that the last one can
     partial_every: float = 1.0        # s of new audio between partial decodes of an open utterance ...
     partial_share: float = 0.5        # ... or longer, so partials use at most this share of real time
-    partials: bool = True             # off: no partial events; decodes before the utterance end happen only
-                                      # for long speech (the early commit needs them), so finals come sooner
+    partials: bool = True             # off: no partial events; live, decodes amid speech still run where they
+                                      # make the final's draft (Whisper), else only for long speech (the early
+                                      # commit needs them)
     commit_after: float = 15.0        # s of open utterance after which agreed segments become final early
     max_utterance: float = 28.0       # s; hard cut (never more than one encoder window)
     silence_timeout: float | None = None   # stop after this long without speech

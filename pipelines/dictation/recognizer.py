@@ -120,19 +120,22 @@ class Recognizer:
             events += self._frame(frame, bool(is_loud), bool(is_voiced))
         if not (self.in_utterance and self._enough_voice()) or any(isinstance(e, Final) for e in events):
             return events   # a final goes out now, not after a decode (the next call runs it)
-        # A decode cannot be interrupted, and the final must not wait for one that missed the last words. So
-        # when the talker seems to be stopping, decode at once: once the hangover confirms the end, that decode
-        # is the final; live, it gives way if the talker goes on (then it cannot be the final, and the final must
-        # not wait for it). Partials start in a pause (or when two intervals overdue), so that the one running
-        # when the talker stops has most likely heard the end too.
+        # The final must not wait for a decode that missed the last words. So when the talker seems to be stopping,
+        # decode at once: once the hangover confirms the end, that decode is the final; live, it gives way if the
+        # talker goes on (then it cannot be the final, and the final must not wait for it). Live, a decode amid
+        # speech gives way as soon as the talker stops (on the cpu backend its encoder pass too), so one runs every
+        # interval: its tokens are the final's draft (Whisper), so it runs with partials off too. At a simulated
+        # pace nothing gives way: partials start in a pause (or when two intervals overdue), so that the one
+        # running when the talker stops has most likely heard the end too.
         quiet = self._now() - self.last_speech if self.options.vad else 0.0
         every = max(self.options.partial_every, self.decode_seconds / max(self.options.partial_share, 1e-3))
-        wanted = self.options.partials or self._duration() >= self._commit_after
+        gives_way = self.unheard is not None and bool(self.options.vad)
+        wanted = self.options.partials or self._duration() >= self._commit_after or (gives_way and self._continues)
         if quiet >= self.options.early_final - 1e-9:
             if not self._heard_end():
                 events += self._partial(stop_when=self._talker_resumed)
-        elif wanted and self._since_decode >= every and (
-                quiet >= self.options.final_tail - 1e-9 or not self.options.vad or self._since_decode >= 3 * every):
+        elif wanted and self._since_decode >= every and (quiet >= self.options.final_tail - 1e-9 or gives_way
+                                                         or not self.options.vad or self._since_decode >= 3 * every):
             # A decode amid speech can never serve as the final (it did not hear the end): one greedy pass
             # without temperature retries keeps it short, so that a final is less likely to wait behind it.
             in_pause = quiet >= self.options.final_tail - 1e-9 or not self.options.vad
