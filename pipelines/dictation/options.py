@@ -29,11 +29,11 @@ class DictationOptions:
     preroll: float = 0.4              # s of audio kept from before the onset, so first words are not clipped
     context: float = 6.0              # s of audio before that, decoded as left context; its text is dropped
     hangover: float = 0.6             # s of quiet that ends an utterance
-    early_final: float = 0.1          # s of quiet after which the final's decode starts, before the hangover
-                                      # confirms the end (if speech resumes, it served as a partial); at 0.1 s
-                                      # (4 frames) the dictation sessions' WER is the same as at 0.2 s, the final
-                                      # ~0.1 s sooner, for about one more decode per 5 utterances; at 0.09 s
-                                      # (final_tail) it moves (bench/dictation_hangover.py, dictation_latency.py)
+    early_final: float = 0.09         # s of quiet after which the final's decode starts, before the hangover
+                                      # confirms the end (if speech resumes, it served as a partial); at 0.09 s
+                                      # (3 frames, final_tail) the finals come ~0.05 s sooner than at 0.12 s (4),
+                                      # and the dictation sessions' WER is the same but for one word either way
+                                      # (flite, espeak-ng: bench/dictation_hangover.py, dictation_latency.py)
     commit_quiet: float | None = 0.3  # s of quiet after which a decode that heard the end is emitted as final before
                                       # the hangover, when the model was sure of each word (commit_logprob); if
                                       # speech resumes within the hangover, the utterance goes on and later finals
