@@ -198,7 +198,7 @@ def _run_session(settings, *, output, transcript, partials, typer_tool, paste_ch
     source = FileSource(file, pace="fast" if fast else "realtime") if file else Microphone(input_device)
     source.check()   # a missing microphone or file fails now, not after the model has loaded
     options = DictationOptions(vad=vad, silence_timeout=silence_timeout, max_duration=max_duration,
-                               partials=sink.partials)   # nobody sees partials: do not spend decodes on them
+                               partials=sink.partials)   # no partial events nobody sees
 
     def load():
         from pipelines.asr import Transcriber
