@@ -128,10 +128,13 @@ class Recognizer:
         # pace nothing gives way: partials start in a pause (or when two intervals overdue), so that the one
         # running when the talker stops has most likely heard the end too.
         quiet = self._now() - self.last_speech if self.options.vad else 0.0
+        # counted from the last words once it is quiet: a click or a breath after them (loud for less than an onset)
+        # does not put the final's decode off
+        ended = self._now() - self._last_words if quiet > 0 else quiet
         every = max(self.options.partial_every, self.decode_seconds / max(self.options.partial_share, 1e-3))
         gives_way = self.unheard is not None and bool(self.options.vad)
         wanted = self.options.partials or self._duration() >= self._commit_after or (gives_way and self._continues)
-        if quiet >= self.options.early_final - 1e-9:
+        if ended >= self.options.early_final - 1e-9:
             if not self._heard_end():
                 events += self._partial(stop_when=self._talker_resumed)
         elif wanted and self._since_decode >= every and (quiet >= self.options.final_tail - 1e-9 or gives_way
