@@ -6,7 +6,6 @@ writes its K/V at `pos` and copies no cache. Runtime parameters are 0-d int32 in
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import threading
@@ -302,28 +301,11 @@ def entry_precisions(program: Program, precision: str | Mapping[str, str]) -> di
     return {name: named.get(name, "fp32") for name in program.entries}
 
 
-@contextlib.contextmanager
-def _terminated_when(stop: Callable[[], bool] | None, run_options):
-    """While the block runs, a watcher polls `stop` every STOP_POLL_S s and, once it says True, tells ORT to give the
-    run up (it checks between nodes: an encoder's run ends within a node's time, not the whole pass's)."""
-    if stop is None or stop():  # one that already says True: ORT ends the run at its first node
-        run_options.terminate = stop is not None
-        yield
-        return
-    done = threading.Event()
-
-    def watch():
-        while not done.wait(STOP_POLL_S):
-            if stop():
-                run_options.terminate = True
-                return
-    watcher = threading.Thread(target=watch, name="cpu-run-stop", daemon=True)
-    watcher.start()
-    try:
-        yield
-    finally:
-        done.set()
-        watcher.join()
+def _watch(stop: Callable[[], bool], run_options, done: threading.Event):
+    """Asks `stop` every STOP_POLL_S s until the run is done; once it says True, ORT gives the run up at its next node
+    (an encoder's run ends within a node's time, not the whole pass's)."""
+    while not run_options.terminate and not done.wait(STOP_POLL_S):
+        run_options.terminate = bool(stop())
 
 
 class CpuExecutable:
@@ -412,12 +394,16 @@ class CpuExecutable:
         for buffer, value in graph.outputs.items():
             array = env[buffer] if buffer in graph.writes else results[buffer]  # state: written where it lives
             binding.bind_output(value, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
-        run_options = self.ort.RunOptions()
+        run_options = watcher = None
+        if stop is not None:
+            run_options, done = self.ort.RunOptions(), threading.Event()
+            run_options.terminate = bool(stop())   # already True: ORT ends the run at its first node
+            watcher = threading.Thread(target=_watch, args=(stop, run_options, done), name="cpu-run-stop", daemon=True)
+            watcher.start()
         try:
-            with _terminated_when(stop, run_options):
-                self.sessions[graph.key][0].run_with_iobinding(binding, run_options)
+            self.sessions[graph.key][0].run_with_iobinding(binding, run_options)
         except Exception as e:
-            if run_options.terminate:  # ORT stops between nodes and says so with a plain Fail
+            if run_options is not None and run_options.terminate:  # ORT says so with a plain Fail
                 raise RunStopped(f"entry {program_entry.name} was given up: its caller's stop() said so") from None
             if not isinstance(e, RuntimeError):
                 raise
@@ -425,6 +411,10 @@ class CpuExecutable:
             raise InputError(f"entry {program_entry.name} refused its inputs: {str(e).strip().splitlines()[-1]}",
                              fix="check the token ids against the vocabulary and the position against the "
                                  "model's context") from None
+        finally:
+            if watcher is not None:
+                done.set()
+                watcher.join()
         self.counters.host_ops += len(program_entry.steps)
         self.counters.runs += 1
         return {name: np.array(env[b]) if b not in results else results[b] for name, b in program_entry.outputs.items()}
