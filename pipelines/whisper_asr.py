@@ -361,9 +361,8 @@ class WhisperRecognizer:
                 lambda logits, sampled: self._choose(logits, int(not sampled), self._ranges(sampled), 0.0, rng),
                 forced=tokens[len(prompt):], cached=cached)
             logprobs.extend(verified.logprobs)
-            limit -= len(verified.choices)
             tokens.extend(t for t in verified.choices if t != tok.eot)
-            limit = 0 if verified.choices[-1] == tok.eot else limit
+            limit = 0 if verified.choices[-1] == tok.eot else limit - len(verified.choices)
             return verified
         if passes:  # the prefix fed and the first steps verified in one pass; greedy goes on after them
             no_speech_prob = _probability(verify(draft).no_speech_logits, tok.no_speech)
@@ -469,8 +468,7 @@ def _log_sum_exp(z: np.ndarray) -> float:
 
 
 def _probability(logits: np.ndarray, token: int) -> float:
-    p = np.exp(logits - logits.max())
-    return float(p[token] / p.sum())
+    return float(np.exp(logits[token] - _log_sum_exp(logits)))
 
 
 def _read_json(path: Path) -> dict:
