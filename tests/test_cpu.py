@@ -214,7 +214,7 @@ def test_an_entry_that_writes_state_asks_for_a_state():
     rng = np.random.default_rng(4)
     exe = CpuBackend(2).load(program, _rand(program, rng))
     try:
-        with pytest.raises(ValueError, match="needs a State"):
+        with pytest.raises(UsageError, match="reads or writes state"):
             exe.run("encode", _inputs(program, "encode", rng))
     finally:
         exe.close()

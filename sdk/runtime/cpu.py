@@ -188,7 +188,6 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
 BOUND_READERS = {("MatMul", 1), ("Gather", 0)}
 SHARED_READERS = {("MatMulNBits", 1), ("MatMulNBits", 2), ("GatherBlockQuantized", 0), ("GatherBlockQuantized", 2),
                   ("Conv", 1), ("Conv", 2), ("LayerNormalization", 1), ("LayerNormalization", 2)}
-_DTYPES = {"float32": 1, "uint8": 2, "int32": 6, "int64": 7}  # onnx.TensorProto.DataType
 
 
 class EntryGraph:
@@ -240,8 +239,9 @@ class EntryGraph:
     def model(self, packed: frozenset[str] = frozenset()) -> bytes:
         """The serialised model; the `packed` weights (of `packable`) are constant initializers, not inputs."""
         helper, buffers = self.helper, self.program.buffers
-        info = (lambda name, dtype, shape: helper.make_tensor_value_info(name, _DTYPES[dtype], shape))  # noqa: E731
-        externals = [self.tensor(name=n, data_type=_DTYPES[dtype], dims=shape, data_location=self.tensor.EXTERNAL,
+        code = (lambda dtype: helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))  # noqa: E731
+        info = (lambda name, dtype, shape: helper.make_tensor_value_info(name, code(dtype), shape))  # noqa: E731
+        externals = [self.tensor(name=n, data_type=code(dtype), dims=shape, data_location=self.tensor.EXTERNAL,
                                  external_data=[{"key": "location", "value": self.location[n]}])
                      for n, (_, dtype, shape) in self.weights.items() if n not in self.bound or n in packed]
         inputs = [info(b, buffers[b].dtype, buffers[b].shape) for b in self.reads] + \
@@ -383,10 +383,8 @@ class CpuExecutable:
         program_entry = self.program.entry(entry)
         graph = self.graphs[program_entry.name]
         env = check_inputs(self.program, entry, inputs) | (state.buffers if state is not None else {})
-        missing = [b for b in graph.reads + graph.writes if b not in env]
-        if missing:
-            raise ValueError(f"entry {program_entry.name} reads or writes state {missing[0]}: it needs a State "
-                             f"(session.new_state())")
+        if any(b not in env for b in graph.reads + graph.writes):
+            raise UsageError(f"entry {program_entry.name!r} reads or writes state", fix="pass state=session.new_state()")
         binding = self._binding(graph)
         for name in graph.reads:
             binding.bind_input(name, "cpu", 0, env[name].dtype, env[name].shape, env[name].ctypes.data)
