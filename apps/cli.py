@@ -10,11 +10,12 @@ import json
 import re
 import sys
 import warnings
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from sdk.errors import InputError, SdkError
+from sdk.errors import InputError, SdkError, UsageError
 from sdk.runtime import FallbackWarning
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None,
@@ -60,6 +61,15 @@ def err(message: str) -> None:
 def report_error(e: SdkError) -> None:
     """A typed error as the CLI shows it: the message, then the fix."""
     err(f"error: {e.message}" + (f"\n  fix: {e.fix}" if e.fix else ""))
+
+
+def make_folder(folder: Path, option: str) -> None:
+    """Create an output's folder (and its parents) before any work; one that cannot be made is a UsageError."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{option}: cannot create the folder {e.filename or folder}: {e.strerror or e}",
+                         fix=f"choose an {option} path you can write to") from None
 
 
 def utf8_argument(text: str, what: str, fix: str) -> str:

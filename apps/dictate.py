@@ -28,7 +28,7 @@ from sdk import settings as sdk_settings
 from sdk.atomic import atomic_open
 from sdk.errors import SdkError, UsageError
 
-from .cli import DeviceOpt, app, command, err, out_json
+from .cli import DeviceOpt, app, command, err, make_folder, out_json
 from .dictate_control import ControlServer, send, socket_path
 from .dictate_output import Output, Sink
 
@@ -150,19 +150,24 @@ def _delivery(to: Output | None, json_events: bool, output: str | None) -> tuple
     transcript = Path(output) if output else None
     if transcript is not None and transcript.is_dir():
         raise UsageError(f"--output {transcript} is a folder", fix=f"pass a file, e.g. {transcript / 'dictation.txt'}")
+    if transcript is not None:
+        make_folder(transcript.parent, "--output")  # before listening, not after the session
     return mode, transcript
 
 
-def _write_transcript(path: Path, finals: list[str]) -> None:
-    """The session's text, one final per line, written atomically; when that fails it goes to stderr instead."""
+def _write_transcript(path: Path, finals: list[str]) -> bool:
+    """The session's text, one final per line, written atomically; when that fails it goes to stderr instead
+    (and False is returned)."""
     from sdk.atomic import write_atomic
     text = "".join(f + "\n" for f in finals)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, text)
         err(f"dictation: wrote {len(finals)} finals to {path}")
+        return True
     except OSError as e:
-        err(f"error: cannot write {path} ({e.strerror or e}); the session's text follows\n{text}", )
+        err(f"error: cannot write {path} ({e.strerror or e}); the session's text follows\n{text}")
+        return False
 
 
 def _stop_on_sigterm():
@@ -215,7 +220,7 @@ def _run_session(settings, *, output, transcript, partials, typer_tool, paste_ch
         return f"unknown command {word!r}"
 
     server = ControlServer(socket_path(settings), handle)
-    previous = _stop_on_sigterm()
+    previous, written = _stop_on_sigterm(), True
     try:
         stream.start()   # a missing silero-vad (--vad silero) fails here: the socket still goes
         try:
@@ -242,7 +247,9 @@ def _run_session(settings, *, output, transcript, partials, typer_tool, paste_ch
         sink.close()
         server.close()
         if transcript is not None:
-            _write_transcript(transcript, sink.finals)
+            written = _write_transcript(transcript, sink.finals)
         report = stream.report()
         err(f"dictation: {report['captured_s']:.1f} s captured, {report['finals']} finals,"
             f" {report['dropped_blocks']} dropped blocks")
+    if not written:  # the text went to stderr; a script must still see that the file it asked for is not there
+        raise typer.Exit(1)

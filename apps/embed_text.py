@@ -12,7 +12,7 @@ import typer
 from sdk.atomic import atomic_open
 from sdk.errors import InputError, UsageError
 
-from .cli import DeviceOpt, app, byte_size, command, err, utf8_argument
+from .cli import DeviceOpt, app, byte_size, command, err, make_folder, utf8_argument
 from .progress import progress
 
 PROGRESS_EVERY = 256   # lines embedded between two moves of the progress bar
@@ -49,7 +49,7 @@ def embed_text(
             raise UsageError(f"--output must end in .npy, got {output.name}", fix="e.g. -o vectors.npy")
         if output.parent.exists() and not output.parent.is_dir():
             raise UsageError(f"--output {output}: {output.parent} is not a folder", fix="pass a path in a folder")
-        output.parent.mkdir(parents=True, exist_ok=True)   # -o creates its folder, as in every command
+        make_folder(output.parent, "--output")   # -o creates its folder, as in every command
         if output.is_dir():
             raise UsageError(f"--output {output} is a folder", fix="pass a file path ending in .npy")
     if file is not None:

@@ -11,7 +11,7 @@ import typer
 from sdk.atomic import write_atomic
 from sdk.errors import InputError, UsageError
 
-from .cli import DeviceOpt, PrecisionOpt, app, command, err, report_error
+from .cli import DeviceOpt, PrecisionOpt, app, command, err, make_folder, report_error
 from .progress import progress
 
 
@@ -87,7 +87,7 @@ def transcribe(
         if output_dir.exists() and not output_dir.is_dir():
             raise UsageError(f"-o {output_dir} is a file; transcripts are written one per input into a folder",
                              fix="pass a folder (it is created when missing)")
-        output_dir.mkdir(parents=True, exist_ok=True)
+        make_folder(output_dir, "-o")
     files, failed_inputs = _expand(inputs)
     if output_dir is None and fmt in (Format.srt, Format.vtt) and len(files) > 1:
         raise UsageError(f"{len(files)} inputs as {fmt.value} on stdout would not be one valid {fmt.value} file",

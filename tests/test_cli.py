@@ -92,7 +92,7 @@ def test_embed_text_refuses_a_bad_output_path_before_loading_the_model(tmp_path,
     (tmp_path / "folder.npy").mkdir()
     (tmp_path / "a-file").write_text("")
     for output, says in (("a-file/out.npy", "is not a folder"), ("out.txt", "must end in .npy"),
-                         ("folder.npy", "is a folder")):
+                         ("folder.npy", "is a folder"), ("a-file/sub/out.npy", "cannot create the folder")):
         r = runner.invoke(app, ["embed-text", "x", "-o", str(tmp_path / output), "--device", "cpu"])
         assert r.exit_code == 2 and says in r.stderr and "fix:" in r.stderr, (output, r.stderr)
 

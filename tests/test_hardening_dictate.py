@@ -122,6 +122,27 @@ def test_save_audio_into_a_folder_is_a_usage_error(tmp_path):
     assert r.exit_code == 2 and "is a folder" in r.stderr and "fix:" in r.stderr
 
 
+def test_an_output_whose_folder_cannot_be_made_is_refused_before_listening(tmp_path, monkeypatch):
+    def load(*a, **k):
+        raise AssertionError("the model was loaded although the output could be refused first")
+    monkeypatch.setattr("pipelines.asr.Transcriber", load)
+    (tmp_path / "a-file").write_text("")
+    r = _dictate("--file", str(WAV), "--fast", "-o", str(tmp_path / "a-file" / "notes" / "d.txt"),
+                 env={"XDG_RUNTIME_DIR": str(tmp_path)})
+    assert r.exit_code == 2 and "cannot create the folder" in r.stderr and "fix:" in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not WAV.exists(), reason="needs Debian pocketsphinx-testdata")
+def test_a_transcript_that_cannot_be_written_goes_to_stderr_and_the_exit_says_so(tmp_path):
+    out = tmp_path / "d.txt"
+    out.symlink_to(tmp_path / "gone" / "d.txt")  # passes the checks up front, fails when written
+    r = _dictate("--file", str(WAV), "--fast", "--device", "cpu", "-o", str(out),
+                 env={"XDG_RUNTIME_DIR": str(tmp_path), "HF_HUB_OFFLINE": "1"})
+    assert r.exit_code == 1 and f"cannot write {out}" in r.stderr, r.stderr
+    text = r.stderr.split("the session's text follows\n", 1)[1]
+    assert text.strip() and text.split("\n")[0] in r.stdout  # the finals, printed as they came, and kept
+
+
 @pytest.mark.skipif(not WAV.exists(), reason="needs Debian pocketsphinx-testdata")
 def test_sigterm_ends_a_session_like_ctrl_c(tmp_path):
     """A real process: after SIGTERM the socket is gone and the summary is printed."""

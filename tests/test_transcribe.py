@@ -442,6 +442,21 @@ def test_cli_warns_about_a_truncated_wav_and_transcribes_it(transcriber, tmp_pat
     assert f"warning: {tmp_path / 'cut.wav'} looks truncated" in r.stderr
 
 
+def test_cli_refuses_an_output_folder_it_cannot_make_before_any_work(tmp_path, monkeypatch):
+    import apps.transcribe as cmd
+
+    def load(*a):
+        raise AssertionError("the model was loaded although the output could be refused first")
+    monkeypatch.setattr(cmd, "_load", load)
+    (tmp_path / "a-file").write_text("")
+    from typer.testing import CliRunner
+
+    from apps.main import app
+    r = CliRunner().invoke(app, ["transcribe", str(CLIPS[4]), "-o", str(tmp_path / "a-file" / "out")])
+    assert r.exit_code == 2 and "cannot create the folder" in r.stderr and "fix:" in r.stderr, r.stderr
+    assert isinstance(r.exception, SystemExit)  # typer.Exit, not a traceback
+
+
 def test_cli_write_failure_keeps_the_transcript(transcriber, tmp_path, monkeypatch):
     """A file that cannot be written is reported (exit 1), its transcript goes to stdout, and the next file
     is still transcribed and written."""
