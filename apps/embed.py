@@ -155,7 +155,7 @@ def _embed_on_ray(records, parts: Path, output: Path, fmt: str, run: dict, resum
     """The same parts, resume and merge as on one machine; a Ray cluster embeds what is missing."""
     from pipelines.batch import ClusterOptions, embed_fasta, require_ray
 
-    require_ray()  # before the parts folder exists: without Ray it would hold a run that never started
+    require_ray(address)  # before the parts folder exists: without Ray or its cluster it holds a run never started
     with _writing(parts, "pass -o in a folder you can write to"):
         done = _prepare_parts(parts, run, resume)
     todo = [r for r in records if r.id not in done]

@@ -24,6 +24,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import sys
 import time
 from collections import Counter
@@ -38,6 +39,7 @@ from sdk.errors import InputError, SdkError, UsageError
 
 INSTALL = "pip install 'aie-apps[cluster]'"
 NPU_RESOURCE = "NPU"
+CONNECT_TIMEOUT_S = 5.0  # for a cluster's HOST:PORT to accept a connection
 
 
 @dataclass(frozen=True)
@@ -81,13 +83,16 @@ class BatchReport:
                 f"{self.elapsed:.1f} s, {rate:.2f} items/s")
 
 
-def require_ray():
-    """The ray module, or the typed error that says how to install it."""
+def require_ray(address: str = "auto"):
+    """The ray module, or the typed error that says how to install it; a cluster's HOST:PORT must accept a
+    connection (checked here, before anything is written: ray.init would retry it for minutes)."""
     try:
         import ray
         import ray.data  # noqa: F401  (the data library is a separate part of the ray package)
     except ImportError:
         raise UsageError("--ray needs Ray Data, which is not installed", fix=f"install it: {INSTALL}") from None
+    if address != "auto":
+        _check_reachable(address)
     return ray
 
 
@@ -178,7 +183,7 @@ def run(task, items: Sequence[Item], save: Callable[[list[Item], list], None], *
         device: str | None, cluster: ClusterOptions) -> BatchReport:
     """Run `items` not already in `done` (id -> digest) on the cluster; `save(items, results)` writes one
     shard atomically. Raises InputError listing the bad inputs when there are more than `max_errors`."""
-    ray = require_ray()
+    ray = require_ray(cluster.address)
     device = device or settings.load().device  # placement depends on it: read here, not in each actor
     if device not in settings.DEVICES:
         raise UsageError(f"unknown device {device!r}", fix=f"use one of {', '.join(settings.DEVICES)}")
@@ -228,6 +233,19 @@ def job_failed(ray_error: str) -> SdkError:
     return SdkError(f"the Ray job failed: {ray_error.strip().splitlines()[0]}",
                     fix="check that aie-apps and its models are installed on every node; Ray's logs are under "
                         "/tmp/ray/session_latest/logs on each node")
+
+
+def _check_reachable(address: str):
+    """A HOST:PORT nothing listens on is refused within CONNECT_TIMEOUT_S."""
+    host, colon, port = address.removeprefix("ray://").rpartition(":")
+    if not colon or not host or not port.isdigit():
+        raise UsageError(f"--ray {address!r} is not HOST:PORT",
+                         fix="pass the head's address as `ray start --head` printed it (e.g. 10.0.0.5:6379), or auto")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as e:
+        raise UsageError(f"cannot reach the Ray cluster at {address}: {e.strerror or e}",
+                         fix="start it with `ray start --head` (see README, cluster), or pass its HOST:PORT") from None
 
 
 def _connect(ray, address: str | None):
@@ -340,7 +358,7 @@ def transcribe(files: Sequence[Path], output_dir: Path, target: Callable[[Path],
     """Each file's transcript to `target(file)` (what the single-machine command writes). What was made from
     what is kept in OUTPUT_DIR/.aie-apps-ray/ (shard files of id -> digest) for resume; an input's digest is its
     path, size and modification time with the settings."""
-    require_ray()  # before anything is written
+    require_ray(cluster.address)  # before anything is written
     hub.resolve(model)  # a wrong model name fails here, not in every actor
     journal = output_dir / ".aie-apps-ray"
     journal.mkdir(exist_ok=True)
@@ -384,7 +402,7 @@ def embed_texts(texts: Sequence[str], output: Path, *, model: str, options=None,
     line numbers, digests, vectors); a rerun keeps those whose digest matches; the folder goes once `output`
     is whole."""
     from pipelines.text import TextOptions
-    require_ray()  # before anything is written
+    require_ray(cluster.address)  # before anything is written
     hub.resolve(model)
     options = options or TextOptions()
     parts = output.with_name(output.name + ".parts")

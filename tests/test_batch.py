@@ -8,6 +8,7 @@ import io
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from apps.main import app
-from pipelines.batch import INSTALL, ClusterOptions, Progress, job_failed, npu_resources, require_ray
+from pipelines.batch import (INSTALL, ClusterOptions, Progress, _check_reachable, job_failed, npu_resources,
+                             require_ray)
 from sdk.errors import ModelNotFound, SdkError, UsageError
 
 from .conftest import FIXTURES
@@ -63,8 +65,9 @@ def test_ray_jobs_write_files():
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason=f"needs the cluster extra: {INSTALL}")
 def test_a_wrong_model_fails_before_any_cluster_work(tmp_path):
-    r = runner.invoke(app, ["embed-text", "hello", "-o", str(tmp_path / "v.npy"), "--model", str(tmp_path / "none"),
-                            "--ray", "127.0.0.1:1"])  # nothing listens there: the model check comes first
+    with socket.create_server(("127.0.0.1", 0)) as server:  # it listens, but is no cluster: the model check comes first
+        r = runner.invoke(app, ["embed-text", "hello", "-o", str(tmp_path / "v.npy"), "--model", str(tmp_path / "none"),
+                                "--ray", f"127.0.0.1:{server.getsockname()[1]}"])
     assert r.exit_code == 4 and "does not exist" in r.stderr and not (tmp_path / "v.npy.parts").exists()
 
 
@@ -90,6 +93,26 @@ def test_npu_resource_helper_advertises_one_per_usable_device(monkeypatch):
     out = subprocess.run([sys.executable, "-m", "pipelines.batch"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "{}"  # this machine: no usable NPU, so no resource (`ray start --resources='{}'`)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason=f"needs the cluster extra: {INSTALL}")
+def test_a_cluster_address_nothing_answers_on_is_refused_at_once(tmp_path):
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        closed = f"127.0.0.1:{s.getsockname()[1]}"
+    fasta, wav = tmp_path / "one.fasta", librivox_clips()[0][0]
+    fasta.write_text(">p1\nMKV\n")
+    for address, says in ((closed, f"cannot reach the Ray cluster at {closed}"), ("head-without-port", "not HOST:PORT")):
+        for args in (["embed-text", "hello", "-o", tmp_path / "out" / "v.npy"],
+                     ["embed", fasta, "-o", tmp_path / "out" / "e.npz", "--model", ESM],
+                     ["transcribe", wav, "-o", tmp_path / "out"]):
+            start = time.monotonic()
+            r = runner.invoke(app, [*map(str, args), "--ray", address])
+            assert r.exit_code == 2 and says in r.stderr and "fix:" in r.stderr, r.stderr
+            assert time.monotonic() - start < 30  # ray.init alone would retry the address for minutes
+            assert not [p for p in (tmp_path / "out").rglob("*")]  # no parts or journal a later run would trip over
+    with socket.create_server(("127.0.0.1", 0)) as server:  # something listens: the check lets it through
+        _check_reachable(f"127.0.0.1:{server.getsockname()[1]}")
 
 
 def test_options_out_of_range_are_usage_errors():
