@@ -34,7 +34,8 @@ MAX_INPUT_BYTES = 256 << 20
 def read_lines(stream: BinaryIO, where: str, *, max_line_bytes: int = MAX_LINE_BYTES,
                max_bytes: int = MAX_INPUT_BYTES) -> list[str]:
     """One text per line of a binary stream: lines end at b"\n" only (a final "\r" is dropped, so CRLF
-    files work; U+2028 and other Unicode breaks stay inside their line), each decoded as strict UTF-8. A
+    files work; U+2028 and other Unicode breaks stay inside their line), each decoded as strict UTF-8 (a byte-order
+    mark before the first line, as Windows editors write, marks the encoding and is not part of the text). A
     blank line, an over-long line or an over-long input is an InputError naming the line: the rows of the
     result are exactly the lines of the input, or there is no result."""
     lines: list[str] = []
@@ -51,6 +52,7 @@ def read_lines(stream: BinaryIO, where: str, *, max_line_bytes: int = MAX_LINE_B
                                  "`embed-text --max-input-size 1G` (read_lines(max_bytes=) in the SDK)")
         body = raw[:-1] if raw.endswith(b"\n") else raw
         body = body[:-1] if body.endswith(b"\r") else body
+        body = body.removeprefix(b"\xef\xbb\xbf") if number == 1 else body
         if len(body) > max_line_bytes:
             raise InputError(f"line {number} of {where} is longer than {max_line_bytes:,} bytes",
                              fix="one text per line: is this a binary file, or text without line breaks? (a longer line: "

@@ -36,6 +36,11 @@ def test_one_row_per_newline_even_with_unicode_line_separators():
     assert lines == ["a\u2028b", "c\u0085d", "e\x0cf"]
 
 
+def test_a_byte_order_mark_is_not_part_of_the_first_text():
+    lines = read_lines(io.BytesIO("\ufeffhello\r\n\ufeffworld\n".encode()), "notepad.txt")
+    assert lines == ["hello", "\ufeffworld"]  # only a mark before the first line is the encoding's, not text
+
+
 def test_blank_lines_are_refused_with_their_numbers():
     with pytest.raises(InputError, match=r"blank lines \(2, 4\)"):
         read_lines(io.BytesIO(b"one\n\ntwo\n  \nthree\n"), "stdin")
