@@ -87,7 +87,6 @@ def transcribe(
         if output_dir.exists() and not output_dir.is_dir():
             raise UsageError(f"-o {output_dir} is a file; transcripts are written one per input into a folder",
                              fix="pass a folder (it is created when missing)")
-        make_folder(output_dir, "-o")
     files, failed_inputs = _expand(inputs)
     if output_dir is None and fmt in (Format.srt, Format.vtt) and len(files) > 1:
         raise UsageError(f"{len(files)} inputs as {fmt.value} on stdout would not be one valid {fmt.value} file",
@@ -101,8 +100,9 @@ def transcribe(
             report_error(e)
     if not usable:
         raise typer.Exit(1)
-    if output_dir is not None:
+    if output_dir is not None:  # made once every check passed: a refused run leaves no empty folder
         _check_targets(usable, output_dir, fmt)
+        make_folder(output_dir, "-o")
     if ray is not None:
         from pipelines.batch import ClusterOptions, transcribe as transcribe_on_ray
         report = transcribe_on_ray(usable, output_dir, lambda p: _target(output_dir, p, fmt), lambda t: render(t, fmt),

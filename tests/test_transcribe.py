@@ -395,6 +395,8 @@ def test_cli_refuses_output_names_that_collide_before_any_work(tmp_path, monkeyp
     r = CliRunner().invoke(app, ["transcribe", str(a), str(b), "-o", str(tmp_path / "out"), "-f", "srt"])
     assert r.exit_code == 2 and "would both be written to" in r.stderr and "fix:" in r.stderr
     assert not any((tmp_path / "out").iterdir())
+    r = CliRunner().invoke(app, ["transcribe", str(a), str(b), "-o", str(tmp_path / "new"), "-f", "srt"])
+    assert r.exit_code == 2 and not (tmp_path / "new").exists()  # a refused run makes no folder either
     (tmp_path / "out" / "x.srt").mkdir()  # a folder where the transcript would go
     r = CliRunner().invoke(app, ["transcribe", str(a), "-o", str(tmp_path / "out"), "-f", "srt"])
     assert r.exit_code == 2 and "is a folder" in r.stderr
