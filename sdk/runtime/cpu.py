@@ -19,7 +19,7 @@ from ..program import Entry, Program, Usage
 from ..settings import load as load_settings
 from .backend import Counters, State, check_inputs, check_weights
 
-OPSET = 17
+OPSET = 20  # 20: ONNX's Gelu, which ORT (>= 1.18) runs as one kernel, erf or tanh form
 PRECISIONS = ("fp32", "int8")
 SPIN = "0"  # a spinning intra-op pool collapses on a shared machine, a sleeping one degrades with load (issue 24)
 # Unpacked, ORT packs a GEMM weight at every run (half of BERT-base's linear time at 128 rows; one row, never):
@@ -111,21 +111,9 @@ def _where_less(g, out, a, b, *, then, otherwise):
     return g.node("Where", [g.node("Less", [a, b]), g.f32(then), g.f32(otherwise)], out)
 
 
-def _gelu(g, out, x, **_):  # the erf form exporters write; ORT fuses it into one Gelu
-    erf = g.node("Erf", [g.node("Div", [g.value(x), g.f32(math.sqrt(2))])])
-    return g.node("Mul", [g.node("Mul", [g.value(x), g.node("Add", [erf, g.f32(1)])]), g.f32(0.5)], out)
-
-
-def _gelu_tanh(g, out, x, **_):
-    x = g.value(x)
-    inner = g.node("Add", [x, g.node("Mul", [g.f32(0.044715), g.node("Pow", [x, g.f32(3)])])])
-    t = g.node("Tanh", [g.node("Mul", [g.f32(math.sqrt(2 / math.pi)), inner])])
-    return g.node("Mul", [g.node("Mul", [g.f32(0.5), x]), g.node("Add", [g.f32(1), t])], out)
-
-
 def _rms_norm(g, out, x, w, *, eps, **_):
     x = g.value(x)
-    mean_square = g.node("ReduceMean", [g.node("Mul", [x, x])], axes=[-1], keepdims=1)
+    mean_square = g.node("ReduceMean", [g.node("Mul", [x, x]), g.const([-1], np.int64)], keepdims=1)
     root = g.node("Sqrt", [g.node("Add", [mean_square, g.f32(eps)])])
     return g.node("Mul", [g.node("Div", [x, root]), g.value(w)], out)
 
@@ -149,23 +137,25 @@ def _conv(g, out, x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1, sh
                   pads=each(padding) * 2, group=int(groups), dilations=each(dilation))
 
 
-def _same(op_type):  # the ONNX op of the same meaning, attributes and all
-    return lambda g, out, *xs, shapes, **attrs: g.node(op_type, [g.value(x) for x in xs], out, **attrs)
+def _same(op_type, **fixed):  # the ONNX op of the same meaning, attributes and all
+    return lambda g, out, *xs, shapes, **attrs: g.node(op_type, [g.value(x) for x in xs], out, **attrs, **fixed)
 
 
 LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes..., output shape], **attrs)
     **{op: _same(t) for op, t in [("add", "Add"), ("sub", "Sub"), ("mul", "Mul"), ("div", "Div"), ("relu", "Relu"),
                                   ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), ("exp", "Exp"), ("concat", "Concat"),
-                                  ("softmax", "Softmax"), ("log_softmax", "LogSoftmax"), ("transpose", "Transpose")]},
-    "embedding": _embedding, "linear": _linear, "attention": _attention, "cache_write": _cache_write, "gelu": _gelu,
-    "gelu_tanh": _gelu_tanh, "glu": _glu, "rms_norm": _rms_norm, "rotary": _rotary, "conv1d": _conv, "conv2d": _conv,
+                                  ("softmax", "Softmax"), ("log_softmax", "LogSoftmax"), ("transpose", "Transpose"),
+                                  ("gelu", "Gelu")]},
+    "embedding": _embedding, "linear": _linear, "attention": _attention, "cache_write": _cache_write, "glu": _glu,
+    "gelu_tanh": _same("Gelu", approximate="tanh"), "rms_norm": _rms_norm, "rotary": _rotary, "conv1d": _conv,
+    "conv2d": _conv,
     "assign": lambda g, out, dst, value, *, shapes: g.node("Identity", [g.value(value)], out),
     "scale": lambda g, out, x, *, factor, shapes: g.node("Mul", [g.value(x), g.f32(factor)], out),
     "silu": lambda g, out, x, *, shapes: g.node("Mul", [g.value(x), g.node("Sigmoid", [g.value(x)])], out),
     "layer_norm": lambda g, out, *xs, eps, shapes: g.node(  # x, w and an optional b
         "LayerNormalization", [g.value(x) for x in xs], out, axis=-1, epsilon=float(eps)),
     "mean": lambda g, out, x, *, axis, keepdims=False, shapes: g.node(
-        "ReduceMean", [g.value(x)], out, axes=[int(a) for a in np.atleast_1d(axis)], keepdims=int(keepdims)),
+        "ReduceMean", [g.value(x), g.const(np.atleast_1d(axis), np.int64)], out, keepdims=int(keepdims)),
     "argmax": lambda g, out, x, *, axis=-1, keepdims=False, shapes: g.node(
         "Cast", [g.node("ArgMax", [g.value(x)], axis=axis, keepdims=int(keepdims))], out, to=g.tensor.INT32),
     "matmul": lambda g, out, a, b, *, transpose_b=False, shapes: g.node(
@@ -219,15 +209,13 @@ class EntryGraph:
         for node in self.nodes:
             for i, name in enumerate(node.input):
                 readers.setdefault(name, set()).add((node.op_type, i))
-        # How each weight reaches the session. Read only by MatMul or Gather (nearly all the bytes): an input bound
-        # where it lies (ORT can neither copy nor rewrite it), unless the session takes its packed copy. Read by ops
-        # ORT rewrites for speed (Conv to NCHWc, MatMulNBits): an initializer shared with add_initializer. The rest
-        # (small) is copied per session: ORT's transpose pass may reshape it, and ran a shared one at its old shape.
+        # How each weight reaches the session: read only by MatMul or Gather (nearly all the bytes), an input bound in
+        # place unless the session packs it; read by ops ORT rewrites (Conv to NCHWc, MatMulNBits), an initializer
+        # shared with add_initializer; the rest (small) copied per session, as ORT's transpose pass may reshape it.
         kinds = {n: readers.get(n, {None}) for n in self.weights}
         self.bound = [n for n, r in kinds.items() if r <= BOUND_READERS]
         self.shared = [n for n, r in kinds.items() if r <= SHARED_READERS]
-        # a weight that only linears read, with enough rows to pay for a packed copy (a tied table, which a Gather
-        # reads too, stays out: vocabulary-sized, and only a live decode's draft passes read it with many rows)
+        # only linears read it, with rows enough to pay for a packed copy (not a tied, vocabulary-sized table)
         self.packable = [n for n in self.bound if kinds[n] == {("MatMul", 1)} and self.rows.get(n, 0) >= PACK_ROWS]
         self.location = {n: hashlib.sha256(n.encode()).hexdigest()[:24] for n in self.weights}
         self.outputs = {b: self.current[b] for b in self.writes + self.returns}
@@ -334,13 +322,10 @@ class CpuExecutable:
         options.intra_op_num_threads, options.inter_op_num_threads = self.threads, 1
         options.add_session_config_entry("session.intra_op.allow_spinning", SPIN)
         options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
-        # a packed weight is a copy per session: only a session given packable weights packs (Conv's too, then);
-        # int8's MatMulNBits always does (unpacked, it dequantizes the whole weight at every run)
+        # packed weights are a copy per session; int8's MatMulNBits must pack (else it dequantizes at every run)
         options.add_session_config_entry("session.disable_prepacking", "0" if pack else "1")
-        # the memory pattern (a block per session for a run's activations, beside the arena's chunks) kept them twice
-        options.enable_mem_pattern = False
-        # every session draws on one CPU arena for the process, grown by what a run asks for (ORT's default arena per
-        # session grows by powers of two: an encoder's run kept ~35 MB more, and each session kept its own)
+        options.enable_mem_pattern = False  # its block per session held a run's activations beside the arena's
+        # one CPU arena for the process, grown by what a run asks (ORT's own, one per session, grows by powers of two)
         options.add_session_config_entry("session.use_env_allocators", "1")
         with _arena_lock:
             if not _arena:  # the arena's config: no limit; extend strategy 1, kSameAsRequested
