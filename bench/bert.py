@@ -29,19 +29,19 @@ def contenders(cfg: bert.Config, weights: dict, hf_model):
     ids = rng.integers(1000, 2000, size=(1, SEQ)).astype(np.int32)
     zeros, mask = np.zeros_like(ids), np.ones(ids.shape, np.float32)
     session = Session([bert.graph(cfg, 1, SEQ)], weights, device="cpu")
-    t_ids = torch.tensor(ids, dtype=torch.long)
+    t_ids, t_mask = torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
     onnx_path = tempfile.mktemp(suffix=".onnx")
     class LastHidden(torch.nn.Module):  # the exporter wants positional tensors in, tensors out
         def __init__(self):
             super().__init__()
             self.model = hf_model
 
-        def forward(self, input_ids):
-            return self.model(input_ids=input_ids).last_hidden_state
+        def forward(self, input_ids, attention_mask):  # the mask too, as ours takes one: the same work
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     with torch.no_grad():
-        torch.onnx.export(LastHidden().eval(), (t_ids,), onnx_path, input_names=["ids"], output_names=["hidden"],
-                          dynamo=False, opset_version=17)
+        torch.onnx.export(LastHidden().eval(), (t_ids, t_mask), onnx_path, input_names=["ids", "mask"],
+                          output_names=["hidden"], dynamo=False, opset_version=17)
     ort = onnx_session(onnx_path)
 
     def ours():
@@ -49,10 +49,10 @@ def contenders(cfg: bert.Config, weights: dict, hf_model):
 
     def pytorch():
         with torch.no_grad():
-            return hf_model(t_ids).last_hidden_state
+            return hf_model(input_ids=t_ids, attention_mask=t_mask).last_hidden_state
 
     def onnxruntime():
-        return ort.run(None, {"ids": ids.astype(np.int64)})[0]
+        return ort.run(None, {"ids": ids.astype(np.int64), "mask": mask.astype(np.int64)})[0]
 
     diff = np.abs(ours() - pytorch().numpy()).max()
     print(f"  (check: max-abs ours vs torch {diff:.2e})")
