@@ -1,5 +1,6 @@
 """Conformer encoders on the CPU: our cpu backend vs PyTorch eager (the reference module) vs ONNX Runtime (the same
-module exported), batch 1, 2 threads, reported as encoder milliseconds per second of audio.
+module exported), batch 1, 2 threads, reported as encoder milliseconds per second of audio. Every contender is given
+the audio's length and masks by it, as a batch of padded windows needs.
 
     python bench/conformer.py            # FastConformer-110M shape (parakeet-tdt_ctc-110m), random weights
     python bench/conformer.py --model gigaam-v2   # GigaAM-v2 encoder shape (gigaam package), random weights
@@ -43,7 +44,7 @@ GIGAAM_V2 = dict(feat_in=64, n_layers=16, d_model=768, subsampling_factor=4, ff_
 
 
 def fastconformer(torch, folder: str):
-    """(torch module features [1, T, mels] -> [1, T', d], checkpoint written to folder)."""
+    """(torch module (features [1, T, mels], length [1]) -> [1, T', d], checkpoint written to folder)."""
     import transformers
     hf = transformers.ParakeetForCTC(transformers.ParakeetCTCConfig(
         vocab_size=1025, pad_token_id=1024, encoder_config=FASTCONFORMER_110M)).eval()
@@ -54,8 +55,9 @@ def fastconformer(torch, folder: str):
             super().__init__()
             self.encoder = hf.encoder
 
-        def forward(self, input_features):
-            return self.encoder(input_features=input_features).last_hidden_state
+        def forward(self, input_features, length):  # masked by length, as ours is: the same work
+            mask = torch.arange(input_features.shape[1])[None, :] < length[:, None]
+            return self.encoder(input_features=input_features, attention_mask=mask.long()).last_hidden_state
     return Encoder().eval()
 
 
@@ -82,8 +84,7 @@ def gigaam(torch, folder: str):
             super().__init__()
             self.encoder = encoder
 
-        def forward(self, input_features):
-            length = torch.full((1,), input_features.shape[1], dtype=torch.long)
+        def forward(self, input_features, length):
             return self.encoder(input_features.transpose(1, 2), length)[0].transpose(1, 2)
     return Encoder().eval()
 
@@ -99,12 +100,12 @@ def main():
     features = np.random.default_rng(0).standard_normal((1, frames, cfg.num_mel_bins)).astype(np.float32)
     lengths = {f"length{i}": np.int32(n) for i, n in enumerate(cfg.output_length(frames))}
     session = Session([conformer.encoder_graph(cfg, frames)], weights, device="cpu")
-    x = torch.tensor(features)
+    x, length = torch.tensor(features), torch.tensor([frames])
 
     onnx_path = tempfile.mktemp(suffix=".onnx")
     with torch.no_grad():
-        torch.onnx.export(module, (x,), onnx_path, input_names=["features"], output_names=["hidden"],
-                          dynamo=False, opset_version=17)
+        torch.onnx.export(module, (x, length), onnx_path, input_names=["features", "length"],
+                          output_names=["hidden"], dynamo=False, opset_version=17)
     ort = onnx_session(onnx_path)
 
     def ours():
@@ -112,10 +113,10 @@ def main():
 
     def pytorch():
         with torch.no_grad():
-            return module(x)
+            return module(x, length)
 
     def onnxruntime():
-        return ort.run(None, {"features": features})[0]
+        return ort.run(None, {"features": features, "length": length.numpy()})[0]
 
     ref = pytorch().numpy()
     rel = np.linalg.norm(ours() - ref) / np.linalg.norm(ref)
