@@ -10,7 +10,8 @@ a plain ORT user would, numpy in and out; (2) a 30 s window through the encoder 
 cross-attention K/V projections, what our `encode` entry computes (fp32 and int8); (3) transcribing
 the 5 LibriVox clips (features + encoder + greedy decoding with timestamps and temperature fallback) with the same
 tiny.en weights: ours `WhisperRecognizer.transcribe` (fp32; --precision int8, the entries its WER gate allows;
-every entry in int8) vs faster-whisper (CTranslate2, the same model.bin, fp32 and int8, beam_size=1) vs
+every entry in int8) vs faster-whisper (CTranslate2, the same model.bin, fp32 and int8, beam_size=1 as ours; and
+beam_size=5, its default, which a user of it gets) vs
 transformers' WhisperFeatureExtractor + `generate(return_timestamps=True)`, with each one's WER.
 Needs the `reference` extra (torch, transformers, onnxruntime, onnx, faster-whisper) and Debian's
 pocketsphinx-testdata.
@@ -219,12 +220,13 @@ def main():
                 out.append(ours.tokenizer.decode(ids).strip())
         return out
 
-    def faster_whisper(compute_type: str):
+    def faster_whisper(compute_type: str, beam_size: int = 1):
         from faster_whisper import WhisperModel
         fw = WhisperModel(str(ours.source.path), device="cpu", compute_type=compute_type, cpu_threads=THREADS)
 
-        def run():  # greedy with temperature fallback and timestamps, as ours
-            return [" ".join(s.text.strip() for s in fw.transcribe(a, language="en", beam_size=1, vad_filter=False)[0])
+        def run():  # with temperature fallback and timestamps, as ours; beam_size 1: greedy, as ours
+            return [" ".join(s.text.strip() for s in fw.transcribe(a, language="en", beam_size=beam_size,
+                                                                   vad_filter=False)[0])
                     for a in audio]
         return run
 
@@ -236,7 +238,9 @@ def main():
              "ours, every entry int8": lambda: ours_clips(all_int8),
              "ours, 15 s encoder window": lambda: ours_clips(ours_15s),
              "faster-whisper fp32": faster_whisper("float32"),
-             "faster-whisper int8": faster_whisper("int8"), "torch": torch_clips}
+             "faster-whisper int8": faster_whisper("int8"),
+             "faster-whisper fp32, beam 5 (its default)": faster_whisper("float32", 5),
+             "faster-whisper int8, beam 5 (its default)": faster_whisper("int8", 5), "torch": torch_clips}
     if "notorch" in sections:
         del cases["torch"]
     for name, fn in cases.items():
