@@ -89,17 +89,18 @@ def main():
             super().__init__()
             self.model = hf
 
-        def forward(self, input_ids):
-            return self.model(input_ids=input_ids).last_hidden_state
+        def forward(self, input_ids, attention_mask):  # the mask too, as ours takes one: the same work
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     path = tempfile.mktemp(suffix=".onnx")
+    feed = {"ids": ids.astype(np.int64), "mask": inputs["mask"].astype(np.int64)}
     with torch.no_grad():
-        torch.onnx.export(LastHidden().eval(), (torch.tensor(ids, dtype=torch.long),), path, input_names=["ids"],
-                          output_names=["hidden"], dynamo=False, opset_version=17)
+        torch.onnx.export(LastHidden().eval(), tuple(torch.tensor(a) for a in feed.values()), path,
+                          input_names=list(feed), output_names=["hidden"], dynamo=False, opset_version=17)
     peer = onnx_session(path)
     exes = {label: variant(config, False)(program, weights, 2) for label, config in VARIANTS.items()}
     cases = {label: (lambda exe=exe: exe.run(None, inputs)["hidden"]) for label, exe in exes.items()}
-    cases["onnxruntime"] = lambda: peer.run(None, {"ids": ids.astype(np.int64)})[0]
+    cases["onnxruntime"] = lambda: peer.run(None, feed)[0]
     ref = cases["onnxruntime"]()
     print("  (check: max-abs vs onnxruntime: " + ", ".join(
         f"{label} {np.abs(cases[label]() - ref).max():.1e}" for label in exes) + ")")
@@ -119,7 +120,7 @@ def main():
         export = type(peer)(path, options, providers=["CPUExecutionProvider"])
         for _ in range(runs):
             ours.run(None, inputs)
-            export.run(None, {"ids": ids.astype(np.int64)})
+            export.run(None, feed)
         (session,) = ours.sessions.values()
         print(f"  kernel ms per run, ours:   {kernel_ms(session.end_profiling(), runs)}")
         print(f"  kernel ms per run, export: {kernel_ms(export.end_profiling(), runs)}")
