@@ -137,7 +137,7 @@ def _conv(g, out, x, w, b=None, *, stride=1, padding=0, groups=1, dilation=1, sh
                   pads=each(padding) * 2, group=int(groups), dilations=each(dilation))
 
 
-def _same(op_type, **fixed):  # the ONNX op of the same meaning, attributes and all
+def _same(op_type, **fixed):  # the ONNX op of the same meaning, attributes and all (and `fixed` ones of its own)
     return lambda g, out, *xs, shapes, **attrs: g.node(op_type, [g.value(x) for x in xs], out, **attrs, **fixed)
 
 
@@ -147,8 +147,8 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
                                   ("softmax", "Softmax"), ("log_softmax", "LogSoftmax"), ("transpose", "Transpose"),
                                   ("gelu", "Gelu")]},
     "embedding": _embedding, "linear": _linear, "attention": _attention, "cache_write": _cache_write, "glu": _glu,
-    "gelu_tanh": _same("Gelu", approximate="tanh"), "rms_norm": _rms_norm, "rotary": _rotary, "conv1d": _conv,
-    "conv2d": _conv,
+    "gelu_tanh": _same("Gelu", approximate="tanh"), "rms_norm": _rms_norm, "rotary": _rotary,
+    "conv1d": _conv, "conv2d": _conv,
     "assign": lambda g, out, dst, value, *, shapes: g.node("Identity", [g.value(value)], out),
     "scale": lambda g, out, x, *, factor, shapes: g.node("Mul", [g.value(x), g.f32(factor)], out),
     "silu": lambda g, out, x, *, shapes: g.node("Mul", [g.value(x), g.node("Sigmoid", [g.value(x)])], out),
@@ -324,7 +324,7 @@ class CpuExecutable:
         options.log_severity_level = 4  # errors reach the caller as typed errors, not log lines
         # packed weights are a copy per session; int8's MatMulNBits must pack (else it dequantizes at every run)
         options.add_session_config_entry("session.disable_prepacking", "0" if pack else "1")
-        options.enable_mem_pattern = False  # its block per session held a run's activations beside the arena's
+        options.enable_mem_pattern = False  # it kept a run's activations twice: its own block beside the arena's
         # one CPU arena for the process, grown by what a run asks (ORT's own, one per session, grows by powers of two)
         options.add_session_config_entry("session.use_env_allocators", "1")
         with _arena_lock:
