@@ -7,10 +7,9 @@ Needs the `reference` extra (torch, transformers, onnxruntime, onnx).
 """
 from __future__ import annotations
 
-import tempfile
 from dataclasses import asdict
 
-from harness import compare, onnx_session, print_table, threads, torch_threads
+from harness import compare, export_encoder, onnx_session, print_table, threads, torch_threads
 
 threads(2)
 
@@ -30,19 +29,7 @@ def contenders(cfg: bert.Config, weights: dict, hf_model):
     zeros, mask = np.zeros_like(ids), np.ones(ids.shape, np.float32)
     session = Session([bert.graph(cfg, 1, SEQ)], weights, device="cpu")
     t_ids, t_mask = torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
-    onnx_path = tempfile.mktemp(suffix=".onnx")
-    class LastHidden(torch.nn.Module):  # the exporter wants positional tensors in, tensors out
-        def __init__(self):
-            super().__init__()
-            self.model = hf_model
-
-        def forward(self, input_ids, attention_mask):  # the mask too, as ours takes one: the same work
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    with torch.no_grad():
-        torch.onnx.export(LastHidden().eval(), (t_ids, t_mask), onnx_path, input_names=["ids", "mask"],
-                          output_names=["hidden"], dynamo=False, opset_version=17)
-    ort = onnx_session(onnx_path)
+    ort = onnx_session(export_encoder(torch, hf_model, ids, mask))
 
     def ours():
         return session.run(ids=ids, token_types=zeros, mask=mask)["hidden"]

@@ -17,10 +17,9 @@ import collections
 import json
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict
 
-from harness import compare, onnx_session, print_table, threads, torch_threads
+from harness import compare, export_encoder, onnx_session, print_table, threads, torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--busy", type=int, default=0, help="busy-loop processes to run beside the measurement")
@@ -83,20 +82,8 @@ def main():
     program = compiler.compile([bert.graph(cfg, 1, SEQ)])
     ids = np.random.default_rng(0).integers(1000, 2000, size=(1, SEQ)).astype(np.int32)
     inputs = {"ids": ids, "token_types": np.zeros_like(ids), "mask": np.ones(ids.shape, np.float32)}
-
-    class LastHidden(torch.nn.Module):  # the exporter wants positional tensors in, tensors out
-        def __init__(self):
-            super().__init__()
-            self.model = hf
-
-        def forward(self, input_ids, attention_mask):  # the mask too, as ours takes one: the same work
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    path = tempfile.mktemp(suffix=".onnx")
     feed = {"ids": ids.astype(np.int64), "mask": inputs["mask"].astype(np.int64)}
-    with torch.no_grad():
-        torch.onnx.export(LastHidden().eval(), tuple(torch.tensor(a) for a in feed.values()), path,
-                          input_names=list(feed), output_names=["hidden"], dynamo=False, opset_version=17)
+    path = export_encoder(torch, hf, ids, inputs["mask"])
     peer = onnx_session(path)
     exes = {label: variant(config, False)(program, weights, 2) for label, config in VARIANTS.items()}
     cases = {label: (lambda exe=exe: exe.run(None, inputs)["hidden"]) for label, exe in exes.items()}

@@ -8,10 +8,9 @@ the timing does not depend on the values. Reference figures on this machine: tor
 from __future__ import annotations
 
 import argparse
-import tempfile
 from dataclasses import asdict
 
-from harness import compare, onnx_session, print_table, threads, torch_threads
+from harness import compare, export_encoder, onnx_session, print_table, threads, torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--threads", type=int, default=2)
@@ -39,20 +38,7 @@ def contenders(cfg: esm.Config):
     mask = np.ones(ids.shape, np.float32)
     session = Session([esm.graph(cfg, 1, SEQ)], weights, device="cpu")
     t_ids, t_mask = torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
-
-    class LastHidden(torch.nn.Module):  # the exporter wants positional tensors in, tensors out
-        def __init__(self):
-            super().__init__()
-            self.model = hf
-
-        def forward(self, input_ids, attention_mask):
-            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-
-    onnx_path = tempfile.mktemp(suffix=".onnx")
-    with torch.no_grad():
-        torch.onnx.export(LastHidden().eval(), (t_ids, t_mask), onnx_path, input_names=["ids", "mask"],
-                          output_names=["hidden"], dynamo=False, opset_version=17)
-    ort = onnx_session(onnx_path)
+    ort = onnx_session(export_encoder(torch, hf, ids, mask))
     last = f"layer_{cfg.num_hidden_layers}"
 
     def ours():

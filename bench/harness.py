@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -40,6 +41,25 @@ def onnx_session(path: str):
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+
+
+def export_encoder(torch, hf_model, ids, mask) -> str:
+    """torch's ONNX export of a Hugging Face encoder, as a plain ORT user makes it: inputs "ids" and "mask" (int64;
+    the mask too, as ours takes one: the same work), output "hidden" (last_hidden_state). Returns its path."""
+    class LastHidden(torch.nn.Module):  # the exporter wants positional tensors in, tensors out
+        def __init__(self):
+            super().__init__()
+            self.model = hf_model
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+    path = tempfile.mktemp(suffix=".onnx")
+    with torch.no_grad():
+        args = tuple(torch.tensor(a, dtype=torch.long) for a in (ids, mask))
+        torch.onnx.export(LastHidden().eval(), args, path, input_names=["ids", "mask"], output_names=["hidden"],
+                          dynamo=False, opset_version=17)
+    return path
 
 
 def compare(cases: dict[str, Callable[[], object]], *, warmup: int = 2, block_s: float = 1.0,
