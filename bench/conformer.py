@@ -19,7 +19,7 @@ import tempfile
 import types
 from pathlib import Path
 
-from harness import compare, onnx_session, print_table, threads, torch_threads
+from harness import compare, onnx_session, print_table, scratch, threads, torch_threads
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--model", choices=("fastconformer-110m", "gigaam-v2"), default="fastconformer-110m")
@@ -102,7 +102,7 @@ def main():
     session = Session([conformer.encoder_graph(cfg, frames)], weights, device="cpu")
     x, length = torch.tensor(features), torch.tensor([frames])
 
-    onnx_path = tempfile.mktemp(suffix=".onnx")
+    onnx_path = scratch(".onnx")
     with torch.no_grad():
         torch.onnx.export(module, (x, length), onnx_path, input_names=["features", "length"],
                           output_names=["hidden"], dynamo=False, opset_version=17)

@@ -18,6 +18,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 THREADS = 2
+SCRATCH = tempfile.TemporaryDirectory(prefix="aie-bench-")  # this run's exports (0.1-1 GB each); removed at exit
 
 
 def threads(n: int = 2) -> None:
@@ -32,6 +33,13 @@ def torch_threads():
     import torch
     torch.set_num_threads(THREADS)
     return torch
+
+
+def scratch(suffix: str = "") -> str:
+    """A fresh file path in SCRATCH, for an export or a recording this run makes and reads back."""
+    fd, path = tempfile.mkstemp(suffix=suffix, dir=SCRATCH.name)
+    os.close(fd)
+    return path
 
 
 def onnx_session(path: str):
@@ -54,7 +62,7 @@ def export_encoder(torch, hf_model, ids, mask) -> str:
         def forward(self, input_ids, attention_mask):
             return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    path = tempfile.mktemp(suffix=".onnx")
+    path = scratch(".onnx")
     with torch.no_grad():
         args = tuple(torch.tensor(a, dtype=torch.long) for a in (ids, mask))
         torch.onnx.export(LastHidden().eval(), args, path, input_names=["ids", "mask"], output_names=["hidden"],

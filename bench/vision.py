@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 
-from harness import compare, onnx_session, print_table, threads, torch_threads
+from harness import compare, onnx_session, print_table, scratch, threads, torch_threads
 
 threads(2)
 
@@ -35,7 +35,7 @@ def contenders(graph, weights: dict, hf_model):
         def forward(self, pixel_values):
             return self.model(pixel_values=pixel_values).logits
 
-    onnx_path = tempfile.mktemp(suffix=".onnx")
+    onnx_path = scratch(".onnx")
     with torch.no_grad():
         torch.onnx.export(Logits().eval(), (t_x,), onnx_path, input_names=["pixels"], output_names=["logits"],
                           dynamo=False, opset_version=17)

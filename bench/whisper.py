@@ -21,12 +21,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import sys
 
-from harness import THREADS, compare, onnx_session, print_table, threads, torch_threads
+from harness import THREADS, compare, onnx_session, print_table, scratch, threads, torch_threads
 
 threads(2)
 
@@ -146,7 +145,7 @@ def main():
         cross = {n: np.stack([state.buffers[f"{n}.{i}"] for i in range(L)]) for n in ("cross_k", "cross_v")}
         empty = np.zeros((L, *state.buffers["self_k.0"].shape), np.float32)
         step = cached_step(model, cfg.max_target_positions)
-        path = tempfile.mktemp(suffix=".onnx")
+        path = scratch(".onnx")
         with torch.no_grad():
             torch.onnx.export(step, (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
                                      *(torch.from_numpy(a) for a in (empty, empty, cross["cross_k"], cross["cross_v"]))),
@@ -192,7 +191,7 @@ def main():
             encoder_and_kv(torch.from_numpy(mel))
 
     if "encoder" in sections:
-        path = tempfile.mktemp(suffix=".onnx")
+        path = scratch(".onnx")
         with torch.no_grad():
             torch.onnx.export(encoder_and_kv, (torch.from_numpy(mel),), path, input_names=["mel"],
                               dynamo=False, opset_version=17)  # the exporter wants tensors in and out

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
-from harness import compare, print_table, threads
+from harness import SCRATCH, compare, print_table, threads
 
 threads(2)
 
@@ -73,7 +72,7 @@ def main():
     sections = args or ["floors", "int8"]
     if reason := support.need("flite"):
         sys.exit(reason)
-    gate = support.gate_speech(Path(tempfile.mkdtemp()))
+    gate = support.gate_speech(Path(SCRATCH.name))
     long = long_file()
     clips = [load_audio(wav) for wav, _ in support.librivox_clips()]
     rounds = int(os.environ.get("ROUNDS", 3))
