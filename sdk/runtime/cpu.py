@@ -385,12 +385,10 @@ class CpuExecutable:
             watcher.start()
         try:
             self.sessions[graph.key][0].run_with_iobinding(binding, run_options)
-        except Exception as e:
-            if run_options is not None and run_options.terminate:  # ORT says so with a plain Fail
+        except RuntimeError as e:  # how run_with_iobinding reports any failed run, a terminated one too
+            if run_options is not None and run_options.terminate:
                 raise RunStopped(f"entry {program_entry.name} was given up: its caller's stop() said so") from None
-            if not isinstance(e, RuntimeError):
-                raise
-            # what ORT raises for data its kernels refuse (an index past a table, ...)
+            # data its kernels refuse (an index past a table, ...)
             raise InputError(f"entry {program_entry.name} refused its inputs: {str(e).strip().splitlines()[-1]}",
                              fix="check the token ids against the vocabulary and the position against the "
                                  "model's context") from None
