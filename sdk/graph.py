@@ -42,9 +42,6 @@ class Graph:
     outputs: dict[str, str] = field(default_factory=dict)  # output name -> value name
     constants: dict[str, np.ndarray] = field(default_factory=dict)
 
-    def of_kind(self, kind: str) -> dict[str, Value]:
-        return {n: v for n, v in self.values.items() if v.kind == kind}
-
     # -- building (used by Tensor and Op) --
     def add_value(self, name: str, shape, dtype: str, kind: str) -> "Tensor":
         if name in self.values:
