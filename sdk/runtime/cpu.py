@@ -19,7 +19,7 @@ from ..program import Entry, Program, Usage
 from ..settings import load as load_settings
 from .backend import Counters, State, check_inputs, check_weights
 
-OPSET = 20  # 20: ONNX's Gelu, which ORT (>= 1.18) runs as one kernel, erf or tanh form
+OPSET = 24  # Gelu (20), RMSNormalization (23) and TensorScatter (24), each one ORT kernel
 PRECISIONS = ("fp32", "int8")
 SPIN = "0"  # a spinning intra-op pool collapses on a shared machine, a sleeping one degrades with load (issue 24)
 # Unpacked, ORT packs a GEMM weight at every run (half of BERT-base's linear time at 128 rows; one row, never):
@@ -84,12 +84,10 @@ def _attention(g, out, q, k, v, mask=None, *, scale, shapes):
 
 
 def _cache_write(g, out, cache, value, pos, *, axis, shapes):
-    """cache[..., pos:pos + n, ...] = value along `axis`, as a ScatterND over the leading axes up to `axis`;
-    its output is bound to the cache's own memory, and ORT's ScatterND does not copy onto itself."""
-    grid = np.stack(np.meshgrid(*[np.arange(n) for n in shapes[1][:axis + 1]], indexing="ij"), axis=-1)
-    at = g.node("Mul", [g.node("Cast", [g.value(pos)], to=g.tensor.INT64), g.const(np.eye(axis + 1)[axis], np.int64)])
-    indices = g.node("Add", [g.const(grid, np.int64), at])
-    return g.node("ScatterND", [g.value(cache), indices, g.value(value)], out)
+    """cache[..., pos:pos + n, ...] = value along `axis` (after the batch axis), at `pos` in every batch row; the
+    output is bound to the cache's own memory, which ORT's TensorScatter then writes in place."""
+    at = g.node("Cast", [g.node("Expand", [g.value(pos), g.const(shapes[0][:1], np.int64)])], to=g.tensor.INT64)
+    return g.node("TensorScatter", [g.value(cache), g.value(value), at], out, axis=axis)
 
 
 def _embedding(g, out, table, ids, *, shapes):
@@ -109,13 +107,6 @@ def _embedding(g, out, table, ids, *, shapes):
 
 def _where_less(g, out, a, b, *, then, otherwise):
     return g.node("Where", [g.node("Less", [a, b]), g.f32(then), g.f32(otherwise)], out)
-
-
-def _rms_norm(g, out, x, w, *, eps, **_):
-    x = g.value(x)
-    mean_square = g.node("ReduceMean", [g.node("Mul", [x, x]), g.const([-1], np.int64)], keepdims=1)
-    root = g.node("Sqrt", [g.node("Add", [mean_square, g.f32(eps)])])
-    return g.node("Mul", [g.node("Div", [x, root]), g.value(w)], out)
 
 
 def _rotary(g, out, x, cos, sin, *, shapes):
@@ -147,13 +138,15 @@ LOWERINGS = {  # op -> lower(graph, out, *input buffers, shapes=[input shapes...
                                   ("softmax", "Softmax"), ("log_softmax", "LogSoftmax"), ("transpose", "Transpose"),
                                   ("gelu", "Gelu")]},
     "embedding": _embedding, "linear": _linear, "attention": _attention, "cache_write": _cache_write, "glu": _glu,
-    "gelu_tanh": _same("Gelu", approximate="tanh"), "rms_norm": _rms_norm, "rotary": _rotary,
+    "gelu_tanh": _same("Gelu", approximate="tanh"), "rotary": _rotary,
     "conv1d": _conv, "conv2d": _conv,
     "assign": lambda g, out, dst, value, *, shapes: g.node("Identity", [g.value(value)], out),
     "scale": lambda g, out, x, *, factor, shapes: g.node("Mul", [g.value(x), g.f32(factor)], out),
     "silu": lambda g, out, x, *, shapes: g.node("Mul", [g.value(x), g.node("Sigmoid", [g.value(x)])], out),
     "layer_norm": lambda g, out, *xs, eps, shapes: g.node(  # x, w and an optional b
         "LayerNormalization", [g.value(x) for x in xs], out, axis=-1, epsilon=float(eps)),
+    "rms_norm": lambda g, out, x, w, *, eps, shapes: g.node(
+        "RMSNormalization", [g.value(x), g.value(w)], out, axis=-1, epsilon=float(eps)),
     "mean": lambda g, out, x, *, axis, keepdims=False, shapes: g.node(
         "ReduceMean", [g.value(x), g.const(np.atleast_1d(axis), np.int64)], out, keepdims=int(keepdims)),
     "argmax": lambda g, out, x, *, axis=-1, keepdims=False, shapes: g.node(
@@ -237,7 +230,9 @@ class EntryGraph:
         outputs = [info(v, buffers[b].dtype, buffers[b].shape) for b, v in self.outputs.items()]
         graph = helper.make_graph(self.nodes, self.name, inputs, outputs, externals + self.constants)
         opsets = [helper.make_opsetid("", OPSET)] + [helper.make_opsetid("com.microsoft", 1)] * self.int8
-        return helper.make_model(graph, opset_imports=opsets, producer_name="aie-apps").SerializeToString()
+        ir = helper.find_min_ir_version_for(opsets[:1])  # OPSET's, not the onnx package's newest: older ORTs refuse it
+        return helper.make_model(graph, opset_imports=opsets, ir_version=ir,
+                                 producer_name="aie-apps").SerializeToString()
 
     def value(self, buffer: str) -> str:
         if buffer not in self.current:
