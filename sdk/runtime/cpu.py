@@ -19,7 +19,7 @@ from ..program import Entry, Program, Usage
 from ..settings import load as load_settings
 from .backend import Counters, State, check_inputs, check_weights
 
-OPSET = 24  # Gelu (20), RMSNormalization (23) and TensorScatter (24), each one ORT kernel
+OPSET = 23  # Gelu (20) and RMSNormalization (23), each one ORT kernel
 PRECISIONS = ("fp32", "int8")
 SPIN = "0"  # a spinning intra-op pool collapses on a shared machine, a sleeping one degrades with load (issue 24)
 # Unpacked, ORT packs a GEMM weight at every run (half of BERT-base's linear time at 128 rows; one row, never):
@@ -84,10 +84,12 @@ def _attention(g, out, q, k, v, mask=None, *, scale, shapes):
 
 
 def _cache_write(g, out, cache, value, pos, *, axis, shapes):
-    """cache[..., pos:pos + n, ...] = value along `axis` (after the batch axis), at `pos` in every batch row; the
-    output is bound to the cache's own memory, which ORT's TensorScatter then writes in place."""
-    at = g.node("Cast", [g.node("Expand", [g.value(pos), g.const(shapes[0][:1], np.int64)])], to=g.tensor.INT64)
-    return g.node("TensorScatter", [g.value(cache), g.value(value), at], out, axis=axis)
+    """cache[..., pos:pos + n, ...] = value along any `axis` (TensorScatter takes no axis 0) as a ScatterND over the
+    leading axes up to `axis`; its output is bound to the cache's memory, which ORT's ScatterND does not copy."""
+    grid = np.stack(np.meshgrid(*[np.arange(n) for n in shapes[1][:axis + 1]], indexing="ij"), axis=-1)
+    at = g.node("Mul", [g.node("Cast", [g.value(pos)], to=g.tensor.INT64), g.const(np.eye(axis + 1)[axis], np.int64)])
+    indices = g.node("Add", [g.const(grid, np.int64), at])
+    return g.node("ScatterND", [g.value(cache), indices, g.value(value)], out)
 
 
 def _embedding(g, out, table, ids, *, shapes):
